@@ -1,0 +1,6 @@
+"""capsim's simulator package. Kept empty on purpose: `import sim.profile` must not pull in simpy.
+
+The public API lives in :mod:`sim.api`.
+"""
+
+__version__ = "0.1.0"

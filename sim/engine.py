@@ -1,0 +1,65 @@
+"""The SimPy processes of one replica: arrivals() and replica_loop(); nothing else.
+
+The loop knows three things: ask the scheduler for a plan, let the step time pass, commit.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+import simpy
+
+from sim.request import Request, Status
+
+
+def arrivals(env: simpy.Environment, workload, inbox: simpy.Store, make_request: Callable[[int], Request],
+             on_enter: Callable[[Request], None], scheduler, state: dict):
+    """Release requests into the inbox at their engine arrival times (scheduled + outside wait)."""
+    engine_t = workload.arrival_s + workload.outside_wait_s
+    for i in np.argsort(engine_t, kind="stable"):
+        t = float(engine_t[i])
+        if t > env.now:
+            yield env.timeout(t - env.now)
+        req = make_request(int(i))
+        on_enter(req)
+        inbox.put(req)
+        if req.cancel_at_s is not None:
+            env.process(_cancel_at(env, req, scheduler))
+    state["arrivals_done"] = True
+    if not inbox.items:
+        inbox.put(None)  # wake an idle loop so it can see that nothing more will come
+
+
+def _cancel_at(env: simpy.Environment, req: Request, scheduler):
+    if req.cancel_at_s > env.now:
+        yield env.timeout(req.cancel_at_s - env.now)
+    scheduler.cancel(req, env.now)
+
+
+def replica_loop(env: simpy.Environment, inbox: simpy.Store, scheduler, cost, recorder, on_emitted, on_dropped,
+                 state: dict):
+    """One replica: admit arrivals, plan a step, let time pass, commit. Policy lives in `scheduler`."""
+    iteration = 0
+    while True:
+        while inbox.items:
+            req = inbox.items.pop(0)
+            if req is not None:
+                scheduler.admit(req, env.now)
+        plan = scheduler.plan(env.now)
+        on_dropped(env.now)
+        if plan is None:
+            if state["arrivals_done"] and not inbox.items and not scheduler.has_work:
+                return
+            if not scheduler.has_work:
+                req = yield inbox.get()
+                if req is not None:
+                    scheduler.admit(req, env.now)
+            continue
+        start = env.now
+        yield env.timeout(cost.step_s(plan))
+        emitted = scheduler.commit(plan, env.now, iteration)
+        recorder.on_iteration(iteration, start, env.now, plan, scheduler.pool.used_blocks, emitted)
+        on_emitted(emitted, env.now)
+        on_dropped(env.now)
+        iteration += 1

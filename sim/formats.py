@@ -1,0 +1,41 @@
+"""Storage formats: bytes per element of KV-cache and weight formats (group metadata included)."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+# KV formats: bytes per stored element. GGML q8_0: 32 values -> 32 B codes + 2 B scale (34/64 of
+# BF16); q4_0: 32 values -> 16 B + 2 B (18/64 of BF16). Reference section 7.
+KV_FORMATS: dict[str, Fraction] = {
+    "bf16": Fraction(2),
+    "fp16": Fraction(2),
+    "fp32": Fraction(4),
+    "fp8": Fraction(1),
+    "q8_0": Fraction(34, 32),
+    "q4_0": Fraction(18, 32),
+}
+
+# Weight formats: bytes per matrix element. int4 is group-quantised (4-bit codes plus one
+# 16-bit scale per group of 128); GGML Q2_K stores 256 values in 84 B (2.625 bits/value).
+WEIGHT_FORMATS: dict[str, Fraction] = {
+    "fp32": Fraction(4),
+    "bf16": Fraction(2),
+    "fp16": Fraction(2),
+    "fp8": Fraction(1),
+    "int4": Fraction(1, 2) + Fraction(2, 128),
+    "q2_k": Fraction(84, 256),
+}
+
+
+def kv_bytes_per_element(fmt: str) -> Fraction:
+    try:
+        return KV_FORMATS[fmt]
+    except KeyError:
+        raise ValueError(f"unknown KV format {fmt!r}; known: {', '.join(KV_FORMATS)}") from None
+
+
+def weight_bytes_per_element(fmt: str) -> Fraction:
+    try:
+        return WEIGHT_FORMATS[fmt]
+    except KeyError:
+        raise ValueError(f"unknown weight format {fmt!r}; known: {', '.join(WEIGHT_FORMATS)}") from None

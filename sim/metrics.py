@@ -1,0 +1,176 @@
+"""Recorder (plain lists and arrays during the run) and summarize() (numpy at the end).
+
+Definitions follow `vllm bench serve` (docs/metrics.md): TTFT and E2E from the scheduled arrival,
+TPOT = (last token - first token) / (outputs - 1) per request, ITL pooled over every gap of every
+request, percentiles by linear interpolation.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+
+from sim.request import Request, Status
+
+REQUEST_COLUMNS = ("id", "status", "arrival_s", "admitted_s", "first_token_s", "finish_s", "ttft_s", "e2e_s",
+                   "tpot_s", "max_itl_s", "prompt_tokens", "output_tokens", "cached_tokens", "preemptions",
+                   "recomputed_tokens", "attempts", "met_slo", "correct")
+ITERATION_COLUMNS = ("start_s", "duration_s", "prefill_tokens", "decode_sequences", "pairs", "kv_blocks_in_use",
+                     "batch_size", "new_tokens")
+STATUS_CODES = {s: i for i, s in enumerate(Status)}
+NAN = float("nan")
+
+
+class Recorder:
+    """Collects per-request rows, per-iteration rows and pooled inter-token gaps."""
+
+    def __init__(self, slo, track_request_gaps: bool):
+        self.slo = slo
+        self.req = {c: array("d") for c in REQUEST_COLUMNS}
+        self.it = {c: array("d") for c in ITERATION_COLUMNS}
+        # pooled ITL: each iteration's gap, weighted by the requests whose previous token came from
+        # the iteration before (identical floats), plus every other gap on its own
+        self.itl_gap = array("d")
+        self.itl_weight = array("q")
+        self.track_request_gaps = track_request_gaps
+        self._gaps: dict[int, list[float]] = {}
+        self._prev_end_s: float | None = None
+        # Little's law bookkeeping: time integral of the number of requests in the system
+        self.in_system = 0
+        self.area = 0.0
+        self._t_last = 0.0
+        self.busy_s = 0.0
+        self.first_arrival_s: float | None = None
+
+    # ---- population ---------------------------------------------------------------------
+    def _advance(self, now_s: float) -> None:
+        self.area += self.in_system * (now_s - self._t_last)
+        self._t_last = now_s
+
+    def on_enter(self, req: Request, now_s: float) -> None:
+        self._advance(now_s)
+        self.in_system += 1
+        if self.first_arrival_s is None or req.arrival_s < self.first_arrival_s:
+            self.first_arrival_s = req.arrival_s
+
+    def on_leave(self, req: Request, now_s: float) -> None:
+        self._advance(now_s)
+        self.in_system -= 1
+        self._row(req)
+
+    # ---- iterations and tokens --------------------------------------------------------------
+    def on_iteration(self, index: int, start_s: float, end_s: float, plan, blocks_in_use: int,
+                     emitted: list[Request]) -> None:
+        it = self.it
+        dur = end_s - start_s
+        it["start_s"].append(start_s)
+        it["duration_s"].append(dur)
+        it["prefill_tokens"].append(plan.prefill_tokens)
+        it["decode_sequences"].append(plan.decode_seqs)
+        it["pairs"].append(plan.pairs)
+        it["kv_blocks_in_use"].append(blocks_in_use)
+        it["batch_size"].append(plan.num_seqs)
+        it["new_tokens"].append(plan.new_tokens)
+        self.busy_s += dur
+        regular = 0
+        gap_regular = end_s - start_s if self._prev_end_s == start_s else None
+        for req in emitted:
+            if req.first_token_s is None:
+                req.first_token_s = end_s
+            else:
+                if req.last_iteration == index - 1 and gap_regular is not None:
+                    gap = gap_regular
+                    regular += 1
+                else:
+                    gap = end_s - req.last_token_s
+                    self.itl_gap.append(gap)
+                    self.itl_weight.append(1)
+                if gap > req.max_itl_s:
+                    req.max_itl_s = gap
+                if self.track_request_gaps:
+                    self._gaps.setdefault(req.rid, []).append(gap)
+            req.last_token_s = end_s
+            req.last_iteration = index
+        if regular:
+            self.itl_gap.append(gap_regular)
+            self.itl_weight.append(regular)
+        self._prev_end_s = end_s
+
+    # ---- per-request rows -------------------------------------------------------------------
+    def met_slo(self, req: Request) -> bool:
+        if req.status is not Status.FINISHED:
+            return False
+        s = self.slo
+        ttft = req.first_token_s - req.arrival_s
+        e2e = req.finish_s - req.arrival_s
+        if s.ttft_s is not None and ttft > s.ttft_s:
+            return False
+        if s.e2e_s is not None and e2e > s.e2e_s:
+            return False
+        if req.deadline_s is not None and e2e > req.deadline_s:
+            return False
+        if s.itl_s is not None:
+            if s.itl_stat == "max":
+                itl = req.max_itl_s
+            else:
+                gaps = self._gaps.get(req.rid, [])
+                itl = float(np.percentile(gaps, 99)) if gaps else 0.0
+            if itl > s.itl_s:
+                return False
+        return True
+
+    def _row(self, req: Request) -> None:
+        r = self.req
+        done = req.status is Status.FINISHED
+        first = req.first_token_s
+        r["id"].append(req.rid)
+        r["status"].append(STATUS_CODES[req.status])
+        r["arrival_s"].append(req.arrival_s)
+        r["admitted_s"].append(NAN if req.admitted_s is None else req.admitted_s)
+        r["first_token_s"].append(NAN if first is None else first)
+        r["finish_s"].append(NAN if req.finish_s is None else req.finish_s)
+        r["ttft_s"].append(NAN if first is None else first - req.arrival_s)
+        r["e2e_s"].append(req.finish_s - req.arrival_s if done else NAN)
+        r["tpot_s"].append((req.finish_s - first) / (req.output_tokens - 1) if done and req.output_tokens > 1 else NAN)
+        r["max_itl_s"].append(req.max_itl_s if done and req.output_tokens > 1 else NAN)
+        r["prompt_tokens"].append(req.prompt_tokens)
+        r["output_tokens"].append(req.output_tokens)
+        r["cached_tokens"].append(req.cached_tokens)
+        r["preemptions"].append(req.preemptions)
+        r["recomputed_tokens"].append(req.recomputed_tokens)
+        r["attempts"].append(req.attempt)
+        r["met_slo"].append(1.0 if self.met_slo(req) else 0.0)
+        r["correct"].append(NAN if req.correct is None else float(req.correct))
+        self._gaps.pop(req.rid, None)
+
+
+def stats(values: np.ndarray) -> dict[str, float | None]:
+    """mean, median, p90, p99, max with numpy's linear interpolation; None when empty."""
+    v = values[~np.isnan(values)] if len(values) else values
+    if len(v) == 0:
+        return {"mean": None, "median": None, "p90": None, "p99": None, "max": None}
+    p = np.percentile(v, [50, 90, 99])
+    return {"mean": float(v.mean()), "median": float(p[0]), "p90": float(p[1]), "p99": float(p[2]), "max": float(v.max())}
+
+
+def weighted_stats(values: np.ndarray, weights: np.ndarray) -> dict[str, float | None]:
+    """Exactly `stats(np.repeat(values, weights))` without building the repeated array."""
+    if len(values) == 0 or weights.sum() == 0:
+        return stats(np.array([]))
+    order = np.argsort(values, kind="stable")
+    v, w = values[order], weights[order]
+    cum = np.cumsum(w)
+    n = int(cum[-1])
+
+    def at(k: int) -> float:  # k-th element (0-based) of the expanded sorted array
+        return float(v[np.searchsorted(cum, k + 1)])
+
+    def pct(q: float) -> float:
+        pos = (q / 100.0) * (n - 1)
+        lo = int(np.floor(pos))
+        hi = min(lo + 1, n - 1)
+        a, b, t = at(lo), at(hi), pos - lo
+        return b - (b - a) * (1 - t) if t >= 0.5 else a + (b - a) * t  # numpy's lerp, bit for bit
+
+    return {"mean": float(np.dot(v, w) / n), "median": pct(50), "p90": pct(90), "p99": pct(99), "max": float(v[-1])}

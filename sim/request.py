@@ -1,0 +1,65 @@
+"""Request state: two counters (tokens that exist, tokens whose KV is computed), no phase flags.
+
+tokens that exist = prompt_tokens + output_tokens; computed_tokens = tokens whose KV is cached.
+Prefill, chunked prefill, decode and recompute after preemption are all "compute some of
+`tokens_to_compute`"; an iteration that computes all of them yields one new output token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+
+class Status(str, Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+    CANCELLED = "cancelled"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    rid: int
+    arrival_s: float
+    """Scheduled arrival: every latency counts from here, including waits outside the engine."""
+    prompt_tokens: int
+    max_output_tokens: int
+    engine_arrival_s: float
+    """When the request reaches the engine (>= arrival_s; later on a retry or an outside wait)."""
+    deadline_s: float | None = None
+    """End-to-end deadline, relative to arrival_s."""
+    cancel_at_s: float | None = None
+    output_tokens: int = 0
+    computed_tokens: int = 0
+    cached_tokens: int = 0
+    status: Status = Status.WAITING
+    admitted_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    finish_s: float | None = None
+    max_itl_s: float = 0.0
+    last_iteration: int = -2
+    """Index of the iteration that produced the latest output token (for pooled ITL bookkeeping)."""
+    preemptions: int = 0
+    recomputed_tokens: int = 0
+    recompute_upto: int = 0
+    """After a preemption, tokens below this count had KV before and are recomputed."""
+    num_blocks: int = 0
+    attempt: int = 1
+    correct: bool | None = None
+    reject_reason: str | None = None
+
+    @property
+    def tokens_to_compute(self) -> int:
+        return self.prompt_tokens + self.output_tokens - self.computed_tokens
+
+    @property
+    def in_prefill(self) -> bool:
+        """Still computing prompt (or recomputing prompt + outputs): no output would follow 1 token."""
+        return self.tokens_to_compute > 1 or self.output_tokens == 0
+
+    @property
+    def done(self) -> bool:
+        return self.output_tokens >= self.max_output_tokens

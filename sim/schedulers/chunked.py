@@ -1,0 +1,50 @@
+"""Chunked prefill: running decodes first, then prefill chunks of at most chunk_tokens per request
+fill what is left of the iteration's token budget (decodes count against it)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, PositiveInt, model_validator
+
+from sim.schedulers.base import Scheduler, SchedulerConfig, StepPlan
+
+
+class ChunkedConfig(SchedulerConfig):
+    kind: Literal["chunked"] = "chunked"
+    max_num_batched_tokens: PositiveInt = Field(4096, description="Token budget per iteration, decodes included")
+    chunk_tokens: PositiveInt = Field(2048, description="Most prefill tokens one request gets per iteration")
+
+    @model_validator(mode="after")
+    def _chunk_fits(self):
+        if self.chunk_tokens > self.max_num_batched_tokens:
+            raise ValueError(f"scheduler.chunk_tokens ({self.chunk_tokens}) exceeds "
+                             f"scheduler.max_num_batched_tokens ({self.max_num_batched_tokens})")
+        return self
+
+
+class ChunkedPrefill(Scheduler):
+    kind = "chunked"
+
+    def _schedule(self, plan: StepPlan, now_s: float) -> None:
+        budget = self.config.max_num_batched_tokens
+        for req in list(self.running):  # 1. decodes
+            if req in self.running and not req.in_prefill and plan.new_tokens < budget and self._ensure_kv(req, 1, plan):
+                plan.add(req, 1)
+        for req in list(self.running):  # 2. prefills already under way, in admission order
+            left = budget - plan.new_tokens
+            if req in self.running and req.in_prefill and left > 0:
+                n = min(self.config.chunk_tokens, req.tokens_to_compute, left)
+                if self._ensure_kv(req, n, plan):
+                    plan.add(req, n)
+        while self.waiting and len(self.running) < self.config.max_num_seqs:  # 3. new requests
+            left = budget - plan.new_tokens
+            if left <= 0:
+                break
+            head = self.waiting[0]
+            n = min(self.config.chunk_tokens, head.tokens_to_compute, left)
+            if not self._try_admit(head, now_s, n):
+                if self.waiting and self.waiting[0] is head:
+                    break
+                continue
+            plan.add(head, n)

@@ -1,0 +1,267 @@
+"""Builds a replica from a scenario (profiles, KV pool, step-time model, scheduler) and runs it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import pandas as pd
+import simpy
+
+from sim import cost as costmod
+from sim.config import EfficiencyStepTime, LinearStepTime, ProfileStepTime, Scenario
+from sim.errors import ConfigError
+from sim.kv import BlockPool
+from sim.memory import kv_budget_from_utilization
+from sim.metrics import ITERATION_COLUMNS, REQUEST_COLUMNS, Recorder, Status, stats, weighted_stats
+from sim.modelspec import ModelSpec
+from sim.profile import load_fitted, load_hardware, load_model, profiles_dir
+from sim.request import Request
+from sim.schedulers import SCHEDULERS
+from sim.workload import build_workload
+from sim import engine
+
+STATUS_NAMES = [s.value for s in Status]
+
+
+def resolve_profile_path(text: str, base_dir: Path) -> Path:
+    p = Path(text)
+    if p.is_absolute():
+        return p
+    for cand in (base_dir / p, profiles_dir() / "fitted" / p, profiles_dir().parent / p):
+        if cand.exists():
+            return cand
+    raise ConfigError(f"step_time.model.path: fitted profile {text!r} not found next to the scenario "
+                      f"or under {profiles_dir() / 'fitted'}")
+
+
+def build_cost_model(scenario: Scenario, base_dir: Path, spec: ModelSpec, hw, stream=None):
+    st = scenario.step_time
+    cfg = st.model
+    valid = source = None
+    if isinstance(cfg, ProfileStepTime):
+        path = resolve_profile_path(cfg.path, base_dir)
+        prof = load_fitted(path)
+        if prof.model != scenario.model:
+            raise ConfigError(f"{path}: model: profile is for {prof.model!r} but the scenario runs {scenario.model!r}")
+        inner = getattr(prof, cfg.use)
+        if inner is None:
+            raise ConfigError(f"{path}: {cfg.use}: this profile has no {cfg.use} model "
+                              f"(step_time.model.use: {cfg.use})")
+        cfg, valid, source = inner, prof.valid_range, path
+    if isinstance(cfg, LinearStepTime):
+        model = costmod.LinearModel(cfg)
+    elif isinstance(cfg, EfficiencyStepTime):
+        model = costmod.EfficiencyModel(cfg, spec, spec.weight_read_bytes(scenario.weight_format),
+                                        spec.kv_bytes_per_token(scenario.kv.format),
+                                        hw.peak_flops_per_s("fp8" if scenario.weight_format == "fp8" else "bf16"),
+                                        st.allow_extrapolation)
+    else:
+        raise AssertionError(cfg)
+    if st.graph_sizes:
+        model = costmod.GraphPadded(model, st.graph_sizes)
+    if valid is not None:
+        model = costmod.RangeChecked(model, valid, source, st.allow_extrapolation, stream)
+    return model
+
+
+@dataclass
+class Result:
+    summary: dict
+    requests: pd.DataFrame
+    iterations: pd.DataFrame
+
+    def write(self, out_dir: str | Path) -> None:
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+        self.requests.to_csv(out / "requests.csv", index=False)
+        self.iterations.to_csv(out / "iterations.csv", index=False)
+
+    def digest(self) -> str:
+        h = hashlib.sha256(json.dumps(self.summary, sort_keys=True).encode())
+        h.update(self.requests.to_csv(index=False).encode())
+        h.update(self.iterations.to_csv(index=False).encode())
+        return h.hexdigest()
+
+
+class Simulation:
+    """One replica serving one scenario. Constructors build; run() runs; the caller writes."""
+
+    def __init__(self, scenario: Scenario, base_dir: Path | str = ".", progress: Callable[[int, int], None] | None = None,
+                 stream=None):
+        self.scenario = scenario
+        self.base_dir = Path(base_dir)
+        self.progress = progress
+        self.model = load_model(scenario.model) if not scenario.model.endswith(".yaml") else load_model(self.base_dir / scenario.model)
+        self.hw = load_hardware(scenario.hardware) if not scenario.hardware.endswith(".yaml") else load_hardware(self.base_dir / scenario.hardware)
+        self.spec = ModelSpec(self.model)
+        kv = scenario.kv
+        self.kv_bytes_per_token = self.spec.kv_bytes_per_token(kv.format)
+        self.block_bytes = kv.block_tokens * self.kv_bytes_per_token
+        self.weight_bytes = self.spec.weight_bytes(scenario.weight_format)
+        if isinstance(kv.budget, int):
+            self.kv_budget_bytes = kv.budget
+            self.activation_bytes = 0
+        else:
+            try:
+                self.kv_budget_bytes = kv_budget_from_utilization(self.hw, self.weight_bytes, kv.budget.gpu_memory_utilization,
+                                                                  kv.budget.activation_bytes, kv.budget.other_bytes)
+            except ValueError as exc:
+                raise ConfigError(f"kv.budget: {exc}") from None
+            self.activation_bytes = kv.budget.activation_bytes
+        self.num_blocks = int(self.kv_budget_bytes // self.block_bytes)
+        if self.num_blocks < 1:
+            raise ConfigError(f"kv.budget: {self.kv_budget_bytes} B holds no {kv.block_tokens}-token block "
+                              f"({self.block_bytes} B each)")
+        self.cost = build_cost_model(scenario, self.base_dir, self.spec, self.hw, stream)
+        self.workload = build_workload(scenario.workload, scenario.seed, self.base_dir)
+
+    # ---- helpers handed to the processes ----------------------------------------------------
+    def _lower_bound_s(self, prompt_tokens: int, output_tokens: int) -> float:
+        """Service time alone on the card (batch 1): prefill, then G - 1 decodes at the prompt's context."""
+        from sim.schedulers.base import StepPlan
+        pre = StepPlan(new_tokens=prompt_tokens, pairs=prompt_tokens * (prompt_tokens + 1) // 2,
+                       prefill_tokens=prompt_tokens, prefill_pairs=prompt_tokens * (prompt_tokens + 1) // 2,
+                       prefill_logits=1, prefill_seqs=1, max_context=prompt_tokens,
+                       items=[(Request(-1, 0.0, prompt_tokens, output_tokens, 0.0), prompt_tokens, 0)])
+        dec = StepPlan(new_tokens=1, pairs=prompt_tokens + 1, decode_seqs=1, decode_kv_tokens=prompt_tokens,
+                       kv_tokens_read=prompt_tokens, max_context=prompt_tokens + 1,
+                       items=[(Request(-1, 0.0, prompt_tokens, output_tokens, 0.0, output_tokens=1,
+                                       computed_tokens=prompt_tokens), 1, prompt_tokens)])
+        return self.cost.step_s(pre) + (output_tokens - 1) * self.cost.step_s(dec)
+
+    def run(self) -> Result:
+        sc, wl = self.scenario, self.workload
+        env = simpy.Environment()
+        inbox = simpy.Store(env)
+        pool = BlockPool(self.num_blocks, sc.kv.block_tokens, self.block_bytes)
+        deadline = None
+        if sc.admission_control.reject_late:
+            def deadline(req: Request, now_s: float) -> bool:
+                limit = min(x for x in (req.deadline_s, sc.slo.e2e_s, math.inf) if x is not None)
+                return now_s - req.arrival_s + self._lower_bound_s(req.prompt_tokens, req.max_output_tokens) <= limit
+        cfg_cls, sched_cls = SCHEDULERS[sc.scheduler.kind]
+        scheduler = sched_cls(sc.scheduler, pool, sc.kv.admission, deadline)
+        rec = Recorder(sc.slo, track_request_gaps=sc.slo.itl_s is not None and sc.slo.itl_stat == "p99")
+        acc_rng = np.random.default_rng(sc.seed).spawn(4)[3]
+        state = {"arrivals_done": False, "finished": 0}
+        n_total = len(wl)
+
+        def make_request(i: int) -> Request:
+            a = float(wl.arrival_s[i])
+            cancel = float(wl.cancel_at_s[i])
+            dl = float(wl.deadline_s[i])
+            return Request(i, a, int(wl.prompt_tokens[i]), int(wl.output_tokens[i]), a + float(wl.outside_wait_s[i]),
+                           deadline_s=None if math.isnan(dl) else dl, cancel_at_s=None if math.isnan(cancel) else cancel)
+
+        def leave(req: Request, now_s: float) -> None:
+            rec.on_leave(req, now_s)
+            state["finished"] += 1
+            if self.progress is not None:
+                self.progress(state["finished"], n_total)
+
+        def on_emitted(emitted: list[Request], now_s: float) -> None:
+            for req in emitted:
+                if req.status is not Status.FINISHED:
+                    continue
+                req.correct = bool(acc_rng.random() < sc.accuracy.p_correct) if sc.accuracy.p_correct < 1 else True
+                if not req.correct and req.attempt <= sc.accuracy.max_retries:
+                    retry = Request(req.rid, req.arrival_s, req.prompt_tokens, req.max_output_tokens, now_s,
+                                    deadline_s=req.deadline_s, attempt=req.attempt + 1,
+                                    preemptions=req.preemptions, recomputed_tokens=req.recomputed_tokens)
+                    retry.first_token_s = None
+                    inbox.put(retry)
+                    continue
+                leave(req, now_s)
+
+        def on_dropped(now_s: float) -> None:
+            for req in scheduler.dropped:
+                if req.finish_s is None:
+                    req.finish_s = now_s
+                leave(req, now_s)
+            scheduler.dropped.clear()
+
+        env.process(engine.arrivals(env, wl, inbox, make_request, lambda r: rec.on_enter(r, env.now), scheduler, state))
+        env.process(engine.replica_loop(env, inbox, scheduler, self.cost, rec, on_emitted, on_dropped, state))
+        try:
+            env.run()
+        except costmod.ExtrapolationError as exc:
+            raise ConfigError(f"step_time: {exc}") from None
+        return self._result(rec, pool)
+
+    # ---- summary ------------------------------------------------------------------------------
+    def _result(self, rec: Recorder, pool: BlockPool) -> Result:
+        sc = self.scenario
+        req = pd.DataFrame({c: np.frombuffer(rec.req[c], dtype=float) if len(rec.req[c]) else np.array([], dtype=float)
+                            for c in REQUEST_COLUMNS})
+        req = req.sort_values("id", kind="stable").reset_index(drop=True)
+        for c in ("id", "prompt_tokens", "output_tokens", "cached_tokens", "preemptions", "recomputed_tokens", "attempts"):
+            req[c] = req[c].astype(np.int64)
+        req["status"] = [STATUS_NAMES[int(s)] for s in req["status"]]
+        req["met_slo"] = req["met_slo"].astype(bool)
+        its = pd.DataFrame({c: np.frombuffer(rec.it[c], dtype=float) if len(rec.it[c]) else np.array([], dtype=float)
+                            for c in ITERATION_COLUMNS})
+        for c in ITERATION_COLUMNS[2:]:
+            its[c] = its[c].astype(np.int64)
+
+        finished = req["status"] == "finished"
+        correct = req["correct"].fillna(0).astype(bool)
+        good = finished & correct & req["met_slo"]
+        n_good = int(good.sum())
+        t0 = float(req["arrival_s"].min()) if len(req) else 0.0
+        t1 = float(np.nanmax(req["finish_s"])) if finished.any() else t0
+        window = t1 - t0
+        itl = weighted_stats(np.frombuffer(rec.itl_gap, dtype=float), np.frombuffer(rec.itl_weight, dtype=np.int64))
+        decode_only = (its["prefill_tokens"] == 0) if len(its) else pd.Series([], dtype=bool)
+        dec_time = float(its.loc[decode_only, "duration_s"].sum()) if len(its) else 0.0
+        dec_tokens = int(its.loc[decode_only, "decode_sequences"].sum()) if len(its) else 0
+        cap_w = self.hw.tdp_w.value
+        if sc.power.model == "cap":
+            energy = cap_w * window if cap_w is not None else None
+        else:
+            energy = sc.power.busy_w * rec.busy_s + sc.power.idle_w * max(0.0, window - rec.busy_s)
+        peak_kv = pool.peak_blocks * self.block_bytes
+        memory_fit = bool(self.weight_bytes + self.kv_budget_bytes + self.activation_bytes <= self.hw.memory_bytes
+                          and not (req["status"] == "rejected").any())
+        summary = {
+            "scenario": sc.name,
+            "seed": sc.seed,
+            "requests": int(len(req)),
+            "completed": int(finished.sum()),
+            "rejected": int((req["status"] == "rejected").sum()),
+            "cancelled": int((req["status"] == "cancelled").sum()),
+            "good": n_good,
+            "makespan_s": window,
+            "output_throughput_tok_s": float(req.loc[finished, "output_tokens"].sum() / window) if window > 0 else None,
+            "request_throughput_rps": float(finished.sum() / window) if window > 0 else None,
+            "goodput_rps": n_good / window if window > 0 else None,
+            "decode_throughput_tok_s": dec_tokens / dec_time if dec_time > 0 else None,
+            "slo_attainment": n_good / len(req) if len(req) else None,
+            "ttft_s": stats(req.loc[finished, "ttft_s"].to_numpy()),
+            "itl_s": itl,
+            "tpot_s": stats(req.loc[finished, "tpot_s"].to_numpy()),
+            "e2e_s": stats(req.loc[finished, "e2e_s"].to_numpy()),
+            "iterations": int(len(its)),
+            "busy_s": rec.busy_s,
+            "peak_kv_bytes": float(peak_kv),
+            "peak_kv_blocks": int(pool.peak_blocks),
+            "kv_capacity_bytes": float(self.num_blocks * self.block_bytes),
+            "kv_capacity_blocks": int(self.num_blocks),
+            "weights_bytes": int(self.weight_bytes),
+            "memory_fit": memory_fit,
+            "preemptions": int(req["preemptions"].sum()),
+            "recomputed_tokens": int(req["recomputed_tokens"].sum()),
+            "prefix_hit_tokens": int(req["cached_tokens"].sum()),
+            "gpu_seconds": window,
+            "gpu_seconds_per_good": window / n_good if n_good else None,
+            "energy_j": energy,
+            "energy_j_per_good": energy / n_good if (n_good and energy is not None) else None,
+            "little_area": rec.area,
+        }
+        return Result(summary, req, its)
