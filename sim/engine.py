@@ -56,10 +56,10 @@ def replica_loop(env: simpy.Environment, inbox: simpy.Store, scheduler, cost, re
                 if req is not None:
                     scheduler.admit(req, env.now)
             continue
-        start = env.now
+        start, blocks_in_use = env.now, scheduler.pool.used_blocks
         yield env.timeout(cost.step_s(plan))
         emitted = scheduler.commit(plan, env.now, iteration)
-        recorder.on_iteration(iteration, start, env.now, plan, scheduler.pool.used_blocks, emitted)
+        recorder.on_iteration(iteration, start, env.now, plan, blocks_in_use, emitted)
         on_emitted(emitted, env.now)
         on_dropped(env.now)
         iteration += 1

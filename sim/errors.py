@@ -26,7 +26,8 @@ def format_validation_error(source: str | Path, exc) -> list[str]:
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
         got = ""
-        if "input" in err and err.get("type") not in ("missing",) and not isinstance(err["input"], dict):
+        if ("input" in err and err.get("type") not in ("missing",) and not isinstance(err["input"], dict)
+                and "got " not in msg):
             text = repr(err["input"])
             got = f" (got {text if len(text) <= 60 else text[:57] + '...'})"
         lines.append(f"{source}: {loc}: {msg}{got}")

@@ -36,14 +36,14 @@ def _number(value, path: Path, line: int, field: str) -> float:
     return f
 
 
-def _azure_time(text: str, path: Path, line: int) -> float:
+def _azure_time(text: str, path: Path, line: int, field: str = "TIMESTAMP") -> float:
     """'2023-11-16 18:15:46.6805900' (7 fractional digits) -> POSIX seconds, no zone (naive)."""
     head, _, frac = str(text).strip().partition(".")
     try:
         t = datetime.strptime(head, "%Y-%m-%d %H:%M:%S")
         f = float("0." + frac) if frac else 0.0
     except ValueError:
-        raise ConfigError(f"{path}: line {line}: TIMESTAMP: expected 'YYYY-MM-DD HH:MM:SS.fffffff', got {text!r}") from None
+        raise ConfigError(f"{path}: line {line}: {field}: expected 'YYYY-MM-DD HH:MM:SS.fffffff', got {text!r}") from None
     return (t - datetime(1970, 1, 1)).total_seconds() + f
 
 
@@ -55,7 +55,7 @@ def _read_csv(path: Path, columns: tuple[str, str, str], time_parser) -> tuple[n
         if missing:
             raise ConfigError(f"{path}: line 1: missing column(s) {missing}; header is {reader.fieldnames}")
         for i, row in enumerate(reader, start=2):
-            t.append(time_parser(row[columns[0]], path, i))
+            t.append(time_parser(row[columns[0]], path, i, columns[0]))
             p.append(_positive_int(row[columns[1]], path, i, columns[1]))
             o.append(_positive_int(row[columns[2]], path, i, columns[2]))
     return np.array(t, dtype=float), np.array(p, dtype=np.int64), np.array(o, dtype=np.int64)

@@ -14,22 +14,22 @@ _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?|\.[0-9]+)\s*([A-Za-z]*)\s*$")
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 
 
-def parse_bytes(text: str | int | float, what: str = "size") -> int:
+def parse_bytes(text: str | int | float) -> int:
     """'12GiB' -> 12884901888, '12GB' -> 12000000000, '12884901888' -> 12884901888.
 
     Raises:
-        ValueError: naming `what`, the text and the accepted forms.
+        ValueError: naming the text and the accepted forms.
     """
     if isinstance(text, bool):
-        raise ValueError(f"{what}: expected a size such as 12GiB, 12GB or 12884901888, got {text!r}")
+        raise ValueError(f"expected a size such as 12GiB, 12GB or 12884901888, got {text!r}")
     if isinstance(text, (int, float)):
         if text < 0:
-            raise ValueError(f"{what}: must be >= 0, got {text}")
+            raise ValueError(f"a size must be >= 0, got {text}")
         return int(text)
     m = _SIZE.match(str(text))
     if not m or m.group(2).lower() not in _UNITS:
         raise ValueError(
-            f"{what}: expected a size such as 12GiB, 12GB or 12884901888 "
+            f"expected a size such as 12GiB, 12GB or 12884901888 "
             f"(units: B, kB, MB, GB, TB, KiB, MiB, GiB, TiB), got {text!r}")
     value = float(m.group(1)) * _UNITS[m.group(2).lower()]
     return int(round(value))

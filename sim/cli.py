@@ -1,0 +1,273 @@
+"""capsim's command line: memory | run | validate-scenario | calibrate | fit.
+
+`main(argv) -> int` so tests call it in-process. `calibrate` and `fit` import torch lazily.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from sim.errors import ConfigError
+from sim.units import fmt_bytes, parse_bytes
+
+
+# ---- capsim memory ---------------------------------------------------------------------------
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,4,16,64, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_memory(sub) -> None:
+    p = sub.add_parser("memory", help="does this model fit, how many requests fit the KV budget, what each step reads")
+    p.add_argument("--model", required=True, help="model profile name (profiles/models) or YAML path")
+    p.add_argument("--prompt", type=int, default=2048, help="prompt tokens per request")
+    p.add_argument("--output", type=int, default=256, help="output tokens per request")
+    p.add_argument("--requests", type=int, default=1, help="requests of this shape held at once")
+    p.add_argument("--shared-prefix", type=int, default=0, help="leading prompt tokens identical across requests")
+    p.add_argument("--kv-format", default="bf16", help="bf16 | fp16 | fp8 | q8_0 | q4_0")
+    p.add_argument("--weight-format", default="bf16", help="bf16 | fp8 | int4 | q2_k")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    p.add_argument("--kv-budget", type=_size, help="KV budget: 12GiB, 12GB or bytes")
+    p.add_argument("--gpu-memory-utilization", type=float,
+                   help="instead of --kv-budget: fraction of --hardware memory, minus weights and --activation")
+    p.add_argument("--activation", type=_size, default=0, help="activation / CUDA-graph workspace (with utilization)")
+    p.add_argument("--hardware", help="hardware profile for the time bound and utilization budget")
+    p.add_argument("--batch", type=_int_list, help="reads view: batch sizes, e.g. 1,4,16,64")
+    p.add_argument("--context", type=int, help="reads view: context tokens per sequence (default: --prompt)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def cmd_memory(args) -> int:
+    from sim.memory import kv_budget_from_utilization, kv_plan
+    from sim.modelspec import ModelSpec
+    from sim.profile import load_hardware, load_model
+    from sim.roofline import b_kv, decode_reads
+
+    spec = ModelSpec(load_model(args.model))
+    hw = load_hardware(args.hardware) if args.hardware else None
+    budget = args.kv_budget
+    if args.gpu_memory_utilization is not None:
+        if hw is None:
+            raise ConfigError("--gpu-memory-utilization needs --hardware")
+        if budget is not None:
+            raise ConfigError("give either --kv-budget or --gpu-memory-utilization, not both")
+        budget = kv_budget_from_utilization(hw, spec.weight_bytes(args.weight_format), args.gpu_memory_utilization,
+                                            args.activation)
+    try:
+        plan = kv_plan(spec, args.prompt, args.output, args.requests, args.shared_prefix, args.kv_format,
+                       args.block_size, budget)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    out = {"model": spec.profile.name, **plan.as_dict(),
+           "weight_format": args.weight_format,
+           "total_params": spec.total_params,
+           "weight_bytes": spec.weight_bytes(args.weight_format),
+           "weight_read_bytes_per_step": spec.weight_read_bytes(args.weight_format)}
+    if hw is not None:
+        out["hardware"] = hw.name
+        out["hardware_memory_bytes"] = hw.memory_bytes
+    if args.batch:
+        ctx = args.context or args.prompt
+        peak = hw.peak_flops_per_s("bf16") if hw else None
+        bw = hw.bandwidth_bytes_per_s if hw else None
+        reads = []
+        for b in args.batch:
+            r = decode_reads(spec, b, ctx, args.weight_format, args.kv_format, peak, bw)
+            reads.append({"batch": b, "context_tokens": ctx, "bytes_per_iteration": r.bytes_per_iteration,
+                          "bytes_per_output_token": r.bytes_per_output_token,
+                          "weight_bytes_per_output_token": r.weight_bytes_per_output_token,
+                          "kv_bytes_per_output_token": r.kv_bytes_per_output_token,
+                          "flops_per_iteration": r.flops, "time_bound_s": r.time_bound_s,
+                          "memory_bound": r.memory_bound})
+        out["reads"] = reads
+        out["b_kv"] = b_kv(spec.weight_read_bytes(args.weight_format), ctx, spec.kv_bytes_per_token(args.kv_format))
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    rows = [
+        ("model", spec.profile.name),
+        ("weights", f"{fmt_bytes(out['weight_bytes'])} ({args.weight_format}); read per step {fmt_bytes(out['weight_read_bytes_per_step'])}"),
+        ("KV per token", f"{plan.kv_bytes_per_token:g} B ({args.kv_format})"),
+        ("tokens stored per request", f"{plan.tokens_stored_per_request} -> {plan.blocks_per_request} blocks of {plan.block_tokens}"),
+        ("KV per request" + (" (private)" if plan.shared_prefix_blocks else ""), fmt_bytes(plan.kv_bytes_per_request)),
+        ("shared prefix", f"{plan.shared_prefix_blocks} blocks, {fmt_bytes(plan.shared_prefix_bytes)}"),
+        (f"total KV for {plan.requests}", fmt_bytes(plan.total_kv_bytes)),
+    ]
+    if budget is not None:
+        rows += [("KV budget", fmt_bytes(budget)), ("fits", "yes" if plan.fits else "NO"),
+                 ("max requests", str(plan.max_requests))]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    if args.batch:
+        print()
+        print(f"{'batch':>6} {'bytes/iter':>12} {'bytes/token':>12} {'weights/tok':>12} {'KV/tok':>10} {'time bound':>11}")
+        for r in out["reads"]:
+            tb = f"{r['time_bound_s'] * 1e3:.2f} ms" if r["time_bound_s"] is not None else "-"
+            print(f"{r['batch']:>6} {fmt_bytes(r['bytes_per_iteration']):>12} {fmt_bytes(r['bytes_per_output_token']):>12} "
+                  f"{fmt_bytes(r['weight_bytes_per_output_token']):>12} {fmt_bytes(r['kv_bytes_per_output_token']):>10} {tb:>11}")
+        print(f"b_KV (KV reads reach weight reads) at {args.context or args.prompt} tokens: {out['b_kv']}")
+    return 0
+
+
+# ---- capsim run / validate-scenario ----------------------------------------------------------
+
+def _add_run(sub) -> None:
+    p = sub.add_parser("run", help="simulate a scenario and print its summary")
+    p.add_argument("scenario", help="scenario YAML")
+    p.add_argument("--out", help="write summary.json, requests.csv and iterations.csv here")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value",
+                   help="override a scenario field (repeatable), e.g. --set scheduler.max_num_seqs=32")
+    p.add_argument("--json", action="store_true", help="print summary.json instead of the table")
+    p.add_argument("--progress", action="store_true", help="show progress on stderr")
+
+
+def _fmt_ms(x) -> str:
+    return "-" if x is None else f"{x * 1e3:.2f}"
+
+
+def print_summary(s: dict, file=None) -> None:
+    file = file or sys.stdout
+    def num(x, fmt="{:.3f}"):
+        return "-" if x is None else fmt.format(x)
+    print(f"scenario {s['scenario']}: {s['completed']}/{s['requests']} completed, {s['rejected']} rejected, "
+          f"{s['cancelled']} cancelled, {s['good']} good", file=file)
+    print(f"makespan {num(s['makespan_s'])} s   throughput {num(s['output_throughput_tok_s'], '{:.1f}')} tok/s, "
+          f"{num(s['request_throughput_rps'])} req/s   goodput {num(s['goodput_rps'])} req/s   "
+          f"SLO attainment {num(s['slo_attainment'])}", file=file)
+    print(f"{'ms':<6}{'mean':>10}{'median':>10}{'p90':>10}{'p99':>10}{'max':>10}", file=file)
+    for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s"):
+        st = s[key]
+        print(f"{key[:-2].upper():<6}" + "".join(f"{_fmt_ms(st[k]):>10}" for k in ("mean", "median", "p90", "p99", "max")),
+              file=file)
+    print(f"KV peak {fmt_bytes(s['peak_kv_bytes'])} of {fmt_bytes(s['kv_capacity_bytes'])}   memory fit "
+          f"{'yes' if s['memory_fit'] else 'NO'}   preemptions {s['preemptions']} ({s['recomputed_tokens']} tokens recomputed)",
+          file=file)
+    print(f"GPU-s per good {num(s['gpu_seconds_per_good'])}   energy per good "
+          f"{num(s['energy_j_per_good'], '{:.1f}')} J", file=file)
+
+
+class _Progress:
+    """A one-line progress indicator on stderr, redrawn at most every 1% of the requests."""
+
+    def __init__(self, stream=None):
+        self.stream, self.last = stream or sys.stderr, -1
+
+    def __call__(self, done: int, total: int) -> None:
+        pct = done * 100 // max(total, 1)
+        if pct != self.last:
+            self.last = pct
+            self.stream.write(f"\r{done}/{total} requests done ({pct}%)")
+            if done == total:
+                self.stream.write("\n")
+            self.stream.flush()
+
+
+def cmd_run(args) -> int:
+    from sim.api import run_scenario
+    result = run_scenario(args.scenario, args.overrides, progress=_Progress() if args.progress else None)
+    if args.out:
+        result.write(args.out)
+    if args.json:
+        print(json.dumps(result.summary, indent=2))
+    else:
+        print_summary(result.summary)
+        if args.out:
+            print(f"wrote {Path(args.out) / 'summary.json'}, requests.csv, iterations.csv")
+    return 0
+
+
+def _add_validate(sub) -> None:
+    p = sub.add_parser("validate-scenario", help="check scenario files and print every error of every file")
+    p.add_argument("files", nargs="+")
+
+
+def cmd_validate(args) -> int:
+    from sim.config import load_scenario
+    errors = []
+    for f in args.files:
+        try:
+            load_scenario(f)
+        except ConfigError as exc:
+            errors.extend(exc.lines)
+    for line in errors:
+        print(line)
+    if not errors:
+        print(f"{len(args.files)} scenario file(s) valid")
+    return 2 if errors else 0
+
+
+# ---- calibration (torch, imported lazily) ------------------------------------------------------
+
+def _add_calibration(sub) -> None:
+    try:
+        from calibration.cli import add_calibrate_args, add_fit_args
+    except ImportError:  # calibration not installed: keep the commands, explain on use
+        add_calibrate_args = add_fit_args = None
+    p = sub.add_parser("calibrate", help="time a reference transformer on this device and write a fitted profile")
+    if add_calibrate_args:
+        add_calibrate_args(p)
+    p = sub.add_parser("fit", help="fit a step-time profile from a serving engine's per-iteration log")
+    if add_fit_args:
+        add_fit_args(p)
+
+
+def cmd_calibrate(args) -> int:
+    from calibration.cli import calibrate_main
+    return calibrate_main(args)
+
+
+def cmd_fit(args) -> int:
+    from calibration.cli import fit_main
+    return fit_main(args)
+
+
+COMMANDS = {"memory": cmd_memory, "run": cmd_run, "validate-scenario": cmd_validate,
+            "calibrate": cmd_calibrate, "fit": cmd_fit}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="capsim", description="Capacity planning for LLM inference serving")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_memory(sub)
+    _add_run(sub)
+    _add_validate(sub)
+    _add_calibration(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return COMMANDS[args.command](args)
+    except ConfigError as exc:
+        for line in exc.lines:
+            print(f"error: {line}", file=sys.stderr)
+        return 2
+    except ModuleNotFoundError as exc:
+        if exc.name == "torch":
+            print("error: this command needs PyTorch: pip install 'capsim[calibrate]' "
+                  "(on the project's machines: pip install torch==2.13.0)", file=sys.stderr)
+            return 2
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""Builders for small scenarios used across simulator tests."""
+
+from __future__ import annotations
+
+import copy
+
+from sim.config import Scenario
+from sim.simulation import Simulation
+
+CHAPTER_FIT = {"kind": "linear", "constant_s": 0.02622, "per_new_token_s": 30.4e-6, "per_pair_s": 3.0e-9}
+
+
+def scenario(**overrides) -> Scenario:
+    base = {
+        "name": "test",
+        "seed": 7,
+        "model": "qwen3-8b",
+        "hardware": "rtx-pro-6000-bw-ws",
+        "kv": {"block_tokens": 16, "format": "bf16", "budget": "12GiB"},
+        "scheduler": {"kind": "continuous", "max_num_seqs": 32, "max_num_batched_tokens": 8192},
+        "step_time": {"model": dict(CHAPTER_FIT)},
+        "workload": {"kind": "synthetic", "num_requests": 300,
+                     "arrival": {"kind": "poisson", "rate_rps": 4.0},
+                     "prompt_tokens": {"kind": "lognormal", "median": 600, "sigma": 0.7, "max": 4000},
+                     "output_tokens": {"kind": "lognormal", "median": 60, "sigma": 0.7, "max": 400}},
+    }
+    merged = copy.deepcopy(base)
+    for key, value in overrides.items():
+        node = merged
+        parts = key.split("__")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return Scenario.model_validate(merged)
+
+
+def run(sc: Scenario):
+    return Simulation(sc, ".").run()
+
+from pathlib import Path  # noqa: E402
+
+REPO_SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"

@@ -1,0 +1,152 @@
+"""Engine and scheduler properties: determinism, conservation, budgets, cancellation, admission, padding."""
+
+import hashlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from sim.cli import main
+from sim.metrics import stats, weighted_stats
+from sim.schedulers import SCHEDULERS, AnySchedulerConfig
+from tests.sim.helpers import run, scenario
+
+POLICIES = {
+    "fixed": {"kind": "fixed", "max_num_seqs": 8},
+    "continuous": {"kind": "continuous", "max_num_seqs": 24, "max_num_batched_tokens": 6000},
+    "chunked": {"kind": "chunked", "max_num_seqs": 24, "max_num_batched_tokens": 1024, "chunk_tokens": 512},
+}
+
+
+def test_registry_matches_union():
+    members = AnySchedulerConfig.__args__[0].__args__  # Annotated[Union[...], Field(discriminator="kind")]
+    assert sorted(m.model_fields["kind"].default for m in members) == sorted(SCHEDULERS)
+    for kind, (cfg, cls) in SCHEDULERS.items():
+        assert cls.kind == kind == cfg.model_fields["kind"].default
+    assert set(POLICIES) == set(SCHEDULERS), "add the new scheduler to the contract tests"
+
+
+@pytest.mark.parametrize("admission", ["reserve", "on_demand"])
+@pytest.mark.parametrize("kind", sorted(SCHEDULERS))
+def test_scheduler_contract(kind, admission):
+    """Every registered scheduler: budgets and pool respected, all finish, TTFT <= E2E, tokens conserved."""
+    sc = scenario(scheduler=POLICIES[kind], kv={"block_tokens": 16, "format": "bf16", "budget": "1GiB",
+                                                   "admission": admission})
+    res = run(sc)
+    req, its, s = res.requests, res.iterations, res.summary
+    assert (req["status"] == "finished").all(), req["status"].value_counts()
+    assert (req["ttft_s"] <= req["e2e_s"] + 1e-12).all()
+    assert its["kv_blocks_in_use"].max() <= s["kv_capacity_blocks"]
+    assert its["batch_size"].max() <= POLICIES[kind]["max_num_seqs"]
+    if kind != "fixed":
+        assert its["new_tokens"].max() <= POLICIES[kind]["max_num_batched_tokens"]
+    # token conservation: every stored token computed once, plus what preemption made us recompute
+    computed = its["new_tokens"].sum()
+    expected = (req["prompt_tokens"] + req["output_tokens"] - 1 + req["recomputed_tokens"]).sum()
+    assert computed == expected
+    assert (req["output_tokens"] >= 1).all()
+    if admission == "reserve":
+        assert s["preemptions"] == 0
+
+
+def test_on_demand_preempts_and_recomputes_in_a_small_pool():
+    sc = scenario(kv={"block_tokens": 16, "format": "bf16", "budget": "700MiB", "admission": "on_demand"},
+                  scheduler=POLICIES["continuous"])
+    s = run(sc).summary
+    assert s["preemptions"] > 0 and s["recomputed_tokens"] > 0
+    assert s["completed"] == s["requests"]
+
+
+@pytest.mark.parametrize("kind", sorted(SCHEDULERS))
+def test_same_seed_same_bytes(kind, tmp_path):
+    path = tmp_path / "s.yaml"
+    import yaml
+    path.write_text(yaml.safe_dump(scenario(scheduler=POLICIES[kind]).model_dump(mode="json")))
+    digests = []
+    for i in range(2):
+        out = tmp_path / f"out{i}"
+        assert main(["run", str(path), "--out", str(out)]) == 0
+        digests.append([hashlib.sha256((out / f).read_bytes()).hexdigest()
+                        for f in ("summary.json", "requests.csv", "iterations.csv")])
+    assert digests[0] == digests[1]
+    out2 = tmp_path / "other-seed"
+    assert main(["run", str(path), "--set", "seed=8", "--out", str(out2)]) == 0
+    assert hashlib.sha256((out2 / "requests.csv").read_bytes()).hexdigest() != digests[0][1]
+
+
+def test_cancellation_frees_blocks_after_the_in_flight_iteration():
+    reqs = [{"arrival_s": 0.0, "prompt_tokens": 2048, "output_tokens": 200, "cancel_at_s": 1.0},
+            {"arrival_s": 0.0, "prompt_tokens": 2048, "output_tokens": 100}]
+    res = run(scenario(workload={"kind": "requests", "requests": reqs}))
+    req, its = res.requests.set_index("id"), res.iterations
+    assert req.loc[0, "status"] == "cancelled"
+    assert req.loc[1, "status"] == "finished"
+    # freed at the end of the iteration in flight at t = 1.0 s, not at 1.0 s itself
+    ends = its["start_s"] + its["duration_s"]
+    in_flight = its[(its["start_s"] <= 1.0) & (ends > 1.0)].index[0]
+    assert req.loc[0, "finish_s"] == pytest.approx(ends[in_flight])
+    assert its.loc[in_flight, "batch_size"] == 2
+    assert its.loc[in_flight + 1, "batch_size"] == 1
+    blocks_each = -(-(2048 + 200 - 1) // 16)
+    assert its.loc[in_flight, "kv_blocks_in_use"] - its.loc[in_flight + 1, "kv_blocks_in_use"] == blocks_each
+
+
+def test_admission_control_rejects_hopeless_requests():
+    reqs = [{"arrival_s": 0.0, "prompt_tokens": 2048, "output_tokens": 256},
+            {"arrival_s": 0.0, "prompt_tokens": 2048, "output_tokens": 256}]
+    sc = scenario(scheduler={"kind": "fixed", "max_num_seqs": 1}, slo={"e2e_s": 7.0},
+                  admission_control={"reject_late": True}, workload={"kind": "requests", "requests": reqs})
+    req = run(sc).requests.set_index("id")
+    # the first needs 0.095 + 255 x ~26.3 ms ~ 6.8 s; the second would start after it: hopeless
+    assert req.loc[0, "status"] == "finished" and req.loc[0, "met_slo"]
+    assert req.loc[1, "status"] == "rejected"
+
+
+def test_wrong_answers_retry_and_count_from_first_arrival():
+    sc = scenario(accuracy={"p_correct": 0.5, "max_retries": 2})
+    req = run(sc).requests
+    assert (req["attempts"] > 1).any()
+    assert req["attempts"].max() <= 3
+    retried = req[req["attempts"] > 1]
+    assert (retried["e2e_s"] > retried["ttft_s"]).all()
+    n_correct = int(req["correct"].sum())
+    assert 0 < n_correct < len(req)
+
+
+def test_graph_padding_runs_the_next_captured_shape():
+    base = {"kind": "linear", "constant_s": 0.01, "per_new_token_s": 1e-3}
+    reqs = [{"arrival_s": 0.0, "prompt_tokens": 16, "output_tokens": 3} for _ in range(17)]
+    plain = run(scenario(step_time={"model": base}, workload={"kind": "requests", "requests": reqs}))
+    padded = run(scenario(step_time={"model": base, "graph_sizes": [1, 2, 4, 8, 16, 32]},
+                          workload={"kind": "requests", "requests": reqs}))
+    dec_plain = plain.iterations[plain.iterations["prefill_tokens"] == 0]["duration_s"]
+    dec_pad = padded.iterations[padded.iterations["prefill_tokens"] == 0]["duration_s"]
+    assert dec_plain.tolist() == pytest.approx([0.01 + 17e-3] * 2)
+    assert dec_pad.tolist() == pytest.approx([0.01 + 32e-3] * 2)  # 17 rows run the 32-row graph
+    reqs16 = reqs[:16]
+    pad16 = run(scenario(step_time={"model": base, "graph_sizes": [16, 32]}, workload={"kind": "requests", "requests": reqs16}))
+    assert pad16.iterations[pad16.iterations["prefill_tokens"] == 0]["duration_s"].tolist() == pytest.approx([0.026] * 2)
+
+
+def test_weighted_stats_equal_expanded_percentiles():
+    rng = np.random.default_rng(3)
+    values = rng.random(200)
+    weights = rng.integers(1, 9, size=200)
+    w = weighted_stats(values, weights)
+    e = stats(np.repeat(values, weights))
+    for key in ("median", "p90", "p99", "max"):
+        assert w[key] == e[key]
+    assert w["mean"] == pytest.approx(e["mean"], rel=1e-12)
+
+
+def test_sim_never_imports_torch():
+    code = ("import sys, sim, sim.api, sim.cli, sim.simulation, sim.memory, sim.roofline\n"
+            "from sim.cli import main\n"
+            "assert 'torch' not in sys.modules, 'sim imported torch'\n")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_sim_profile_does_not_pull_simpy():
+    code = "import sys, sim.profile, sim.roofline, sim.modelspec\nassert 'simpy' not in sys.modules\n"
+    subprocess.run([sys.executable, "-c", code], check=True)
