@@ -111,7 +111,7 @@ class GraphPadded:
         if pad == 0:
             return self.inner.step_s(plan)
         padded = dataclasses.replace(plan, new_tokens=plan.new_tokens + pad, pairs=plan.pairs + pad,
-                                     decode_seqs=plan.decode_seqs + pad, items=plan.items + [(None, 1, 0)] * pad)
+                                     num_seqs=rows, decode_seqs=plan.decode_seqs + pad)
         return self.inner.step_s(padded)
 
 

@@ -37,10 +37,9 @@ def _cancel_at(env: simpy.Environment, req: Request, scheduler):
     scheduler.cancel(req, env.now)
 
 
-def replica_loop(env: simpy.Environment, inbox: simpy.Store, scheduler, cost, recorder, on_emitted, on_dropped,
+def replica_loop(env: simpy.Environment, inbox: simpy.Store, scheduler, cost, recorder, on_outcome, on_dropped,
                  state: dict):
     """One replica: admit arrivals, plan a step, let time pass, commit. Policy lives in `scheduler`."""
-    iteration = 0
     while True:
         while inbox.items:
             req = inbox.items.pop(0)
@@ -56,10 +55,10 @@ def replica_loop(env: simpy.Environment, inbox: simpy.Store, scheduler, cost, re
                 if req is not None:
                     scheduler.admit(req, env.now)
             continue
-        start, blocks_in_use = env.now, scheduler.pool.used_blocks
+        start, blocks_in_use, index = env.now, scheduler.pool.used_blocks, scheduler.iteration
         yield env.timeout(cost.step_s(plan))
-        emitted = scheduler.commit(plan, env.now, iteration)
-        recorder.on_iteration(iteration, start, env.now, plan, blocks_in_use, emitted)
-        on_emitted(emitted, env.now)
+        recorder.on_iteration(start, env.now, plan, blocks_in_use)
+        outcome = scheduler.commit(plan, env.now)
+        recorder.on_tokens(index, start, env.now, outcome)
+        on_outcome(outcome, env.now)
         on_dropped(env.now)
-        iteration += 1

@@ -36,6 +36,7 @@ class Recorder:
         self.track_request_gaps = track_request_gaps
         self._gaps: dict[int, list[float]] = {}
         self._prev_end_s: float | None = None
+        self._ends = array("d")
         # Little's law bookkeeping: time integral of the number of requests in the system
         self.in_system = 0
         self.area = 0.0
@@ -60,22 +61,38 @@ class Recorder:
         self._row(req)
 
     # ---- iterations and tokens --------------------------------------------------------------
-    def on_iteration(self, index: int, start_s: float, end_s: float, plan, blocks_in_use: int,
-                     emitted: list[Request]) -> None:
+    def on_iteration(self, start_s: float, end_s: float, plan, blocks_in_use: int) -> None:
+        """Record an iteration's timing and shape; called before its outcome is committed."""
         it = self.it
-        dur = end_s - start_s
         it["start_s"].append(start_s)
-        it["duration_s"].append(dur)
+        it["duration_s"].append(end_s - start_s)
         it["prefill_tokens"].append(plan.prefill_tokens)
         it["decode_sequences"].append(plan.decode_seqs)
         it["pairs"].append(plan.pairs)
         it["kv_blocks_in_use"].append(blocks_in_use)
         it["batch_size"].append(plan.num_seqs)
         it["new_tokens"].append(plan.new_tokens)
-        self.busy_s += dur
-        regular = 0
+        self._ends.append(end_s)
+        self.busy_s += end_s - start_s
+
+    def end_s(self, index: int) -> float:
+        return self._ends[index]
+
+    def decode_gaps(self, req: Request, first: int, last: int) -> None:
+        """`req` emitted one token in each iteration first..last, each after the iteration before:
+        its gaps are those iterations' durations."""
+        gaps = np.frombuffer(self.it["duration_s"], dtype=float)[first:last + 1]
+        top = float(gaps.max())
+        if top > req.max_itl_s:
+            req.max_itl_s = top
+        if self.track_request_gaps:
+            self._gaps.setdefault(req.rid, []).extend(gaps.tolist())
+
+    def on_tokens(self, index: int, start_s: float, end_s: float, outcome) -> None:
+        """Token times of an iteration's emitters; decode-set members count as regular gaps."""
+        regular = outcome.decode_tokens
         gap_regular = end_s - start_s if self._prev_end_s == start_s else None
-        for req in emitted:
+        for req in outcome.emitted:
             if req.first_token_s is None:
                 req.first_token_s = end_s
             else:
@@ -93,7 +110,7 @@ class Recorder:
             req.last_token_s = end_s
             req.last_iteration = index
         if regular:
-            self.itl_gap.append(gap_regular)
+            self.itl_gap.append(end_s - start_s)
             self.itl_weight.append(regular)
         self._prev_end_s = end_s
 
@@ -158,8 +175,8 @@ def weighted_stats(values: np.ndarray, weights: np.ndarray) -> dict[str, float |
     """Exactly `stats(np.repeat(values, weights))` without building the repeated array."""
     if len(values) == 0 or weights.sum() == 0:
         return stats(np.array([]))
-    order = np.argsort(values, kind="stable")
-    v, w = values[order], weights[order]
+    v, inverse = np.unique(values, return_inverse=True)  # canonical: independent of entry order
+    w = np.bincount(inverse.ravel(), weights=weights).astype(np.int64)
     cum = np.cumsum(w)
     n = int(cum[-1])
 

@@ -101,8 +101,9 @@ class ModelSpec:
         return self.active_matrix_params + self.vector_params + self.embedding_params + lm
 
     def weight_bytes(self, fmt: str = "bf16") -> int:
-        """Bytes of all weights. Quantised formats apply to layer matrices; embeddings, lm_head
-        and norms stay in BF16 (what vLLM-style int4/fp8 checkpoints do)."""
+        """Bytes of all weights. Float formats (fp32/fp16/bf16) store every tensor at their width;
+        quantised formats (fp8, int4, q2_k) apply to layer matrices while embeddings, lm_head and
+        norms stay BF16 (what vLLM-style fp8/int4 checkpoints do)."""
         return self._bytes(self.layer_matrix_params, fmt, include_embedding=True)
 
     def weight_read_bytes(self, fmt: str = "bf16") -> int:
@@ -113,11 +114,11 @@ class ModelSpec:
 
     def _bytes(self, matrices: int, fmt: str, include_embedding: bool) -> int:
         b = weight_bytes_per_element(fmt)
-        bf16 = 2
-        vectors = self.vector_params * bf16
-        lm_table = self.lm_head_params * bf16  # lm_head (== embedding when tied)
-        emb = self.embedding_params * bf16 if (include_embedding and not self.profile.tie_word_embeddings) else 0
-        return int(math.ceil(matrices * b)) + vectors + lm_table + emb
+        other = b if fmt in ("fp32", "fp16", "bf16") else 2
+        vectors = self.vector_params * other
+        lm_table = self.lm_head_params * other  # lm_head (== embedding when tied)
+        emb = self.embedding_params * other if (include_embedding and not self.profile.tie_word_embeddings) else 0
+        return int(math.ceil(matrices * b + vectors + lm_table + emb))
 
     # --- KV cache --------------------------------------------------------------------------
     @cached_property

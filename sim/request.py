@@ -47,6 +47,14 @@ class Request:
     recompute_upto: int = 0
     """After a preemption, tokens below this count had KV before and are recomputed."""
     num_blocks: int = 0
+    admit_seq: int = -1
+    """Position in the running order (admission order; a re-admitted request goes to the back)."""
+    planned_iter: int = -1
+    """Last iteration that scheduled this request explicitly."""
+    base_iter: int = -1
+    """In the lazy decode set: counters are exact as of the start of this iteration."""
+    lazy_version: int = 0
+    """Bumped whenever the request joins or leaves the decode set (invalidates heap entries)."""
     attempt: int = 1
     correct: bool | None = None
     reject_reason: str | None = None

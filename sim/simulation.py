@@ -94,10 +94,11 @@ class Simulation:
     """One replica serving one scenario. Constructors build; run() runs; the caller writes."""
 
     def __init__(self, scenario: Scenario, base_dir: Path | str = ".", progress: Callable[[int, int], None] | None = None,
-                 stream=None):
+                 stream=None, lazy_decode: bool = True):
         self.scenario = scenario
         self.base_dir = Path(base_dir)
         self.progress = progress
+        self.lazy_decode = lazy_decode
         self.model = load_model(scenario.model) if not scenario.model.endswith(".yaml") else load_model(self.base_dir / scenario.model)
         self.hw = load_hardware(scenario.hardware) if not scenario.hardware.endswith(".yaml") else load_hardware(self.base_dir / scenario.hardware)
         self.spec = ModelSpec(self.model)
@@ -126,11 +127,11 @@ class Simulation:
     def _lower_bound_s(self, prompt_tokens: int, output_tokens: int) -> float:
         """Service time alone on the card (batch 1): prefill, then G - 1 decodes at the prompt's context."""
         from sim.schedulers.base import StepPlan
-        pre = StepPlan(new_tokens=prompt_tokens, pairs=prompt_tokens * (prompt_tokens + 1) // 2,
+        pre = StepPlan(num_seqs=1, new_tokens=prompt_tokens, pairs=prompt_tokens * (prompt_tokens + 1) // 2,
                        prefill_tokens=prompt_tokens, prefill_pairs=prompt_tokens * (prompt_tokens + 1) // 2,
                        prefill_logits=1, prefill_seqs=1, max_context=prompt_tokens,
                        items=[(Request(-1, 0.0, prompt_tokens, output_tokens, 0.0), prompt_tokens, 0)])
-        dec = StepPlan(new_tokens=1, pairs=prompt_tokens + 1, decode_seqs=1, decode_kv_tokens=prompt_tokens,
+        dec = StepPlan(num_seqs=1, new_tokens=1, pairs=prompt_tokens + 1, decode_seqs=1, decode_kv_tokens=prompt_tokens,
                        kv_tokens_read=prompt_tokens, max_context=prompt_tokens + 1,
                        items=[(Request(-1, 0.0, prompt_tokens, output_tokens, 0.0, output_tokens=1,
                                        computed_tokens=prompt_tokens), 1, prompt_tokens)])
@@ -147,8 +148,9 @@ class Simulation:
                 limit = min(x for x in (req.deadline_s, sc.slo.e2e_s, math.inf) if x is not None)
                 return now_s - req.arrival_s + self._lower_bound_s(req.prompt_tokens, req.max_output_tokens) <= limit
         cfg_cls, sched_cls = SCHEDULERS[sc.scheduler.kind]
-        scheduler = sched_cls(sc.scheduler, pool, sc.kv.admission, deadline)
+        scheduler = sched_cls(sc.scheduler, pool, sc.kv.admission, deadline, lazy_decode=self.lazy_decode)
         rec = Recorder(sc.slo, track_request_gaps=sc.slo.itl_s is not None and sc.slo.itl_stat == "p99")
+        scheduler.timeline = rec
         acc_rng = np.random.default_rng(sc.seed).spawn(4)[3]
         state = {"arrivals_done": False, "finished": 0}
         n_total = len(wl)
@@ -166,8 +168,8 @@ class Simulation:
             if self.progress is not None:
                 self.progress(state["finished"], n_total)
 
-        def on_emitted(emitted: list[Request], now_s: float) -> None:
-            for req in emitted:
+        def on_outcome(outcome, now_s: float) -> None:
+            for req in outcome.finished_decodes + outcome.emitted:
                 if req.status is not Status.FINISHED:
                     continue
                 req.correct = bool(acc_rng.random() < sc.accuracy.p_correct) if sc.accuracy.p_correct < 1 else True
@@ -188,7 +190,7 @@ class Simulation:
             scheduler.dropped.clear()
 
         env.process(engine.arrivals(env, wl, inbox, make_request, lambda r: rec.on_enter(r, env.now), scheduler, state))
-        env.process(engine.replica_loop(env, inbox, scheduler, self.cost, rec, on_emitted, on_dropped, state))
+        env.process(engine.replica_loop(env, inbox, scheduler, self.cost, rec, on_outcome, on_dropped, state))
         try:
             env.run()
         except costmod.ExtrapolationError as exc:

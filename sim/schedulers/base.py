@@ -9,12 +9,23 @@ State model (read once here, not in each policy):
   a request whose tokens are all computed emits one output token, finished and cancelled
   requests free their blocks. Freeing at commit is the deferred free of reference section 3:
   blocks read by the in-flight iteration are released only when it ends.
-- The running list is in admission order; on_demand preemption takes the most recently
-  admitted request (recompute), as vLLM does.
+- `running` is in admission order; on_demand preemption takes the most recently admitted
+  request not yet scheduled in this iteration (recompute), as vLLM does.
+
+The decode set. A running request whose prompt is computed decodes exactly one token in every
+iteration until it finishes, is preempted or is cancelled (every policy schedules running decodes
+first and the token budget is at least max_num_seqs). Rather than touching each of them every
+iteration, the scheduler keeps them in a *decode set* advanced lazily: a member's counters are
+exact as of `base_iter` and move by one per iteration; batch aggregates (sequences, KV tokens
+read, pairs) are kept as running sums; heaps say when a member finishes or needs its next KV
+block. Members are materialised only when something happens to them, so an iteration costs
+O(events) instead of O(batch). `lazy_decode=False` steps every member explicitly instead; both
+give byte-identical results (tests/sim/test_fast_decode.py).
 """
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar, Literal
@@ -32,9 +43,11 @@ class SchedulerConfig(StrictModel):
 
 @dataclass(slots=True)
 class StepPlan:
-    """One iteration's work: (request, new tokens, cached tokens before) and batch aggregates."""
+    """One iteration's work: explicit (request, new tokens, cached tokens before) items plus the
+    decode set's aggregate, and the batch features step-time models read."""
 
     items: list[tuple[Request, int, int]] = field(default_factory=list)
+    num_seqs: int = 0
     new_tokens: int = 0
     pairs: int = 0
     prefill_tokens: int = 0
@@ -45,11 +58,13 @@ class StepPlan:
     decode_kv_tokens: int = 0
     kv_tokens_read: int = 0
     max_context: int = 0
+    lazy_decodes: int = 0
 
     def add(self, req: Request, n: int) -> None:
         h = req.computed_tokens
         pairs = n * h + n * (n + 1) // 2
         self.items.append((req, n, h))
+        self.num_seqs += 1
         self.new_tokens += n
         self.pairs += pairs
         self.kv_tokens_read += h
@@ -65,13 +80,33 @@ class StepPlan:
             if n == req.tokens_to_compute:
                 self.prefill_logits += 1
 
-    @property
-    def num_seqs(self) -> int:
-        return len(self.items)
+    def add_decodes(self, count: int, kv_tokens: int, max_context: int) -> None:
+        """`count` decode sequences holding `kv_tokens` cached tokens in all (one new token each)."""
+        self.lazy_decodes += count
+        self.num_seqs += count
+        self.new_tokens += count
+        self.pairs += kv_tokens + count
+        self.kv_tokens_read += kv_tokens
+        self.decode_seqs += count
+        self.decode_kv_tokens += kv_tokens
+        if max_context > self.max_context:
+            self.max_context = max_context
 
     @property
     def is_empty(self) -> bool:
-        return not self.items
+        return self.num_seqs == 0
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What an iteration produced, for the recorder and the caller."""
+
+    emitted: list[Request]
+    """Requests scheduled explicitly that emitted a token (plan order)."""
+    finished_decodes: list[Request]
+    """Decode-set members that emitted their last token (running order), already materialised."""
+    decode_tokens: int
+    """Tokens emitted by decode-set members (all regular gaps: they emitted last iteration too)."""
 
 
 class Scheduler:
@@ -80,15 +115,25 @@ class Scheduler:
     kind: ClassVar[str]
 
     def __init__(self, config: SchedulerConfig, pool: BlockPool, kv_admission: Literal["reserve", "on_demand"],
-                 deadline_check: Callable[[Request, float], bool] | None = None):
+                 deadline_check: Callable[[Request, float], bool] | None = None, lazy_decode: bool = True):
         self.config = config
         self.pool = pool
         self.kv_admission = kv_admission
         self.deadline_check = deadline_check
+        self.lazy = lazy_decode
         self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []
+        self.running: dict[int, Request] = {}
         self.dropped: list[Request] = []  # rejected or cancelled since the last drain
+        self.iteration = 0                # index of the next iteration to plan
+        self.timeline = None              # set by the simulation: end_s(i), durations(a, b)
         self._cancelled_in_flight: list[Request] = []
+        self._admit_counter = 0
+        # decode set (lazy mode)
+        self.decoding: dict[int, Request] = {}
+        self._dec_computed = 0            # sum of members' computed tokens as of `iteration`
+        self._finish_heap: list = []      # (iteration of last token, admit_seq, version, request)
+        self._block_heap: list = []       # (iteration needing the next block, admit_seq, version, request)
+        self._ctx_heap: list = []         # (-(computed - base_iter), admit_seq, version, request)
 
     # ---- arrivals, cancellation -----------------------------------------------------------
     def admit(self, req: Request, now_s: float) -> None:
@@ -137,6 +182,43 @@ class Scheduler:
     def _schedule(self, plan: StepPlan, now_s: float) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
+    def _add(self, plan: StepPlan, req: Request, n: int) -> None:
+        req.planned_iter = self.iteration
+        plan.add(req, n)
+
+    def _prefilling(self) -> list[Request]:
+        """Running requests still computing prompt (or recomputing), in running order."""
+        return [r for r in self.running.values() if r.in_prefill]
+
+    def _schedule_decodes(self, plan: StepPlan) -> None:
+        """Every running decode gets its next token (running order); on_demand KV grows first."""
+        if not self.lazy:
+            for req in [r for r in self.running.values() if not r.in_prefill]:
+                if req.rid in self.running and self._ensure_kv(req, 1, plan):
+                    self._add(plan, req, 1)
+            return
+        i = self.iteration
+        if self.kv_admission == "on_demand":
+            heap = self._block_heap
+            while heap and heap[0][0] == i:
+                _, _, version, req = heapq.heappop(heap)
+                if version != req.lazy_version:
+                    continue
+                need = req.computed_tokens + (i - req.base_iter) + 1
+                while not self.pool.can_allocate(req, need):
+                    victim = next(reversed(self.running.values()))
+                    self._preempt(victim)
+                    if victim is req:
+                        break
+                if req.rid in self.decoding:
+                    self.pool.allocate(req, need)
+                    heapq.heappush(heap, (i + self.pool.block_tokens, req.admit_seq, version, req))
+        if self.decoding:
+            ctx = self._ctx_heap
+            while ctx[0][2] != ctx[0][3].lazy_version:
+                heapq.heappop(ctx)
+            plan.add_decodes(len(self.decoding), self._dec_computed, -ctx[0][0] + i + 1)
+
     def _reserve_tokens(self, req: Request) -> int:
         """Tokens whose KV must be held: everything up to the last output (which is never stored)."""
         return req.prompt_tokens + req.max_output_tokens - 1
@@ -155,17 +237,22 @@ class Scheduler:
         req.status = Status.RUNNING
         if req.admitted_s is None:
             req.admitted_s = now_s
-        self.running.append(req)
+        req.admit_seq = self._admit_counter
+        self._admit_counter += 1
+        self.running[req.rid] = req
         return True
 
     def _ensure_kv(self, req: Request, n: int, plan: StepPlan) -> bool:
         """on_demand: grow `req` to hold computed + n tokens, preempting the newest running request
-        (by recompute) while blocks are short. False when `req` itself was preempted."""
+        not yet scheduled this iteration (by recompute) while blocks are short. False when `req`
+        itself was preempted."""
         if self.kv_admission == "reserve":
             return True
         need = req.computed_tokens + n
+        i = self.iteration
         while not self.pool.can_allocate(req, need):
-            victim = next((r for r in reversed(self.running) if r not in (it[0] for it in plan.items)), None)
+            victim = next((r for r in reversed(self.running.values())
+                           if r.planned_iter != i and r.rid not in self.decoding), None)
             if victim is None:
                 return False
             self._preempt(victim)
@@ -175,7 +262,9 @@ class Scheduler:
         return True
 
     def _preempt(self, req: Request) -> None:
-        self.running.remove(req)
+        if req.rid in self.decoding:
+            self._leave_decode(req)
+        del self.running[req.rid]
         self.pool.free(req)
         req.recompute_upto = max(req.recompute_upto, req.computed_tokens)
         req.computed_tokens = 0
@@ -189,9 +278,56 @@ class Scheduler:
             req = self.waiting.popleft()
             self._reject(req, "kv: does not fit the free pool even with nothing running")
 
+    # ---- the decode set -------------------------------------------------------------------
+    def _join_decode(self, req: Request, i: int) -> None:
+        """`req` decodes from iteration i on; its counters are exact now."""
+        req.base_iter = i
+        req.lazy_version += 1
+        v, seq = req.lazy_version, req.admit_seq
+        self.decoding[req.rid] = req
+        self._dec_computed += req.computed_tokens
+        heapq.heappush(self._finish_heap, (i + req.max_output_tokens - req.output_tokens - 1, seq, v, req))
+        heapq.heappush(self._ctx_heap, (-(req.computed_tokens - i), seq, v, req))
+        if self.kv_admission == "on_demand":
+            heapq.heappush(self._block_heap, (i + req.num_blocks * self.pool.block_tokens - req.computed_tokens,
+                                              seq, v, req))
+
+    def _materialize(self, req: Request, i: int) -> None:
+        """Bring a member's counters and token times up to the start of iteration i."""
+        d = i - req.base_iter
+        if d > 0:
+            req.computed_tokens += d
+            req.output_tokens += d
+            req.last_token_s = self.timeline.end_s(i - 1)
+            req.last_iteration = i - 1
+            self.timeline.decode_gaps(req, req.base_iter, i - 1)
+        req.base_iter = i
+
+    def _leave_decode(self, req: Request, i: int | None = None) -> None:
+        self._materialize(req, self.iteration if i is None else i)
+        del self.decoding[req.rid]
+        self._dec_computed -= req.computed_tokens
+        req.lazy_version += 1
+
     # ---- committing -----------------------------------------------------------------------
-    def commit(self, plan: StepPlan, now_s: float, iteration: int) -> list[Request]:
-        """Apply the iteration's outcome. Returns requests that emitted a token this iteration."""
+    def commit(self, plan: StepPlan, now_s: float) -> Outcome:
+        """Apply the iteration's outcome (its timing is already on the timeline)."""
+        i = self.iteration
+        finished_decodes: list[Request] = []
+        decode_tokens = 0
+        if self.lazy:
+            for req in self._cancelled_in_flight:  # their token of this iteration is discarded
+                if req.rid in self.decoding:
+                    self._leave_decode(req, i)
+            decode_tokens = len(self.decoding)
+            self._dec_computed += decode_tokens
+            heap = self._finish_heap
+            while heap and heap[0][0] == i:
+                _, _, version, req = heapq.heappop(heap)
+                if version != req.lazy_version:
+                    continue
+                self._leave_decode(req, i + 1)
+                finished_decodes.append(req)
         emitted = []
         for req, n, _h in plan.items:
             if req.status is Status.CANCELLED:
@@ -203,19 +339,27 @@ class Scheduler:
             if req.computed_tokens == req.prompt_tokens + req.output_tokens:
                 req.output_tokens += 1
                 emitted.append(req)
+        for req in finished_decodes:
+            self._finish(req, now_s)
         for req in emitted:
             if req.done:
-                req.status = Status.FINISHED
-                req.finish_s = now_s
-                self.running.remove(req)
-                self.pool.free(req)
+                self._finish(req, now_s)
+            elif self.lazy:
+                self._join_decode(req, i + 1)
         for req in self._cancelled_in_flight:
             req.finish_s = now_s
-            if req in self.running:
-                self.running.remove(req)
+            if req.rid in self.running:
+                del self.running[req.rid]
             elif req in self.waiting:
                 self.waiting.remove(req)
             self.pool.free(req)
             self.dropped.append(req)
         self._cancelled_in_flight.clear()
-        return emitted
+        self.iteration = i + 1
+        return Outcome(emitted, finished_decodes, decode_tokens)
+
+    def _finish(self, req: Request, now_s: float) -> None:
+        req.status = Status.FINISHED
+        req.finish_s = now_s
+        del self.running[req.rid]
+        self.pool.free(req)

@@ -20,6 +20,9 @@ class ChunkedConfig(SchedulerConfig):
         if self.chunk_tokens > self.max_num_batched_tokens:
             raise ValueError(f"scheduler.chunk_tokens ({self.chunk_tokens}) exceeds "
                              f"scheduler.max_num_batched_tokens ({self.max_num_batched_tokens})")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"scheduler.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                             f"scheduler.max_num_seqs ({self.max_num_seqs}) so every running decode fits")
         return self
 
 
@@ -28,15 +31,13 @@ class ChunkedPrefill(Scheduler):
 
     def _schedule(self, plan: StepPlan, now_s: float) -> None:
         budget = self.config.max_num_batched_tokens
-        for req in list(self.running):  # 1. decodes
-            if req in self.running and not req.in_prefill and plan.new_tokens < budget and self._ensure_kv(req, 1, plan):
-                plan.add(req, 1)
-        for req in list(self.running):  # 2. prefills already under way, in admission order
+        self._schedule_decodes(plan)  # 1. decodes
+        for req in self._prefilling():  # 2. prefills already under way, in admission order
             left = budget - plan.new_tokens
-            if req in self.running and req.in_prefill and left > 0:
+            if req.rid in self.running and left > 0:
                 n = min(self.config.chunk_tokens, req.tokens_to_compute, left)
                 if self._ensure_kv(req, n, plan):
-                    plan.add(req, n)
+                    self._add(plan, req, n)
         while self.waiting and len(self.running) < self.config.max_num_seqs:  # 3. new requests
             left = budget - plan.new_tokens
             if left <= 0:
@@ -47,4 +48,4 @@ class ChunkedPrefill(Scheduler):
                 if self.waiting and self.waiting[0] is head:
                     break
                 continue
-            plan.add(head, n)
+            self._add(plan, head, n)

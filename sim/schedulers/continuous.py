@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, PositiveInt
+from pydantic import Field, PositiveInt, model_validator
 
 from sim.schedulers.base import Scheduler, SchedulerConfig, StepPlan
 
@@ -14,16 +14,20 @@ class ContinuousConfig(SchedulerConfig):
     kind: Literal["continuous"] = "continuous"
     max_num_batched_tokens: PositiveInt = Field(16384, description="Token budget per iteration (whole prefills)")
 
+    @model_validator(mode="after")
+    def _budget_holds_decodes(self):
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"scheduler.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                             f"scheduler.max_num_seqs ({self.max_num_seqs}) so every running decode fits")
+        return self
+
 
 class ContinuousBatching(Scheduler):
     kind = "continuous"
 
     def _schedule(self, plan: StepPlan, now_s: float) -> None:
         budget = self.config.max_num_batched_tokens
-        for req in list(self.running):  # running requests first: decodes (or a recompute)
-            n = req.tokens_to_compute
-            if req in self.running and n <= budget - plan.new_tokens and self._ensure_kv(req, n, plan):
-                plan.add(req, n)
+        self._schedule_decodes(plan)  # running requests first
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             head = self.waiting[0]
             n = head.tokens_to_compute
@@ -33,4 +37,4 @@ class ContinuousBatching(Scheduler):
                 if self.waiting and self.waiting[0] is head:
                     break
                 continue
-            plan.add(head, n)
+            self._add(plan, head, n)

@@ -20,7 +20,8 @@ class FixedBatching(Scheduler):
                 head = self.waiting[0]
                 if not self._try_admit(head, now_s, head.tokens_to_compute) and self.waiting and self.waiting[0] is head:
                     break
-        for req in list(self.running):
+        self._schedule_decodes(plan)
+        for req in self._prefilling():  # the group's prefill (or a recompute), whole
             n = req.tokens_to_compute
-            if req in self.running and self._ensure_kv(req, n, plan):
-                plan.add(req, n)
+            if req.rid in self.running and self._ensure_kv(req, n, plan):
+                self._add(plan, req, n)
