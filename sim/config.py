@@ -50,6 +50,26 @@ class KVConfig(StrictModel):
     budget: int | UtilizationBudget = Field(description="Bytes (12GiB, 12GB, 12884901888) or a utilization budget")
     admission: Literal["reserve", "on_demand"] = Field(
         "reserve", description="reserve prompt + max output at admission, or grow block by block and preempt")
+    prefix_caching: bool = Field(True, description="Reuse cached KV of identical token prefixes (vLLM's default)")
+    eviction: Literal["lru", "value"] = Field(
+        "lru", description="Which cached-free block to drop first: least recently used, or lowest value per byte")
+    preemption: Literal["recompute", "swap"] = Field(
+        "recompute", description="on_demand preemption: drop KV and recompute, or swap it to the host tier")
+    host_budget: int = Field(0, ge=0, description="Host-memory tier for swapped KV (bytes, e.g. 64GiB)")
+    snapshot_tokens: PositiveInt | None = Field(
+        None, description="Hybrid (recurrent) models: state snapshots every N tokens; reuse rounds down to one")
+    warm_prefixes: list["NamedPrefix"] = Field(default_factory=list, description="Prefixes cached before arrivals")
+
+    @field_validator("host_budget", mode="before")
+    @classmethod
+    def _host(cls, v):
+        return parse_bytes(v)
+
+    @model_validator(mode="after")
+    def _swap_needs_host(self):
+        if self.preemption == "swap" and self.host_budget == 0:
+            raise ValueError("kv.preemption swap needs kv.host_budget > 0 (the host tier's size)")
+        return self
 
     @field_validator("budget", mode="before")
     @classmethod
@@ -62,6 +82,13 @@ class KVConfig(StrictModel):
 # ---- workloads -------------------------------------------------------------------------------
 
 
+class NamedPrefix(StrictModel):
+    """The first `tokens` tokens of every prompt naming it are identical (a system prompt)."""
+
+    name: str = Field(min_length=1)
+    tokens: PositiveInt
+
+
 class ExplicitRequest(StrictModel):
     arrival_s: NonNegativeFloat
     prompt_tokens: PositiveInt
@@ -69,6 +96,18 @@ class ExplicitRequest(StrictModel):
     outside_wait_s: NonNegativeFloat = Field(0.0, description="Wait before reaching the engine (counted in latency)")
     cancel_at_s: NonNegativeFloat | None = None
     deadline_s: PositiveFloat | None = None
+    prefix: NamedPrefix | None = Field(None, description="A shared prefix the prompt starts with")
+    context_of: NonNegativeInt | None = Field(
+        None, description="Multi-turn: index of an earlier request whose prompt + outputs this prompt starts with")
+    n: PositiveInt = Field(1, description="Parallel sampling: branches over one prompt (each a request)")
+
+    @model_validator(mode="after")
+    def _prefix_fits(self):
+        if self.prefix is not None and self.prefix.tokens > self.prompt_tokens:
+            raise ValueError(f"prefix.tokens ({self.prefix.tokens}) exceeds prompt_tokens ({self.prompt_tokens})")
+        if self.prefix is not None and self.context_of is not None:
+            raise ValueError("give either prefix or context_of, not both")
+        return self
 
 
 class RequestList(StrictModel):
@@ -140,6 +179,14 @@ class AllAtOnce(StrictModel):
 ArrivalDist = Annotated[Union[Poisson, GammaArrivals, ConstantRate, AllAtOnce], Field(discriminator="kind")]
 
 
+class SharedPrefixes(StrictModel):
+    """Every prompt starts with one of `groups` shared prefixes of `tokens` tokens (drawn uniformly);
+    prompt_tokens then counts the private part after it."""
+
+    tokens: PositiveInt
+    groups: PositiveInt = 1
+
+
 class Synthetic(StrictModel):
     kind: Literal["synthetic"] = "synthetic"
     num_requests: PositiveInt
@@ -147,6 +194,7 @@ class Synthetic(StrictModel):
     prompt_tokens: LengthDist
     output_tokens: LengthDist
     start_s: NonNegativeFloat = 0.0
+    shared_prefix: SharedPrefixes | None = None
 
 
 class Trace(StrictModel):
@@ -159,6 +207,8 @@ class Trace(StrictModel):
     window_s: tuple[NonNegativeFloat, PositiveFloat] | None = Field(None, description="[start, end) in trace seconds")
     rate_scale: PositiveFloat = Field(1.0, description="2.0 = arrivals twice as fast (timestamps / 2)")
     max_requests: PositiveInt | None = None
+    trace_block_tokens: PositiveInt = Field(
+        512, description="Tokens per hash id in a Mooncake trace (512 in the FAST'25 release)")
 
     @model_validator(mode="after")
     def _window(self):

@@ -142,3 +142,14 @@ class RangeChecked:
                 print(f"warning: {self.source}: extrapolating beyond valid_range ({bad}); "
                       "further extrapolations are not reported", file=self._stream)
         return self.inner.step_s(plan)
+
+
+class WithSwaps:
+    """Swapping KV between GPU and host memory happens before the iteration, over the host link."""
+
+    def __init__(self, inner, host_link_bytes_per_s: float):
+        self.inner, self.link = inner, host_link_bytes_per_s
+
+    def step_s(self, plan) -> float:
+        t = self.inner.step_s(plan)
+        return t + plan.swap_bytes / self.link if plan.swap_bytes else t

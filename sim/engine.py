@@ -14,16 +14,15 @@ from sim.request import Request, Status
 
 
 def arrivals(env: simpy.Environment, workload, inbox: simpy.Store, make_request: Callable[[int], Request],
-             on_enter: Callable[[Request], None], scheduler, state: dict):
-    """Release requests into the inbox at their engine arrival times (scheduled + outside wait)."""
+             deliver: Callable[[Request], None], scheduler, state: dict):
+    """Release requests at their engine arrival times (scheduled + outside wait) through `deliver`."""
     engine_t = workload.arrival_s + workload.outside_wait_s
     for i in np.argsort(engine_t, kind="stable"):
         t = float(engine_t[i])
         if t > env.now:
             yield env.timeout(t - env.now)
         req = make_request(int(i))
-        on_enter(req)
-        inbox.put(req)
+        deliver(req)
         if req.cancel_at_s is not None:
             env.process(_cancel_at(env, req, scheduler))
     state["arrivals_done"] = True
@@ -55,9 +54,11 @@ def replica_loop(env: simpy.Environment, inbox: simpy.Store, scheduler, cost, re
                 if req is not None:
                     scheduler.admit(req, env.now)
             continue
-        start, blocks_in_use, index = env.now, scheduler.pool.used_blocks, scheduler.iteration
+        pool = scheduler.pool
+        start, index = env.now, scheduler.iteration
+        blocks = (pool.used_blocks, len(pool.cached_free), pool.host_used_blocks)
         yield env.timeout(cost.step_s(plan))
-        recorder.on_iteration(start, env.now, plan, blocks_in_use)
+        recorder.on_iteration(start, env.now, plan, blocks)
         outcome = scheduler.commit(plan, env.now)
         recorder.on_tokens(index, start, env.now, outcome)
         on_outcome(outcome, env.now)

@@ -14,10 +14,10 @@ import numpy as np
 from sim.request import Request, Status
 
 REQUEST_COLUMNS = ("id", "status", "arrival_s", "admitted_s", "first_token_s", "finish_s", "ttft_s", "e2e_s",
-                   "tpot_s", "max_itl_s", "prompt_tokens", "output_tokens", "cached_tokens", "preemptions",
-                   "recomputed_tokens", "attempts", "met_slo", "correct")
+                   "tpot_s", "max_itl_s", "prompt_tokens", "output_tokens", "cached_tokens", "prefix_hit_rate", "preemptions",
+                   "recomputed_tokens", "kv_waited", "attempts", "met_slo", "correct")
 ITERATION_COLUMNS = ("start_s", "duration_s", "prefill_tokens", "decode_sequences", "pairs", "kv_blocks_in_use",
-                     "batch_size", "new_tokens")
+                     "cached_free_blocks", "host_blocks", "batch_size", "new_tokens", "swap_bytes")
 STATUS_CODES = {s: i for i, s in enumerate(Status)}
 NAN = float("nan")
 
@@ -43,6 +43,7 @@ class Recorder:
         self._t_last = 0.0
         self.busy_s = 0.0
         self.first_arrival_s: float | None = None
+        self.reject_reasons: list[str] = []
 
     # ---- population ---------------------------------------------------------------------
     def _advance(self, now_s: float) -> None:
@@ -57,11 +58,13 @@ class Recorder:
 
     def on_leave(self, req: Request, now_s: float) -> None:
         self._advance(now_s)
+        if req.reject_reason:
+            self.reject_reasons.append(req.reject_reason)
         self.in_system -= 1
         self._row(req)
 
     # ---- iterations and tokens --------------------------------------------------------------
-    def on_iteration(self, start_s: float, end_s: float, plan, blocks_in_use: int) -> None:
+    def on_iteration(self, start_s: float, end_s: float, plan, blocks: tuple[int, int, int]) -> None:
         """Record an iteration's timing and shape; called before its outcome is committed."""
         it = self.it
         it["start_s"].append(start_s)
@@ -69,9 +72,12 @@ class Recorder:
         it["prefill_tokens"].append(plan.prefill_tokens)
         it["decode_sequences"].append(plan.decode_seqs)
         it["pairs"].append(plan.pairs)
-        it["kv_blocks_in_use"].append(blocks_in_use)
+        it["kv_blocks_in_use"].append(blocks[0])
+        it["cached_free_blocks"].append(blocks[1])
+        it["host_blocks"].append(blocks[2])
         it["batch_size"].append(plan.num_seqs)
         it["new_tokens"].append(plan.new_tokens)
+        it["swap_bytes"].append(plan.swap_bytes)
         self._ends.append(end_s)
         self.busy_s += end_s - start_s
 
@@ -154,8 +160,10 @@ class Recorder:
         r["prompt_tokens"].append(req.prompt_tokens)
         r["output_tokens"].append(req.output_tokens)
         r["cached_tokens"].append(req.cached_tokens)
+        r["prefix_hit_rate"].append(req.cached_tokens / req.prompt_tokens)
         r["preemptions"].append(req.preemptions)
         r["recomputed_tokens"].append(req.recomputed_tokens)
+        r["kv_waited"].append(1.0 if req.kv_waited else 0.0)
         r["attempts"].append(req.attempt)
         r["met_slo"].append(1.0 if self.met_slo(req) else 0.0)
         r["correct"].append(NAN if req.correct is None else float(req.correct))

@@ -7,7 +7,7 @@ Prefill, chunked prefill, decode and recompute after preemption are all "compute
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 
@@ -46,7 +46,18 @@ class Request:
     recomputed_tokens: int = 0
     recompute_upto: int = 0
     """After a preemption, tokens below this count had KV before and are recomputed."""
-    num_blocks: int = 0
+    block_table: list = field(default_factory=list)
+    """Physical block ids holding this request's KV, in token order."""
+    block_hashes: list = field(default_factory=list)
+    """Chain hashes of its full blocks, computed lazily by the block manager."""
+    indexed_blocks: int = 0
+    """Leading blocks of block_table already offered to the prefix index."""
+    segments: tuple = ()
+    """Token identity of the prompt: ((stream id, first token, length), ...); see sim.kv."""
+    shareable_tokens: int = 1 << 62
+    """Leading tokens whose content another request may share (only their blocks are indexed)."""
+    swapped_blocks: int = 0
+    """Blocks held in the host tier while swapped out (0 when not swapped)."""
     admit_seq: int = -1
     """Position in the running order (admission order; a re-admitted request goes to the back)."""
     planned_iter: int = -1
@@ -55,6 +66,8 @@ class Request:
     """In the lazy decode set: counters are exact as of the start of this iteration."""
     lazy_version: int = 0
     """Bumped whenever the request joins or leaves the decode set (invalidates heap entries)."""
+    kv_waited: bool = False
+    """Its admission was held back at least once because KV blocks were short."""
     attempt: int = 1
     correct: bool | None = None
     reject_reason: str | None = None
@@ -67,6 +80,10 @@ class Request:
     def in_prefill(self) -> bool:
         """Still computing prompt (or recomputing prompt + outputs): no output would follow 1 token."""
         return self.tokens_to_compute > 1 or self.output_tokens == 0
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_table)
 
     @property
     def done(self) -> bool:

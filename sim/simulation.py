@@ -16,14 +16,14 @@ import simpy
 from sim import cost as costmod
 from sim.config import EfficiencyStepTime, LinearStepTime, ProfileStepTime, Scenario
 from sim.errors import ConfigError
-from sim.kv import BlockPool
+from sim.kv import BlockManager
 from sim.memory import kv_budget_from_utilization
 from sim.metrics import ITERATION_COLUMNS, REQUEST_COLUMNS, Recorder, Status, stats, weighted_stats
 from sim.modelspec import ModelSpec
 from sim.profile import load_fitted, load_hardware, load_model, profiles_dir
 from sim.request import Request
 from sim.schedulers import SCHEDULERS
-from sim.workload import build_workload
+from sim.workload import build_workload, prefix_stream
 from sim import engine
 
 STATUS_NAMES = [s.value for s in Status]
@@ -121,6 +121,12 @@ class Simulation:
             raise ConfigError(f"kv.budget: {self.kv_budget_bytes} B holds no {kv.block_tokens}-token block "
                               f"({self.block_bytes} B each)")
         self.cost = build_cost_model(scenario, self.base_dir, self.spec, self.hw, stream)
+        self.host_blocks = int(kv.host_budget // self.block_bytes)
+        if self.host_blocks:
+            link = self.hw.host_link_bytes_per_s
+            if not link:
+                raise ConfigError(f"kv.host_budget: hardware {self.hw.name} has no host link bandwidth to swap over")
+            self.cost = costmod.WithSwaps(self.cost, link)
         self.workload = build_workload(scenario.workload, scenario.seed, self.base_dir)
 
     # ---- helpers handed to the processes ----------------------------------------------------
@@ -137,30 +143,56 @@ class Simulation:
                                        computed_tokens=prompt_tokens), 1, prompt_tokens)])
         return self.cost.step_s(pre) + (output_tokens - 1) * self.cost.step_s(dec)
 
+    def _block_value(self, block, now_s: float) -> float:
+        """Value per byte of keeping a cached block (reference section 6, V_h / size): its hit rate
+        so far times the time to recompute it at its depth, per byte. Deeper blocks cost more to
+        recompute (their attention covers the whole prefix before them)."""
+        from sim.roofline import sequence_flops
+        bs = self.scenario.kv.block_tokens
+        age = max(now_s - block.cached_since_s, 1e-9)
+        recompute = sequence_flops(self.spec, bs, block.depth * bs, logits=0)
+        return (block.hits / age) * recompute / self.block_bytes
+
     def run(self) -> Result:
         sc, wl = self.scenario, self.workload
         env = simpy.Environment()
         inbox = simpy.Store(env)
-        pool = BlockPool(self.num_blocks, sc.kv.block_tokens, self.block_bytes)
+        pool = BlockManager(self.num_blocks, sc.kv.block_tokens, self.block_bytes, prefix_caching=sc.kv.prefix_caching,
+                            eviction=sc.kv.eviction, host_blocks=self.host_blocks, snapshot_tokens=sc.kv.snapshot_tokens,
+                            block_value=self._block_value)
+        for wp in sc.kv.warm_prefixes:
+            try:
+                pool.warm(((prefix_stream(wp.name), 0, wp.tokens),), wp.tokens)
+            except ValueError as exc:
+                raise ConfigError(f"kv.warm_prefixes: {wp.name}: {exc}") from None
         deadline = None
         if sc.admission_control.reject_late:
             def deadline(req: Request, now_s: float) -> bool:
                 limit = min(x for x in (req.deadline_s, sc.slo.e2e_s, math.inf) if x is not None)
                 return now_s - req.arrival_s + self._lower_bound_s(req.prompt_tokens, req.max_output_tokens) <= limit
         cfg_cls, sched_cls = SCHEDULERS[sc.scheduler.kind]
-        scheduler = sched_cls(sc.scheduler, pool, sc.kv.admission, deadline, lazy_decode=self.lazy_decode)
+        scheduler = sched_cls(sc.scheduler, pool, sc.kv.admission, deadline, lazy_decode=self.lazy_decode,
+                              preemption=sc.kv.preemption)
         rec = Recorder(sc.slo, track_request_gaps=sc.slo.itl_s is not None and sc.slo.itl_stat == "p99")
         scheduler.timeline = rec
         acc_rng = np.random.default_rng(sc.seed).spawn(4)[3]
         state = {"arrivals_done": False, "finished": 0}
         n_total = len(wl)
 
+        warm = frozenset(prefix_stream(wp.name) for wp in sc.kv.warm_prefixes)
+        retried = sc.accuracy.max_retries > 0 and sc.accuracy.p_correct < 1
+
+        def shareable(i: int) -> int:
+            # a retried request re-sends its prompt: all of it may be hit again
+            return int(wl.prompt_tokens[i]) if retried else wl.shareable_tokens(i, warm)
+
         def make_request(i: int) -> Request:
             a = float(wl.arrival_s[i])
             cancel = float(wl.cancel_at_s[i])
             dl = float(wl.deadline_s[i])
             return Request(i, a, int(wl.prompt_tokens[i]), int(wl.output_tokens[i]), a + float(wl.outside_wait_s[i]),
-                           deadline_s=None if math.isnan(dl) else dl, cancel_at_s=None if math.isnan(cancel) else cancel)
+                           deadline_s=None if math.isnan(dl) else dl, cancel_at_s=None if math.isnan(cancel) else cancel,
+                           segments=wl.segments_of(i), shareable_tokens=shareable(i))
 
         def leave(req: Request, now_s: float) -> None:
             rec.on_leave(req, now_s)
@@ -168,28 +200,59 @@ class Simulation:
             if self.progress is not None:
                 self.progress(state["finished"], n_total)
 
+        finished_forks: list[Request] = []
+
         def on_outcome(outcome, now_s: float) -> None:
-            for req in outcome.finished_decodes + outcome.emitted:
+            if held:
+                for req in outcome.emitted:
+                    if req.rid in held and req.output_tokens == 1:
+                        release(req.rid, req)
+            for req in outcome.finished_decodes + outcome.emitted + finished_forks:
                 if req.status is not Status.FINISHED:
                     continue
                 req.correct = bool(acc_rng.random() < sc.accuracy.p_correct) if sc.accuracy.p_correct < 1 else True
                 if not req.correct and req.attempt <= sc.accuracy.max_retries:
                     retry = Request(req.rid, req.arrival_s, req.prompt_tokens, req.max_output_tokens, now_s,
                                     deadline_s=req.deadline_s, attempt=req.attempt + 1,
-                                    preemptions=req.preemptions, recomputed_tokens=req.recomputed_tokens)
-                    retry.first_token_s = None
+                                    preemptions=req.preemptions, recomputed_tokens=req.recomputed_tokens,
+                                    segments=req.segments, shareable_tokens=req.shareable_tokens)
                     inbox.put(retry)
                     continue
                 leave(req, now_s)
+            finished_forks.clear()
 
         def on_dropped(now_s: float) -> None:
             for req in scheduler.dropped:
+                if req.rid in held:
+                    release(req.rid)
                 if req.finish_s is None:
                     req.finish_s = now_s
                 leave(req, now_s)
             scheduler.dropped.clear()
 
-        env.process(engine.arrivals(env, wl, inbox, make_request, lambda r: rec.on_enter(r, env.now), scheduler, state))
+        held: dict[int, list[Request]] = {}   # parallel sampling: branches waiting for their prompt's prefill
+        forked: set[int] = set()
+
+        def deliver(req: Request) -> None:
+            rec.on_enter(req, env.now)
+            lead = int(wl.leader[req.rid]) if wl.leader is not None else -1
+            if lead >= 0 and lead not in forked:
+                held.setdefault(lead, []).append(req)
+            else:
+                inbox.put(req)
+
+        def release(lead: int, leader: Request | None = None) -> None:
+            """The leader's prompt is computed: its branches fork from it (or queue on their own)."""
+            forked.add(lead)
+            for r in held.pop(lead, []):
+                if leader is not None and scheduler.can_fork(r, leader):
+                    scheduler.fork(r, leader, env.now)
+                    if r.status is Status.FINISHED:
+                        finished_forks.append(r)
+                else:
+                    inbox.put(r)
+
+        env.process(engine.arrivals(env, wl, inbox, make_request, deliver, scheduler, state))
         env.process(engine.replica_loop(env, inbox, scheduler, self.cost, rec, on_outcome, on_dropped, state))
         try:
             env.run()
@@ -207,6 +270,7 @@ class Simulation:
             req[c] = req[c].astype(np.int64)
         req["status"] = [STATUS_NAMES[int(s)] for s in req["status"]]
         req["met_slo"] = req["met_slo"].astype(bool)
+        req["kv_waited"] = req["kv_waited"].astype(bool)
         its = pd.DataFrame({c: np.frombuffer(rec.it[c], dtype=float) if len(rec.it[c]) else np.array([], dtype=float)
                             for c in ITERATION_COLUMNS})
         for c in ITERATION_COLUMNS[2:]:
@@ -229,8 +293,10 @@ class Simulation:
         else:
             energy = sc.power.busy_w * rec.busy_s + sc.power.idle_w * max(0.0, window - rec.busy_s)
         peak_kv = pool.peak_blocks * self.block_bytes
-        memory_fit = bool(self.weight_bytes + self.kv_budget_bytes + self.activation_bytes <= self.hw.memory_bytes
-                          and not (req["status"] == "rejected").any())
+        kv_limited = int(req["kv_waited"].sum())
+        kv_rejected = sum(1 for r in rec.reject_reasons if r.startswith("kv:"))
+        card_fit = self.weight_bytes + self.kv_budget_bytes + self.activation_bytes <= self.hw.memory_bytes
+        memory_fit = bool(card_fit and kv_limited == 0 and kv_rejected == 0 and int(req["preemptions"].sum()) == 0)
         summary = {
             "scenario": sc.name,
             "seed": sc.seed,
@@ -257,9 +323,18 @@ class Simulation:
             "kv_capacity_blocks": int(self.num_blocks),
             "weights_bytes": int(self.weight_bytes),
             "memory_fit": memory_fit,
+            "card_fit": bool(card_fit),
+            "kv_limited_requests": kv_limited,
+            "kv_rejected_requests": kv_rejected,
             "preemptions": int(req["preemptions"].sum()),
             "recomputed_tokens": int(req["recomputed_tokens"].sum()),
             "prefix_hit_tokens": int(req["cached_tokens"].sum()),
+            "prefix_hit_rate": float(req["cached_tokens"].sum() / req["prompt_tokens"].sum()) if len(req) else None,
+            "evictions": pool.stats.evictions,
+            "swap_outs": pool.stats.swap_outs,
+            "swap_ins": pool.stats.swap_ins,
+            "swapped_bytes": pool.stats.swapped_bytes,
+            "cow_copies": pool.stats.cow_copies,
             "gpu_seconds": window,
             "gpu_seconds_per_good": window / n_good if n_good else None,
             "energy_j": energy,

@@ -85,7 +85,14 @@ def _read_jsonl(path: Path, keys: tuple[str, str, str], time_scale: float):
 
 def read_trace(path: str | Path, fmt: str):
     """Returns arrival_s (relative to the first row), prompt_tokens, output_tokens."""
+    t, p, o, _ = read_trace_with_blocks(path, fmt)
+    return t, p, o
+
+
+def read_trace_with_blocks(path: str | Path, fmt: str):
+    """Like read_trace, plus the per-request block hash ids of a Mooncake trace (None otherwise)."""
     path = Path(path)
+    hashes = None
     if not path.exists():
         raise ConfigError(f"{path}: trace file not found")
     if fmt == "azure":
@@ -93,7 +100,7 @@ def read_trace(path: str | Path, fmt: str):
     elif fmt == "csv":
         t, p, o = _read_csv(path, ("arrival_s", "prompt_tokens", "output_tokens"), _number)
     elif fmt == "mooncake":
-        t, p, o, _ = _read_jsonl(path, ("timestamp", "input_length", "output_length"), 1e-3)
+        t, p, o, hashes = _read_jsonl(path, ("timestamp", "input_length", "output_length"), 1e-3)
     elif fmt == "jsonl":
         t, p, o, _ = _read_jsonl(path, ("arrival_s", "prompt_tokens", "output_tokens"), 1.0)
     else:
@@ -103,4 +110,4 @@ def read_trace(path: str | Path, fmt: str):
     if np.any(np.diff(t) < 0):
         line = int(np.argmax(np.diff(t) < 0)) + (3 if fmt in ("azure", "csv") else 2)
         raise ConfigError(f"{path}: line {line}: arrival time goes backwards; traces must be sorted by time")
-    return t - t[0], p, o
+    return t - t[0], p, o, hashes

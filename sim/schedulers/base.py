@@ -32,7 +32,7 @@ from typing import Callable, ClassVar, Literal
 
 from pydantic import Field, PositiveInt
 
-from sim.kv import BlockPool
+from sim.kv import BlockManager
 from sim.request import Request, Status
 from sim.schema import StrictModel
 
@@ -59,6 +59,8 @@ class StepPlan:
     kv_tokens_read: int = 0
     max_context: int = 0
     lazy_decodes: int = 0
+    swap_bytes: float = 0.0
+    """KV bytes moved between GPU and host memory before this iteration (swap-out and swap-in)."""
 
     def add(self, req: Request, n: int) -> None:
         h = req.computed_tokens
@@ -114,13 +116,16 @@ class Scheduler:
 
     kind: ClassVar[str]
 
-    def __init__(self, config: SchedulerConfig, pool: BlockPool, kv_admission: Literal["reserve", "on_demand"],
-                 deadline_check: Callable[[Request, float], bool] | None = None, lazy_decode: bool = True):
+    def __init__(self, config: SchedulerConfig, pool: BlockManager, kv_admission: Literal["reserve", "on_demand"],
+                 deadline_check: Callable[[Request, float], bool] | None = None, lazy_decode: bool = True,
+                 preemption: Literal["recompute", "swap"] = "recompute"):
         self.config = config
         self.pool = pool
         self.kv_admission = kv_admission
         self.deadline_check = deadline_check
         self.lazy = lazy_decode
+        self.preemption = preemption
+        self.now_s = 0.0
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}
         self.dropped: list[Request] = []  # rejected or cancelled since the last drain
@@ -151,7 +156,9 @@ class Scheduler:
             self.waiting.remove(req)
             req.status = Status.CANCELLED
             req.finish_s = now_s
-            self.pool.free(req)
+            if req.swapped_blocks:
+                self.pool.host_used_blocks -= req.swapped_blocks
+                req.swapped_blocks = 0
             self.dropped.append(req)
             return
         req.status = Status.CANCELLED
@@ -169,6 +176,8 @@ class Scheduler:
     # ---- planning -------------------------------------------------------------------------
     def plan(self, now_s: float) -> StepPlan | None:
         plan = StepPlan()
+        self.now_s = now_s
+        self._plan = plan
         self._schedule(plan, now_s)
         if plan.is_empty:
             dropped = len(self.dropped)
@@ -200,7 +209,7 @@ class Scheduler:
         i = self.iteration
         if self.kv_admission == "on_demand":
             heap = self._block_heap
-            while heap and heap[0][0] == i:
+            while heap and heap[0][0] <= i:
                 _, _, version, req = heapq.heappop(heap)
                 if version != req.lazy_version:
                     continue
@@ -211,7 +220,7 @@ class Scheduler:
                     if victim is req:
                         break
                 if req.rid in self.decoding:
-                    self.pool.allocate(req, need)
+                    self.pool.allocate(req, need, now_s=self.now_s)
                     heapq.heappush(heap, (i + self.pool.block_tokens, req.admit_seq, version, req))
         if self.decoding:
             ctx = self._ctx_heap
@@ -223,16 +232,40 @@ class Scheduler:
         """Tokens whose KV must be held: everything up to the last output (which is never stored)."""
         return req.prompt_tokens + req.max_output_tokens - 1
 
-    def _try_admit(self, req: Request, now_s: float, first_tokens: int) -> bool:
-        """Move the head of the waiting queue into running if KV allows; first_tokens = its first chunk."""
+    def _first_chunk(self, tokens_to_compute: int, left: int) -> int:
+        """Tokens an admitted request computes in its first iteration (0: it does not fit `left`).
+        Whole prefills by default; chunked prefill overrides this."""
+        return tokens_to_compute if tokens_to_compute <= left else 0
+
+    def _try_admit(self, req: Request, now_s: float, left: int) -> int | None:
+        """Admit the head of the waiting queue if the token budget `left` and KV allow.
+
+        Reuses cached prefix blocks (they count as computed, so only the rest is prefilled) and
+        brings a swapped-out request back from host memory. Returns the tokens it computes this
+        iteration, 0 when it must wait, None when it was rejected (and dropped from the queue).
+        """
         if self.deadline_check is not None and not self.deadline_check(req, now_s):
             self.waiting.popleft()
             self._reject(req, "deadline: cannot finish in time")
-            return False
-        need = self._reserve_tokens(req) if self.kv_admission == "reserve" else req.computed_tokens + first_tokens
-        if not self.pool.can_allocate(req, need):
-            return False
-        self.pool.allocate(req, need)
+            return None
+        swapped = req.swapped_blocks > 0
+        hits = [] if swapped else self.pool.match(req)
+        computed = req.computed_tokens if swapped else len(hits) * self.pool.block_tokens
+        n = self._first_chunk(req.prompt_tokens + req.output_tokens - computed, left)
+        if n <= 0:
+            return 0
+        need = self._reserve_tokens(req) if self.kv_admission == "reserve" else computed + n
+        if not self.pool.can_allocate(req, need, hits):
+            req.kv_waited = True
+            return 0
+        self.pool.allocate(req, need, hits, now_s)
+        if swapped:
+            self._plan.swap_bytes += self.pool.swap_in(req)
+        else:
+            req.computed_tokens = computed
+            if req.admitted_s is None:
+                req.cached_tokens = computed
+                self.pool.stats.hit_tokens += computed
         self.waiting.popleft()
         req.status = Status.RUNNING
         if req.admitted_s is None:
@@ -240,7 +273,7 @@ class Scheduler:
         req.admit_seq = self._admit_counter
         self._admit_counter += 1
         self.running[req.rid] = req
-        return True
+        return n
 
     def _ensure_kv(self, req: Request, n: int, plan: StepPlan) -> bool:
         """on_demand: grow `req` to hold computed + n tokens, preempting the newest running request
@@ -258,16 +291,22 @@ class Scheduler:
             self._preempt(victim)
             if victim is req:
                 return False
-        self.pool.allocate(req, need)
+        self.pool.allocate(req, need, now_s=self.now_s)
         return True
 
     def _preempt(self, req: Request) -> None:
+        """Free `req`'s GPU blocks: swap them to host memory (preemption: swap, when the host tier
+        has room) or drop them and recompute later; it goes back to the head of the queue."""
         if req.rid in self.decoding:
             self._leave_decode(req)
         del self.running[req.rid]
-        self.pool.free(req)
-        req.recompute_upto = max(req.recompute_upto, req.computed_tokens)
-        req.computed_tokens = 0
+        if self.preemption == "swap" and self.pool.can_swap_out(req):
+            self._plan.swap_bytes += self.pool.swap_out(req, self.now_s)
+        else:
+            self.pool.register(req, req.computed_tokens, self.now_s, own_reuse=True)
+            self.pool.free(req, self.now_s)
+            req.recompute_upto = max(req.recompute_upto, req.computed_tokens)
+            req.computed_tokens = 0
         req.preemptions += 1
         req.status = Status.WAITING
         self.waiting.appendleft(req)
@@ -277,6 +316,43 @@ class Scheduler:
         if not self.running and self.waiting:
             req = self.waiting.popleft()
             self._reject(req, "kv: does not fit the free pool even with nothing running")
+
+    # ---- parallel sampling ----------------------------------------------------------------
+    def can_fork(self, follower: Request, leader: Request) -> bool:
+        """Can `follower` start as a branch of `leader`, whose prompt was just prefilled?"""
+        shared = leader.prompt_tokens // self.pool.block_tokens
+        tail = 1 if leader.prompt_tokens % self.pool.block_tokens else 0
+        if leader.rid not in self.running or len(self.running) >= self.config.max_num_seqs:
+            return False
+        if self.kv_admission == "reserve":
+            need = self.pool.blocks_for(self._reserve_tokens(follower)) - shared
+        else:
+            need = tail
+        return need <= self.pool.free_blocks
+
+    def fork(self, follower: Request, leader: Request, now_s: float) -> None:
+        """Start `follower` as a branch of `leader`: it shares every full prompt block, gets its
+        own copy of a partly filled tail block (copy-on-write: each branch writes its own next
+        token there) and its first token, sampled from the same logits as the leader's."""
+        bs = self.pool.block_tokens
+        shared = leader.block_table[:leader.prompt_tokens // bs]
+        self.pool.allocate(follower, len(shared) * bs, hits=shared, now_s=now_s)
+        tokens = self._reserve_tokens(follower) if self.kv_admission == "reserve" else leader.prompt_tokens
+        self.pool.allocate(follower, tokens, now_s=now_s)
+        self.pool.stats.cow_copies += 1 if leader.prompt_tokens % bs else 0
+        follower.computed_tokens = follower.prompt_tokens
+        follower.cached_tokens = len(shared) * bs
+        follower.output_tokens = 1
+        follower.status = Status.RUNNING
+        follower.admitted_s = follower.first_token_s = follower.last_token_s = now_s
+        follower.last_iteration = self.iteration - 1
+        follower.admit_seq = self._admit_counter
+        self._admit_counter += 1
+        self.running[follower.rid] = follower
+        if follower.done:
+            self._finish(follower, now_s)
+        elif self.lazy:
+            self._join_decode(follower, self.iteration)
 
     # ---- the decode set -------------------------------------------------------------------
     def _join_decode(self, req: Request, i: int) -> None:
@@ -313,6 +389,7 @@ class Scheduler:
     def commit(self, plan: StepPlan, now_s: float) -> Outcome:
         """Apply the iteration's outcome (its timing is already on the timeline)."""
         i = self.iteration
+        self.now_s = now_s
         finished_decodes: list[Request] = []
         decode_tokens = 0
         if self.lazy:
@@ -322,7 +399,7 @@ class Scheduler:
             decode_tokens = len(self.decoding)
             self._dec_computed += decode_tokens
             heap = self._finish_heap
-            while heap and heap[0][0] == i:
+            while heap and heap[0][0] <= i:
                 _, _, version, req = heapq.heappop(heap)
                 if version != req.lazy_version:
                     continue
@@ -336,6 +413,8 @@ class Scheduler:
             req.computed_tokens = before + n
             if req.recompute_upto > before:
                 req.recomputed_tokens += min(req.computed_tokens, req.recompute_upto) - before
+            if before < req.prompt_tokens:
+                self.pool.register(req, min(req.computed_tokens, req.prompt_tokens), now_s)
             if req.computed_tokens == req.prompt_tokens + req.output_tokens:
                 req.output_tokens += 1
                 emitted.append(req)
@@ -352,7 +431,8 @@ class Scheduler:
                 del self.running[req.rid]
             elif req in self.waiting:
                 self.waiting.remove(req)
-            self.pool.free(req)
+            self.pool.register(req, req.computed_tokens, now_s)
+            self.pool.free(req, now_s)
             self.dropped.append(req)
         self._cancelled_in_flight.clear()
         self.iteration = i + 1
@@ -362,4 +442,5 @@ class Scheduler:
         req.status = Status.FINISHED
         req.finish_s = now_s
         del self.running[req.rid]
-        self.pool.free(req)
+        self.pool.register(req, req.computed_tokens, now_s)  # its outputs too: a next turn may reuse them
+        self.pool.free(req, now_s)

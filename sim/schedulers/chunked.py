@@ -29,6 +29,9 @@ class ChunkedConfig(SchedulerConfig):
 class ChunkedPrefill(Scheduler):
     kind = "chunked"
 
+    def _first_chunk(self, tokens_to_compute: int, left: int) -> int:
+        return min(self.config.chunk_tokens, tokens_to_compute, left)
+
     def _schedule(self, plan: StepPlan, now_s: float) -> None:
         budget = self.config.max_num_batched_tokens
         self._schedule_decodes(plan)  # 1. decodes
@@ -43,9 +46,9 @@ class ChunkedPrefill(Scheduler):
             if left <= 0:
                 break
             head = self.waiting[0]
-            n = min(self.config.chunk_tokens, head.tokens_to_compute, left)
-            if not self._try_admit(head, now_s, n):
-                if self.waiting and self.waiting[0] is head:
-                    break
-                continue
+            n = self._try_admit(head, now_s, left)
+            if n is None:
+                continue  # rejected by admission control
+            if n == 0:
+                break
             self._add(plan, head, n)

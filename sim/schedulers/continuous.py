@@ -30,11 +30,9 @@ class ContinuousBatching(Scheduler):
         self._schedule_decodes(plan)  # running requests first
         while self.waiting and len(self.running) < self.config.max_num_seqs:
             head = self.waiting[0]
-            n = head.tokens_to_compute
-            if n > budget - plan.new_tokens:
+            n = self._try_admit(head, now_s, budget - plan.new_tokens)  # whole prefill (after cache hits)
+            if n is None:
+                continue  # rejected by admission control
+            if n == 0:
                 break
-            if not self._try_admit(head, now_s, n):
-                if self.waiting and self.waiting[0] is head:
-                    break
-                continue
             self._add(plan, head, n)

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from sim import speculative as sp
 from sim import valuation as va
 from sim.formats import kv_bytes_per_element, weight_bytes_per_element
 from sim.memory import blocks_for, kv_plan, offload_plan, tokens_stored, unified_memory_free
@@ -293,7 +294,66 @@ def c_energy_per_good(occupancy_s, num_good, hardware):
 
 
 def c_expected_outputs(acceptance, drafts):
-    return va.expected_outputs_per_round([acceptance] * drafts)
+    return sp.expected_outputs_per_round([acceptance] * drafts)
+
+
+def c_acceptance_rate(p, q):
+    return sp.acceptance_rate(p, q)
+
+
+def c_spec_per_token(round_s, outputs, weighted=True):
+    """Mean per-token latency over rounds; `weighted: false` is the plain mean of per-round values."""
+    if weighted:
+        return sp.per_token_latency_s(round_s, outputs)
+    return float(sp.per_round_latency_s(round_s, outputs).mean())
+
+
+def c_spec_round(verify_s, draft_s):
+    return sp.speculative_round_s(verify_s, draft_s)
+
+
+def c_spec_per_token_at(acceptance, drafts, verify_s, draft_s=0.0):
+    """Per-token time of rounds of `drafts` drafts at constant acceptance: round / E[N]."""
+    return sp.per_token_latency_s(sp.speculative_round_s(verify_s, draft_s),
+                                  sp.expected_outputs_per_round([acceptance] * drafts))
+
+
+def c_spec_draft_budget(acceptance, drafts, step_s):
+    return sp.draft_time_budget_s(sp.expected_outputs_per_round([acceptance] * drafts), step_s)
+
+
+def c_spec_index_recovery(build_s, step_s, acceptance, drafts, verify_s, draft_s=0.0):
+    """Tokens to repay an index build: plain decode is one output per step."""
+    return sp.index_recovery_tokens(build_s, sp.per_token_latency_s(step_s, 1),
+                                    c_spec_per_token_at(acceptance, drafts, verify_s, draft_s))
+
+
+def c_spec_decode(output_tokens, round_s, outputs_per_round=1, first_token_s=0.0):
+    return first_token_s + sp.decode_s(output_tokens, round_s, outputs_per_round)
+
+
+def c_spec_rounds(output_tokens, outputs_per_round):
+    return sp.rounds_needed(output_tokens, outputs_per_round)
+
+
+def c_spec_verify(model, hardware, positions, context, mfu, field, step_s=None, sequences=1):
+    """A verify's compute time at `mfu`, or the round: max(that, the measured plain step)."""
+    hw, flops = _hw(hardware), sp.verify_flops(_spec(model), positions, context, sequences)
+    if field == "compute_s":
+        return sp.verify_compute_s(flops, hw.peak_flops_per_s(), mfu)
+    return sp.verify_round_s(step_s, flops, hw.peak_flops_per_s(), mfu)
+
+
+def c_spec_drafter(drafter_bytes, bandwidth, field, drafts=1, parallel=False, verify_s=None, outputs=None):
+    """A memory-bound drafter at the bandwidth a measured decode step achieved (c_effective_bandwidth):
+    one pass, the round's drafting, or the per-token time of (verify + drafting) / outputs."""
+    pass_s = sp.drafter_pass_s(_size(drafter_bytes), c_effective_bandwidth(**bandwidth))
+    draft_s = sp.drafting_s(drafts, pass_s, parallel)
+    if field == "pass_s":
+        return pass_s
+    if field == "draft_s":
+        return draft_s
+    return sp.per_token_latency_s(sp.speculative_round_s(verify_s, draft_s), outputs)
 
 
 CALCULATORS = {name[2:]: fn for name, fn in globals().items() if name.startswith("c_") and callable(fn)}

@@ -1,0 +1,224 @@
+"""The paged KV block manager: scripted examples with exact block ids, then chapter numbers
+through simulated runs (reference sections 3 and 6)."""
+
+import json
+
+import pytest
+
+from sim.cli import main
+from sim.kv import BlockManager
+from sim.request import Request
+from sim.workload import prefix_stream
+from tests.sim.helpers import REPO_SCENARIOS, run, scenario
+
+MiB = 2**20
+
+
+def req(rid, prompt, out=1, segments=None):
+    r = Request(rid, 0.0, prompt, out, 0.0)
+    r.segments = segments or (((0, rid), 0, prompt),)
+    return r
+
+
+def with_prefix(rid, prompt, name, tokens, out=1):
+    return req(rid, prompt, out, ((prefix_stream(name), 0, tokens), ((0, rid), 0, prompt - tokens)))
+
+
+# ---- scripted examples (a 10-block pool of 4-token blocks) -------------------------------------
+
+def test_allocation_hands_out_ids_in_order_and_free_returns_them():
+    kv = BlockManager(10, 4, 1.0)
+    a, b = req(0, 9), req(1, 13)
+    assert kv.can_allocate(a, 9)
+    kv.allocate(a, 9)
+    kv.allocate(b, 13)
+    assert a.block_table == [0, 1, 2] and b.block_table == [3, 4, 5, 6]
+    assert kv.free_blocks == 3 and kv.used_blocks == 7
+    kv.free(a)
+    # private blocks are not indexed: straight back to the free list, tail first
+    assert kv.free_list[-3:] == [2, 1, 0] and not kv.cached_free
+    c = req(2, 8)
+    kv.allocate(c, 8)
+    assert c.block_table == [0, 1]  # pop() takes the most recently freed head block first
+
+
+def test_prefix_hit_reuses_exact_blocks_and_lru_evicts_oldest_first():
+    kv = BlockManager(6, 4, 1.0)
+    a = with_prefix(0, 10, "sys", 8)
+    a.shareable_tokens = 8
+    kv.allocate(a, 10)
+    a.computed_tokens = 10
+    kv.register(a, 10, now_s=1.0)
+    assert a.block_table == [0, 1, 2] and a.indexed_blocks == 2  # only the 2 full shared blocks
+    kv.free(a, now_s=2.0)
+    assert list(kv.cached_free) == [1, 0]  # freed tail first: block 1 is evicted before block 0
+    assert kv.free_list == [5, 4, 3, 2]
+    b = with_prefix(1, 9, "sys", 8)
+    hits = kv.match(b)
+    assert hits == [0, 1]
+    assert kv.can_allocate(b, 9, hits)
+    kv.allocate(b, 9, hits)
+    assert b.block_table == [0, 1, 2] and kv.blocks[0].ref_count == 1 and not kv.cached_free
+    kv.free(b, now_s=3.0)
+    # fill the pool with private requests: the free list goes first, then LRU evictions
+    c = req(2, 16)
+    kv.allocate(c, 16)
+    assert c.block_table == [2, 3, 4, 5] and kv.stats.evictions == 0
+    d = req(3, 4)
+    kv.allocate(d, 4)
+    assert d.block_table == [1] and kv.stats.evictions == 1  # block 1 was least recently freed
+    assert kv.match(with_prefix(4, 9, "sys", 8)) == [0]  # block 0 still cached; the chain stops at 1
+
+
+def test_a_hit_never_covers_the_last_prompt_token():
+    kv = BlockManager(8, 4, 1.0)
+    a = with_prefix(0, 8, "p", 8)
+    a.shareable_tokens = 8
+    kv.allocate(a, 8)
+    kv.register(a, 8)
+    b = with_prefix(1, 8, "p", 8)
+    assert kv.match(b) == [a.block_table[0]]  # 8 shared tokens, but one must be computed: 1 block
+
+
+def test_paged_example_52_slots_44_with_the_shared_8():
+    """Reference section 3: lengths 9, 13, 5, 15 with 4-token blocks use 52 slots; sharing A and
+    B's first 8 tokens (two full blocks) brings it to 44."""
+    kv = BlockManager(32, 4, 1.0)
+    for i, n in enumerate((9, 13, 5, 15)):
+        kv.allocate(req(i, n), n)
+    assert kv.used_blocks * 4 == 52
+    kv = BlockManager(32, 4, 1.0)
+    a = with_prefix(0, 9, "ab", 8)
+    a.shareable_tokens = 8
+    kv.allocate(a, 9)
+    kv.register(a, 9)
+    b = with_prefix(1, 13, "ab", 8)
+    kv.allocate(b, 13, kv.match(b))
+    kv.allocate(req(2, 5), 5)
+    kv.allocate(req(3, 15), 15)
+    assert kv.used_blocks * 4 == 44
+
+
+def test_four_branches_416_references_131_blocks(tmp_path):
+    """Reference section 3: four branches over a 95-block prompt, 9 private blocks each."""
+    bs = 16
+    reqs = [{"arrival_s": 0.0, "prompt_tokens": 95 * bs, "output_tokens": 9 * bs + 1, "n": 4}]
+    res = run(scenario(workload={"kind": "requests", "requests": reqs},
+                       kv={"block_tokens": bs, "format": "bf16", "budget": "4GiB"}))
+    s, r = res.summary, res.requests
+    assert s["completed"] == 4
+    assert s["peak_kv_blocks"] == 131
+    refs = sum((p + o - 1) // bs for p, o in zip(r["prompt_tokens"], r["output_tokens"]))
+    assert refs == 416
+    assert (r["first_token_s"] == r["first_token_s"].iloc[0]).all()  # forked from one prefill
+    assert s["cow_copies"] == 0  # 95 full blocks: no partly filled tail to copy
+
+
+def test_fork_copies_a_partly_filled_tail_block():
+    bs = 4
+    reqs = [{"arrival_s": 0.0, "prompt_tokens": 7, "output_tokens": 3, "n": 2}]
+    res = run(scenario(workload={"kind": "requests", "requests": reqs},
+                       kv={"block_tokens": bs, "format": "bf16", "budget": "64MiB"}))
+    # each branch stores 7 + 3 - 1 = 9 tokens: 1 shared full block + its own 2 (tail copy + new)
+    assert res.summary["peak_kv_blocks"] == 1 + 2 * 2
+    assert res.summary["cow_copies"] == 1
+
+
+def test_snapshots_round_reuse_down():
+    """Reference section 6: a match to token 10,752 with snapshots at 4096 and 8192 restores 8192."""
+    kv = BlockManager(2000, 16, 1.0, snapshot_tokens=4096)
+    a = with_prefix(0, 10752, "doc", 10752)
+    a.shareable_tokens = 10752
+    kv.allocate(a, 10752)
+    kv.register(a, 10752)
+    b = with_prefix(1, 12000, "doc", 10752)
+    hits = kv.match(b)
+    assert len(hits) * 16 == 8192
+    assert 12000 - 8192 - (12000 - 10752) == 2560  # recomputed part of the shared 10,752
+
+
+# ---- chapter numbers through simulated runs -------------------------------------------------------
+
+def test_sixteen_long_shared_peaks_at_6048_mib(tmp_path):
+    out = tmp_path / "shared"
+    assert main(["run", str(REPO_SCENARIOS / "chapter8" / "sixteen-long-shared.yaml"), "--out", str(out)]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["peak_kv_bytes"] == 6048 * MiB
+    assert s["prefix_hit_tokens"] == 16 * 6144
+    assert s["iterations"] and s["memory_fit"]
+    reqs = (out / "requests.csv").read_text()
+    assert reqs.count(",6144,0.75,") == 16  # cached tokens and hit rate of every request
+    its = __import__("pandas").read_csv(out / "iterations.csv")
+    assert its.loc[0, "prefill_tokens"] == 16 * 2048  # only the private 2048 of each are prefilled
+
+
+def test_sixteen_long_independent_needs_19008_mib_and_waits(tmp_path):
+    out = tmp_path / "indep"
+    assert main(["run", str(REPO_SCENARIOS / "chapter8" / "sixteen-long-independent.yaml"), "--out", str(out)]) == 0
+    s = json.loads((out / "summary.json").read_text())
+    assert s["peak_kv_bytes"] == 10 * 1188 * MiB  # floor(12288 / 1188) = 10 at once
+    assert not s["memory_fit"] and s["kv_limited_requests"] >= 1
+    assert s["prefix_hit_tokens"] == 0
+
+
+@pytest.mark.parametrize("admission", ["reserve", "on_demand"])
+def test_35_shared_long_requests_fit_12gib_36_do_not(admission):
+    def go(n):
+        reqs = [{"arrival_s": 0.0, "prompt_tokens": 8192, "output_tokens": 256,
+                 "prefix": {"name": "sys", "tokens": 6144}} for _ in range(n)]
+        return run(scenario(
+            workload={"kind": "requests", "requests": reqs},
+            scheduler={"kind": "continuous", "max_num_seqs": 64, "max_num_batched_tokens": 131072},
+            kv={"block_tokens": 16, "format": "bf16", "budget": "12GiB", "admission": admission,
+                "warm_prefixes": [{"name": "sys", "tokens": 6144}]}))
+    fit, over = go(35), go(36)
+    assert fit.summary["memory_fit"] and fit.summary["peak_kv_bytes"] == (864 + 35 * 324) * MiB
+    assert not over.summary["memory_fit"]
+    if admission == "reserve":  # the 36th waits for blocks
+        assert over.summary["kv_limited_requests"] == 1 and over.summary["preemptions"] == 0
+        assert (over.requests["admitted_s"] > 0).sum() == 1
+    else:  # all 36 start; growing KV runs out and the newest is preempted
+        assert over.summary["preemptions"] >= 1 and over.summary["recomputed_tokens"] > 0
+    assert over.summary["completed"] == 36
+
+
+def test_swap_preemption_moves_kv_over_the_host_link():
+    kv = {"block_tokens": 16, "format": "bf16", "budget": "700MiB", "admission": "on_demand",
+          "preemption": "swap", "host_budget": "8GiB"}
+    res = run(scenario(kv=kv))
+    s, its = res.summary, res.iterations
+    assert s["swap_outs"] > 0 and s["swap_ins"] == s["swap_outs"] and s["recomputed_tokens"] == 0
+    assert s["completed"] == s["requests"]
+    moved = its["swap_bytes"].sum()
+    assert moved == pytest.approx(s["swapped_bytes"])
+    assert its["host_blocks"].max() > 0
+
+
+def test_prefix_hit_shortens_ttft_on_a_multi_turn_session():
+    turn1 = {"arrival_s": 0.0, "prompt_tokens": 4000, "output_tokens": 100}
+    turn2 = {"arrival_s": 10.0, "prompt_tokens": 4200, "output_tokens": 100, "context_of": 0}
+    res = run(scenario(workload={"kind": "requests", "requests": [turn1, turn2]}))
+    r = res.requests.set_index("id")
+    assert r.loc[1, "cached_tokens"] == (4100 // 16) * 16  # prompt + outputs of turn 1, full blocks
+    alone = run(scenario(workload={"kind": "requests", "requests": [
+        turn1, {**turn2, "context_of": None}]})).requests.set_index("id")
+    assert alone.loc[1, "cached_tokens"] == 0
+    assert r.loc[1, "ttft_s"] < alone.loc[1, "ttft_s"] / 5
+
+
+def test_value_eviction_keeps_the_prefix_with_more_value():
+    """A one-off request needs room while two 1024-token prefixes are cached: LRU evicts the hot
+    prefix (used less recently), value per byte evicts the cold one (never hit)."""
+    hot = {"prompt_tokens": 1100, "output_tokens": 2, "prefix": {"name": "hot", "tokens": 1024}}
+    reqs = [{"arrival_s": 0.0, **hot}, {"arrival_s": 10.0, **hot}, {"arrival_s": 20.0, **hot},
+            {"arrival_s": 30.0, "prompt_tokens": 1100, "output_tokens": 2, "prefix": {"name": "cold", "tokens": 1024}},
+            {"arrival_s": 40.0, "prompt_tokens": 1100, "output_tokens": 2},
+            {"arrival_s": 50.0, **hot},
+            {"arrival_s": 60.0, "prompt_tokens": 1100, "output_tokens": 2, "prefix": {"name": "cold", "tokens": 1024}}]
+    budget = 168 * 16 * 147456  # both prefixes (2 x 64 blocks) + 40 free: the one-off (69) must evict 29
+    common = {"workload": {"kind": "requests", "requests": reqs}}
+    lru = run(scenario(kv={"block_tokens": 16, "format": "bf16", "budget": budget}, **common))
+    val = run(scenario(kv={"block_tokens": 16, "format": "bf16", "budget": budget, "eviction": "value"}, **common))
+    assert lru.summary["evictions"] == val.summary["evictions"] == 29
+    assert lru.requests.loc[5, "cached_tokens"] == (64 - 29) * 16
+    assert val.requests.loc[5, "cached_tokens"] == 1024
