@@ -1,4 +1,4 @@
-"""capsim's command line: memory | run | validate-scenario | calibrate | fit.
+"""capsim's command line: memory | run | validate-scenario | compare | calibrate | fit.
 
 `main(argv) -> int` so tests call it in-process. `calibrate` and `fit` import torch lazily.
 """
@@ -213,6 +213,46 @@ def cmd_validate(args) -> int:
     return 2 if errors else 0
 
 
+def _add_compare(sub) -> None:
+    p = sub.add_parser("compare", help="run several scenarios and print one comparison table")
+    p.add_argument("scenarios", nargs="+")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value",
+                   help="override applied to every scenario (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per scenario")
+
+
+def compare_rows(paths: list[str], overrides: list[str]) -> list[dict]:
+    """One row per scenario: memory need against the budget, time, deadlines, cost per good result."""
+    from sim.api import run_scenario
+    rows = []
+    for path in paths:
+        s = run_scenario(path, overrides).summary
+        budget = s["kv_budget_bytes"]
+        on_time = s["good"] == s["requests"]
+        rows.append({"scenario": s["scenario"], "kv_need_bytes": s["kv_need_bytes"], "kv_budget_bytes": budget,
+                     "memory_fit": s["memory_fit"], "makespan_s": s["makespan_s"], "good": s["good"],
+                     "requests": s["requests"], "deadline_met": on_time,
+                     "feasible": bool(s["memory_fit"] and on_time),
+                     "gpu_seconds_per_good": s["gpu_seconds_per_good"], "energy_j_per_good": s["energy_j_per_good"]})
+    return rows
+
+
+def cmd_compare(args) -> int:
+    rows = compare_rows(args.scenarios, args.overrides)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    head = f"{'scenario':<22}{'KV need':>12}{'budget':>12}{'fits':>6}{'makespan':>10}{'on time':>9}{'feasible':>9}{'GPU-s/good':>11}{'J/good':>9}"
+    print(head)
+    for r in rows:
+        gpu = "-" if r["gpu_seconds_per_good"] is None else f"{r['gpu_seconds_per_good']:.3f}"
+        joule = "-" if r["energy_j_per_good"] is None else f"{r['energy_j_per_good']:.0f}"
+        print(f"{r['scenario']:<22}{r['kv_need_bytes'] / 2**20:>8.0f} MiB{r['kv_budget_bytes'] / 2**20:>8.0f} MiB"
+              f"{'yes' if r['memory_fit'] else 'no':>6}{r['makespan_s']:>9.2f}s{r['good']:>5}/{r['requests']:<3}"
+              f"{'yes' if r['feasible'] else 'no':>9}{gpu:>11}{joule:>9}")
+    return 0
+
+
 # ---- calibration (torch, imported lazily) ------------------------------------------------------
 
 def _add_calibration(sub) -> None:
@@ -238,7 +278,7 @@ def cmd_fit(args) -> int:
     return fit_main(args)
 
 
-COMMANDS = {"memory": cmd_memory, "run": cmd_run, "validate-scenario": cmd_validate,
+COMMANDS = {"memory": cmd_memory, "run": cmd_run, "validate-scenario": cmd_validate, "compare": cmd_compare,
             "calibrate": cmd_calibrate, "fit": cmd_fit}
 
 
@@ -248,6 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_memory(sub)
     _add_run(sub)
     _add_validate(sub)
+    _add_compare(sub)
     _add_calibration(sub)
     return parser
 

@@ -23,6 +23,10 @@ class LinearModel:
     def __init__(self, cfg: LinearStepTime):
         self.cfg = cfg
 
+    def prefill_part_s(self, plan) -> float:
+        c = self.cfg
+        return c.per_new_token_s * plan.prefill_tokens + c.per_pair_s * plan.prefill_pairs + c.per_sequence_s * plan.prefill_seqs
+
     def step_s(self, plan) -> float:
         c = self.cfg
         return (c.constant_s + c.per_new_token_s * plan.new_tokens + c.per_pair_s * plan.pairs
@@ -66,11 +70,22 @@ class EfficiencyModel:
         self._overrides = {(o.sequences, o.new_tokens_per_sequence, o.cached_tokens_per_sequence): o.time_s
                            for o in cfg.prefill_overrides}
 
-    def decode_s(self, decode_seqs: int, decode_kv_tokens: int) -> float:
-        if decode_seqs == 0:
+    def decode_s(self, plan) -> float:
+        """Decode (and speculative verify) part: the measured time for the bytes read, but never
+        less than its FLOPs at the prefill efficiency (verifying many positions can be compute bound)."""
+        if plan.decode_seqs == 0:
             return 0.0
-        read = self.weight_read_bytes + self.kv_bytes_per_token * decode_kv_tokens
-        return _interp(self._xs, self._ys, read, self.allow, "decode bytes read")
+        read = self.weight_read_bytes + self.kv_bytes_per_token * plan.decode_kv_tokens
+        t = _interp(self._xs, self._ys, read, self.allow, "decode bytes read")
+        flops = forward_flops(self.spec, plan.decode_positions, plan.decode_pairs, plan.decode_logits)
+        return max(t, flops / (self.peak * self._mfu_clamped(plan.decode_positions)))
+
+    def _mfu_clamped(self, new_tokens: int) -> float:
+        m = self.cfg.prefill_mfu
+        if isinstance(m, float):
+            return m
+        n = min(max(new_tokens, m[0].new_tokens), m[-1].new_tokens)
+        return _interp([p.new_tokens for p in m], [p.mfu for p in m], n, True, "")
 
     def prefill_mfu(self, new_tokens: int) -> float:
         m = self.cfg.prefill_mfu
@@ -91,27 +106,36 @@ class EfficiencyModel:
         flops = forward_flops(self.spec, plan.prefill_tokens, plan.prefill_pairs, plan.prefill_logits)
         return flops / (self.peak * self.prefill_mfu(plan.prefill_tokens))
 
+    def prefill_part_s(self, plan) -> float:
+        return self.prefill_s(plan)
+
     def step_s(self, plan) -> float:
-        return self.decode_s(plan.decode_seqs, plan.decode_kv_tokens) + self.prefill_s(plan)
+        return self.decode_s(plan) + self.prefill_s(plan)
 
 
 class GraphPadded:
-    """Decode-only iterations run the smallest captured CUDA-graph batch >= their rows (section 5):
-    17..32 rows all cost the 32-row graph. Larger batches and prefills run eagerly, unpadded."""
+    """Decode-only iterations run the smallest captured CUDA-graph size >= their token rows
+    (reference section 5): 17..32 rows all cost the 32-row graph; a speculative round of one
+    sequence verifying 9 positions runs the 16-row graph. Larger batches and prefills run eagerly."""
 
     def __init__(self, inner, graph_sizes: list[int]):
         self.inner = inner
         self.sizes = sorted(graph_sizes)
 
+    def prefill_part_s(self, plan) -> float:
+        return self.inner.prefill_part_s(plan)
+
     def step_s(self, plan) -> float:
-        if plan.prefill_seqs or plan.num_seqs > self.sizes[-1]:
+        if plan.prefill_seqs or plan.new_tokens > self.sizes[-1]:
             return self.inner.step_s(plan)
-        rows = self.sizes[bisect.bisect_left(self.sizes, plan.num_seqs)]
-        pad = rows - plan.num_seqs
+        rows = self.sizes[bisect.bisect_left(self.sizes, plan.new_tokens)]
+        pad = rows - plan.new_tokens
         if pad == 0:
             return self.inner.step_s(plan)
-        padded = dataclasses.replace(plan, new_tokens=plan.new_tokens + pad, pairs=plan.pairs + pad,
-                                     num_seqs=rows, decode_seqs=plan.decode_seqs + pad)
+        padded = dataclasses.replace(plan, new_tokens=rows, pairs=plan.pairs + pad,
+                                     num_seqs=plan.num_seqs + pad, decode_seqs=plan.decode_seqs + pad,
+                                     decode_positions=plan.decode_positions + pad, decode_pairs=plan.decode_pairs + pad,
+                                     decode_logits=plan.decode_logits + pad)
         return self.inner.step_s(padded)
 
 
@@ -122,6 +146,9 @@ class RangeChecked:
         self.inner, self.valid, self.source, self.allow = inner, valid, str(source), allow
         self._warned = False
         self._stream = stream or sys.stderr
+
+    def prefill_part_s(self, plan) -> float:
+        return self.inner.prefill_part_s(plan)
 
     def step_s(self, plan) -> float:
         v = self.valid
@@ -150,6 +177,28 @@ class WithSwaps:
     def __init__(self, inner, host_link_bytes_per_s: float):
         self.inner, self.link = inner, host_link_bytes_per_s
 
+    def prefill_part_s(self, plan) -> float:
+        return self.inner.prefill_part_s(plan)
+
     def step_s(self, plan) -> float:
         t = self.inner.step_s(plan)
         return t + plan.swap_bytes / self.link if plan.swap_bytes else t
+
+
+class WithDrafts:
+    """Speculative rounds: the draft source's time is added to the verify step (or hidden behind it
+    when overlapped), and a drafter that must prefill too stretches prefill by `prefill_overhead`."""
+
+    def __init__(self, inner, prefill_overhead: float):
+        self.inner, self.prefill_overhead = inner, prefill_overhead
+
+    def prefill_part_s(self, plan) -> float:
+        return self.inner.prefill_part_s(plan) * (1 + self.prefill_overhead)
+
+    def step_s(self, plan) -> float:
+        t = self.inner.step_s(plan)
+        if self.prefill_overhead and plan.prefill_seqs:
+            t += self.prefill_overhead * self.inner.prefill_part_s(plan)
+        if plan.draft_s:
+            t = max(t, plan.draft_s) if plan.draft_overlapped else t + plan.draft_s
+        return t

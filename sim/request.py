@@ -66,8 +66,13 @@ class Request:
     """In the lazy decode set: counters are exact as of the start of this iteration."""
     lazy_version: int = 0
     """Bumped whenever the request joins or leaves the decode set (invalidates heap entries)."""
+    queued_blocks: int = 0
+    """Blocks it would reserve, counted in the waiting queue's KV demand."""
     kv_waited: bool = False
     """Its admission was held back at least once because KV blocks were short."""
+    accept_rates: object = None
+    """Speculative decoding: this request's conditional acceptance per draft position (numpy)."""
+    draft_len: int = 0
     attempt: int = 1
     correct: bool | None = None
     reject_reason: str | None = None

@@ -23,6 +23,7 @@ from sim.modelspec import ModelSpec
 from sim.profile import load_fitted, load_hardware, load_model, profiles_dir
 from sim.request import Request
 from sim.schedulers import SCHEDULERS
+from sim.schedulers.speculation import Speculator
 from sim.workload import build_workload, prefix_stream
 from sim import engine
 
@@ -104,6 +105,18 @@ class Simulation:
         self.spec = ModelSpec(self.model)
         kv = scenario.kv
         self.kv_bytes_per_token = self.spec.kv_bytes_per_token(kv.format)
+        self.spec_cfg = getattr(scenario.scheduler, "speculative", None)
+        self.drafter_spec = None
+        self.draft_memory_bytes = 0
+        if self.spec_cfg is not None:
+            d = self.spec_cfg.draft
+            if d.kind == "draft_model":
+                self.drafter_spec = ModelSpec(load_model(d.model))
+                self.draft_memory_bytes = self.drafter_spec.weight_bytes(scenario.weight_format)
+                # the drafter keeps KV for every token too: charged per token, in the same blocks
+                self.kv_bytes_per_token += self.drafter_spec.kv_bytes_per_token(kv.format)
+            elif d.kind in ("parallel", "heads"):
+                self.draft_memory_bytes = d.memory_bytes
         self.block_bytes = kv.block_tokens * self.kv_bytes_per_token
         self.weight_bytes = self.spec.weight_bytes(scenario.weight_format)
         if isinstance(kv.budget, int):
@@ -116,11 +129,21 @@ class Simulation:
             except ValueError as exc:
                 raise ConfigError(f"kv.budget: {exc}") from None
             self.activation_bytes = kv.budget.activation_bytes
-        self.num_blocks = int(self.kv_budget_bytes // self.block_bytes)
+        self.num_blocks = int((self.kv_budget_bytes - self.draft_memory_bytes) // self.block_bytes)
         if self.num_blocks < 1:
             raise ConfigError(f"kv.budget: {self.kv_budget_bytes} B holds no {kv.block_tokens}-token block "
                               f"({self.block_bytes} B each)")
         self.cost = build_cost_model(scenario, self.base_dir, self.spec, self.hw, stream)
+        self.draft_pass_s, self.prefill_overhead = None, 0.0
+        if self.spec_cfg is not None:
+            d = self.spec_cfg.draft
+            if d.kind == "draft_model":
+                self.draft_pass_s = d.pass_s or self._drafter_pass_s()
+                self.prefill_overhead = (d.prefill_overhead if d.prefill_overhead is not None else
+                                         self.drafter_spec.active_matrix_params / self.spec.active_matrix_params)
+            elif d.kind == "parallel":
+                self.prefill_overhead = d.prefill_overhead
+            self.cost = costmod.WithDrafts(self.cost, self.prefill_overhead)
         self.host_blocks = int(kv.host_budget // self.block_bytes)
         if self.host_blocks:
             link = self.hw.host_link_bytes_per_s
@@ -142,6 +165,27 @@ class Simulation:
                        items=[(Request(-1, 0.0, prompt_tokens, output_tokens, 0.0, output_tokens=1,
                                        computed_tokens=prompt_tokens), 1, prompt_tokens)])
         return self.cost.step_s(pre) + (output_tokens - 1) * self.cost.step_s(dec)
+
+    def _decode_plan(self, context_tokens: int, drafts: int = 0):
+        from sim.schedulers.base import StepPlan
+        plan = StepPlan()
+        plan.add(Request(-1, 0.0, context_tokens, drafts + 2, 0.0, output_tokens=1, computed_tokens=context_tokens),
+                 1 + drafts, drafts)
+        return plan
+
+    def _drafter_pass_s(self) -> float:
+        """A drafter pass reads its weights at the target's effective batch-1 decode bandwidth at a
+        2K context (reference section 8: 15.44 GB / 26.26 ms = 588 GB/s)."""
+        ctx = 2048
+        read = self.spec.weight_read_bytes(self.scenario.weight_format) + ctx * self.spec.kv_bytes_per_token(
+            self.scenario.kv.format)
+        bandwidth = read / self.cost.step_s(self._decode_plan(ctx))
+        return self.drafter_spec.weight_read_bytes(self.scenario.weight_format) / bandwidth
+
+    def _round_time_s(self, req: Request, drafts: int) -> float:
+        """One speculative round of `req` alone (adaptive draft length)."""
+        ctx = req.prompt_tokens
+        return self.cost.step_s(self._decode_plan(ctx, drafts)) + self._speculator.draft_s([drafts], include_index=False)
 
     def _block_value(self, block, now_s: float) -> float:
         """Value per byte of keeping a cached block (reference section 6, V_h / size): its hit rate
@@ -171,8 +215,14 @@ class Simulation:
                 limit = min(x for x in (req.deadline_s, sc.slo.e2e_s, math.inf) if x is not None)
                 return now_s - req.arrival_s + self._lower_bound_s(req.prompt_tokens, req.max_output_tokens) <= limit
         cfg_cls, sched_cls = SCHEDULERS[sc.scheduler.kind]
-        scheduler = sched_cls(sc.scheduler, pool, sc.kv.admission, deadline, lazy_decode=self.lazy_decode,
+        scheduler = sched_cls(sc.scheduler, pool, sc.kv.admission, deadline,
+                              lazy_decode=self.lazy_decode and self.spec_cfg is None,  # rounds differ per request
                               preemption=sc.kv.preemption)
+        self._speculator = None
+        if self.spec_cfg is not None:
+            self._speculator = Speculator(self.spec_cfg, np.random.default_rng(sc.seed).spawn(6)[5], self._round_time_s,
+                                          self.draft_pass_s, self.prefill_overhead, self.draft_memory_bytes)
+            scheduler.speculator = self._speculator
         rec = Recorder(sc.slo, track_request_gaps=sc.slo.itl_s is not None and sc.slo.itl_stat == "p99")
         scheduler.timeline = rec
         acc_rng = np.random.default_rng(sc.seed).spawn(4)[3]
@@ -258,10 +308,11 @@ class Simulation:
             env.run()
         except costmod.ExtrapolationError as exc:
             raise ConfigError(f"step_time: {exc}") from None
-        return self._result(rec, pool)
+        self._kv_demand_blocks = max(scheduler.kv_demand_peak_blocks, pool.peak_blocks)
+        return self._result(rec, pool, self._speculator)
 
     # ---- summary ------------------------------------------------------------------------------
-    def _result(self, rec: Recorder, pool: BlockPool) -> Result:
+    def _result(self, rec: Recorder, pool: BlockManager, speculator) -> Result:
         sc = self.scenario
         req = pd.DataFrame({c: np.frombuffer(rec.req[c], dtype=float) if len(rec.req[c]) else np.array([], dtype=float)
                             for c in REQUEST_COLUMNS})
@@ -319,6 +370,7 @@ class Simulation:
             "busy_s": rec.busy_s,
             "peak_kv_bytes": float(peak_kv),
             "peak_kv_blocks": int(pool.peak_blocks),
+            "kv_budget_bytes": int(self.kv_budget_bytes),
             "kv_capacity_bytes": float(self.num_blocks * self.block_bytes),
             "kv_capacity_blocks": int(self.num_blocks),
             "weights_bytes": int(self.weight_bytes),
@@ -339,6 +391,9 @@ class Simulation:
             "gpu_seconds_per_good": window / n_good if n_good else None,
             "energy_j": energy,
             "energy_j_per_good": energy / n_good if (n_good and energy is not None) else None,
+            "draft_memory_bytes": int(self.draft_memory_bytes),
+            "kv_need_bytes": float(self._kv_demand_blocks * self.block_bytes + self.draft_memory_bytes),
+            "speculative": speculator.report() if speculator is not None else None,
             "little_area": rec.area,
         }
         return Result(summary, req, its)

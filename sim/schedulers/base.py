@@ -59,10 +59,20 @@ class StepPlan:
     kv_tokens_read: int = 0
     max_context: int = 0
     lazy_decodes: int = 0
+    decode_positions: int = 0
+    """Positions computed by decode sequences (1 each, 1 + drafts when verifying a speculative round)."""
+    decode_pairs: int = 0
+    decode_logits: int = 0
+    spec_items: list = field(default_factory=list)
+    """(request, drafts) of this iteration's speculative rounds."""
+    draft_s: float = 0.0
+    """Time the draft source needs for this round (added to, or hidden behind, the verify step)."""
+    draft_overlapped: bool = False
     swap_bytes: float = 0.0
     """KV bytes moved between GPU and host memory before this iteration (swap-out and swap-in)."""
 
-    def add(self, req: Request, n: int) -> None:
+    def add(self, req: Request, n: int, drafts: int = 0) -> None:
+        """`req` computes n positions; with `drafts`, a speculative round verifying n = 1 + drafts."""
         h = req.computed_tokens
         pairs = n * h + n * (n + 1) // 2
         self.items.append((req, n, h))
@@ -72,9 +82,14 @@ class StepPlan:
         self.kv_tokens_read += h
         if h + n > self.max_context:
             self.max_context = h + n
-        if n == 1 and not req.in_prefill:
+        if drafts or (n == 1 and not req.in_prefill):
             self.decode_seqs += 1
             self.decode_kv_tokens += h
+            self.decode_positions += n
+            self.decode_pairs += pairs
+            self.decode_logits += n
+            if drafts:
+                self.spec_items.append((req, drafts))
         else:
             self.prefill_seqs += 1
             self.prefill_tokens += n
@@ -91,6 +106,9 @@ class StepPlan:
         self.kv_tokens_read += kv_tokens
         self.decode_seqs += count
         self.decode_kv_tokens += kv_tokens
+        self.decode_positions += count
+        self.decode_pairs += kv_tokens + count
+        self.decode_logits += count
         if max_context > self.max_context:
             self.max_context = max_context
 
@@ -125,6 +143,7 @@ class Scheduler:
         self.deadline_check = deadline_check
         self.lazy = lazy_decode
         self.preemption = preemption
+        self.speculator = None            # set by the simulation when the config asks for speculation
         self.now_s = 0.0
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}
@@ -133,6 +152,9 @@ class Scheduler:
         self.timeline = None              # set by the simulation: end_s(i), durations(a, b)
         self._cancelled_in_flight: list[Request] = []
         self._admit_counter = 0
+        self._waiting_blocks = 0
+        self.kv_demand_peak_blocks = 0
+        """Most blocks held plus wanted by the waiting queue, seen when admission waited for KV."""
         # decode set (lazy mode)
         self.decoding: dict[int, Request] = {}
         self._dec_computed = 0            # sum of members' computed tokens as of `iteration`
@@ -146,14 +168,14 @@ class Scheduler:
         if self.pool.blocks_for(self._reserve_tokens(req)) > self.pool.num_blocks:
             self._reject(req, "kv: request needs more blocks than the whole pool")
             return
-        self.waiting.append(req)
+        self._enqueue(req)
 
     def cancel(self, req: Request, now_s: float) -> None:
         """Stop scheduling `req`; its blocks are freed at the next commit (after in-flight work)."""
         if req.status in (Status.FINISHED, Status.REJECTED, Status.CANCELLED):
             return
         if req.status is Status.WAITING and req in self.waiting:
-            self.waiting.remove(req)
+            self._unqueue(req)
             req.status = Status.CANCELLED
             req.finish_s = now_s
             if req.swapped_blocks:
@@ -163,6 +185,23 @@ class Scheduler:
             return
         req.status = Status.CANCELLED
         self._cancelled_in_flight.append(req)
+
+    def _enqueue(self, req: Request, front: bool = False) -> None:
+        """Waiting queue with a running sum of what its requests would reserve (for KV demand)."""
+        # what it would add if admitted now: its reservation less the prefix blocks already cached
+        req.queued_blocks = self.pool.blocks_for(self._reserve_tokens(req)) - len(self.pool.match(req))
+        self._waiting_blocks += req.queued_blocks
+        if front:
+            self.waiting.appendleft(req)
+        else:
+            self.waiting.append(req)
+
+    def _unqueue(self, req: Request) -> None:
+        if self.waiting and self.waiting[0] is req:
+            self.waiting.popleft()
+        else:
+            self.waiting.remove(req)
+        self._waiting_blocks -= req.queued_blocks
 
     def _reject(self, req: Request, reason: str) -> None:
         req.status = Status.REJECTED
@@ -191,9 +230,9 @@ class Scheduler:
     def _schedule(self, plan: StepPlan, now_s: float) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
 
-    def _add(self, plan: StepPlan, req: Request, n: int) -> None:
+    def _add(self, plan: StepPlan, req: Request, n: int, drafts: int = 0) -> None:
         req.planned_iter = self.iteration
-        plan.add(req, n)
+        plan.add(req, n, drafts)
 
     def _prefilling(self) -> list[Request]:
         """Running requests still computing prompt (or recomputing), in running order."""
@@ -202,9 +241,16 @@ class Scheduler:
     def _schedule_decodes(self, plan: StepPlan) -> None:
         """Every running decode gets its next token (running order); on_demand KV grows first."""
         if not self.lazy:
+            spec = self.speculator
+            budget = getattr(self.config, "max_num_batched_tokens", 1 << 62)
             for req in [r for r in self.running.values() if not r.in_prefill]:
-                if req.rid in self.running and self._ensure_kv(req, 1, plan):
-                    self._add(plan, req, 1)
+                k = spec.drafts_for(req) if spec is not None else 0
+                k = max(0, min(k, budget - plan.new_tokens - 1))  # drafts count against the token budget
+                if req.rid in self.running and self._ensure_kv(req, 1 + k, plan):  # lookahead KV for drafts
+                    self._add(plan, req, 1 + k, k)
+            if plan.spec_items:
+                plan.draft_s = spec.draft_s([k for _, k in plan.spec_items])
+                plan.draft_overlapped = spec.overlapped
             return
         i = self.iteration
         if self.kv_admission == "on_demand":
@@ -245,7 +291,7 @@ class Scheduler:
         iteration, 0 when it must wait, None when it was rejected (and dropped from the queue).
         """
         if self.deadline_check is not None and not self.deadline_check(req, now_s):
-            self.waiting.popleft()
+            self._unqueue(req)
             self._reject(req, "deadline: cannot finish in time")
             return None
         swapped = req.swapped_blocks > 0
@@ -256,9 +302,13 @@ class Scheduler:
             return 0
         need = self._reserve_tokens(req) if self.kv_admission == "reserve" else computed + n
         if not self.pool.can_allocate(req, need, hits):
-            req.kv_waited = True
+            if not req.kv_waited:
+                req.kv_waited = True
+                demand = self.pool.used_blocks + self._waiting_blocks
+                self.kv_demand_peak_blocks = max(self.kv_demand_peak_blocks, demand)
             return 0
         self.pool.allocate(req, need, hits, now_s)
+        self._unqueue(req)
         if swapped:
             self._plan.swap_bytes += self.pool.swap_in(req)
         else:
@@ -266,7 +316,6 @@ class Scheduler:
             if req.admitted_s is None:
                 req.cached_tokens = computed
                 self.pool.stats.hit_tokens += computed
-        self.waiting.popleft()
         req.status = Status.RUNNING
         if req.admitted_s is None:
             req.admitted_s = now_s
@@ -309,12 +358,13 @@ class Scheduler:
             req.computed_tokens = 0
         req.preemptions += 1
         req.status = Status.WAITING
-        self.waiting.appendleft(req)
+        self._enqueue(req, front=True)
 
     def _reject_stuck(self) -> None:
         """Nothing runs yet the head of the queue cannot start: it never will. Reject it."""
         if not self.running and self.waiting:
-            req = self.waiting.popleft()
+            req = self.waiting[0]
+            self._unqueue(req)
             self._reject(req, "kv: does not fit the free pool even with nothing running")
 
     # ---- parallel sampling ----------------------------------------------------------------
@@ -406,8 +456,20 @@ class Scheduler:
                 self._leave_decode(req, i + 1)
                 finished_decodes.append(req)
         emitted = []
+        accepted = {}
+        if plan.spec_items:
+            live = [(r, k) for r, k in plan.spec_items if r.status is not Status.CANCELLED]
+            if live:
+                counts = self.speculator.sample([r for r, _ in live], [k for _, k in live])
+                accepted = {r.rid: int(a) for (r, _), a in zip(live, counts)}
         for req, n, _h in plan.items:
             if req.status is Status.CANCELLED:
+                continue
+            if req.rid in accepted:  # a speculative round: accepted drafts + the target's own token
+                a = accepted[req.rid]
+                req.computed_tokens += a + 1
+                req.output_tokens += a + 1
+                emitted.append(req)
                 continue
             before = req.computed_tokens
             req.computed_tokens = before + n
@@ -430,7 +492,7 @@ class Scheduler:
             if req.rid in self.running:
                 del self.running[req.rid]
             elif req in self.waiting:
-                self.waiting.remove(req)
+                self._unqueue(req)
             self.pool.register(req, req.computed_tokens, now_s)
             self.pool.free(req, now_s)
             self.dropped.append(req)

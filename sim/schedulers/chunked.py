@@ -8,12 +8,14 @@ from typing import Literal
 from pydantic import Field, PositiveInt, model_validator
 
 from sim.schedulers.base import Scheduler, SchedulerConfig, StepPlan
+from sim.schedulers.speculation import SpeculativeConfig
 
 
 class ChunkedConfig(SchedulerConfig):
     kind: Literal["chunked"] = "chunked"
     max_num_batched_tokens: PositiveInt = Field(4096, description="Token budget per iteration, decodes included")
     chunk_tokens: PositiveInt = Field(2048, description="Most prefill tokens one request gets per iteration")
+    speculative: SpeculativeConfig | None = Field(None, description="Speculative decoding for running decodes")
 
     @model_validator(mode="after")
     def _chunk_fits(self):

@@ -8,11 +8,13 @@ from typing import Literal
 from pydantic import Field, PositiveInt, model_validator
 
 from sim.schedulers.base import Scheduler, SchedulerConfig, StepPlan
+from sim.schedulers.speculation import SpeculativeConfig
 
 
 class ContinuousConfig(SchedulerConfig):
     kind: Literal["continuous"] = "continuous"
     max_num_batched_tokens: PositiveInt = Field(16384, description="Token budget per iteration (whole prefills)")
+    speculative: SpeculativeConfig | None = Field(None, description="Speculative decoding for running decodes")
 
     @model_validator(mode="after")
     def _budget_holds_decodes(self):
