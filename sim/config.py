@@ -59,6 +59,8 @@ class KVConfig(StrictModel):
     snapshot_tokens: PositiveInt | None = Field(
         None, description="Hybrid (recurrent) models: state snapshots every N tokens; reuse rounds down to one")
     warm_prefixes: list["NamedPrefix"] = Field(default_factory=list, description="Prefixes cached before arrivals")
+    conversion_s_per_token: NonNegativeFloat = Field(
+        0.0, description="Time to convert (dequantise) one KV token read, per iteration (reference section 7)")
 
     @field_validator("host_budget", mode="before")
     @classmethod
@@ -100,6 +102,7 @@ class ExplicitRequest(StrictModel):
     context_of: NonNegativeInt | None = Field(
         None, description="Multi-turn: index of an earlier request whose prompt + outputs this prompt starts with")
     n: PositiveInt = Field(1, description="Parallel sampling: branches over one prompt (each a request)")
+    adapter: NonNegativeInt | None = Field(None, description="LoRA adapter id (needs the scenario's lora)")
 
     @model_validator(mode="after")
     def _prefix_fits(self):
@@ -187,6 +190,14 @@ class SharedPrefixes(StrictModel):
     groups: PositiveInt = 1
 
 
+class AdapterMix(StrictModel):
+    """Requests spread over `count` LoRA adapters: uniformly or Zipf-like (weight 1 / rank^s)."""
+
+    count: PositiveInt
+    distribution: Literal["uniform", "zipf"] = "uniform"
+    zipf_s: PositiveFloat = 1.0
+
+
 class Synthetic(StrictModel):
     kind: Literal["synthetic"] = "synthetic"
     num_requests: PositiveInt
@@ -195,6 +206,7 @@ class Synthetic(StrictModel):
     output_tokens: LengthDist
     start_s: NonNegativeFloat = 0.0
     shared_prefix: SharedPrefixes | None = None
+    adapters: AdapterMix | None = None
 
 
 class Trace(StrictModel):
@@ -252,6 +264,20 @@ class PowerConfig(StrictModel):
         return self
 
 
+class OffloadConfig(StrictModel):
+    """Keep the dense FFNs of `layers` layers in host memory and stream them in every step."""
+
+    layers: PositiveInt
+    prefetch_buffers: Literal[1, 2] = Field(2, description="1 serialises copy and compute; 2 overlap them")
+
+
+class LoRAConfig(StrictModel):
+    adapters: PositiveInt = Field(description="Adapters resident in GPU memory")
+    rank: PositiveInt = 16
+    targets: list[Literal["q", "k", "v", "o", "gate", "up", "down"]] = Field(default_factory=lambda: ["q", "v"])
+    per_adapter_s: NonNegativeFloat = Field(0.0, description="Cost per distinct adapter in an iteration")
+
+
 class Scenario(StrictModel):
     name: str
     description: str = ""
@@ -267,6 +293,8 @@ class Scenario(StrictModel):
     admission_control: AdmissionControl = Field(default_factory=AdmissionControl)
     accuracy: AccuracyConfig = Field(default_factory=AccuracyConfig)
     power: PowerConfig = Field(default_factory=PowerConfig)
+    offload: OffloadConfig | None = None
+    lora: LoRAConfig | None = None
 
 
 # ---- loading ---------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ from pathlib import Path
 from sim.errors import ConfigError
 from sim.modelspec import ModelSpec
 from sim.profile import EfficiencyStepTime, LinearStepTime, ValidRange
+from sim.memory import offload_step_s
 from sim.roofline import forward_flops
 
 
@@ -171,18 +172,36 @@ class RangeChecked:
         return self.inner.step_s(plan)
 
 
-class WithSwaps:
-    """Swapping KV between GPU and host memory happens before the iteration, over the host link."""
+class Overheads:
+    """Costs outside the model's forward pass, added around the step-time model:
 
-    def __init__(self, inner, host_link_bytes_per_s: float):
+    - KV conversion: dequantising compressed KV costs time per KV token read (reference section 7:
+      the net gain of a compressed format is dD / beta - T_c);
+    - weight offload: offloaded layers stream in over the host link every step; one prefetch
+      buffer serialises copy and compute, two overlap them (step >= the copy time);
+    - multi-LoRA: a cost per distinct adapter in the batch (grouped low-rank work);
+    - swaps: KV moved between GPU and host memory before the iteration, over the host link.
+    """
+
+    def __init__(self, inner, host_link_bytes_per_s: float | None = None, kv_conversion_s_per_token: float = 0.0,
+                 offload_copy_s: float = 0.0, prefetch_buffers: int = 2, per_adapter_s: float = 0.0):
         self.inner, self.link = inner, host_link_bytes_per_s
+        self.conversion = kv_conversion_s_per_token
+        self.copy_s, self.buffers = offload_copy_s, prefetch_buffers
+        self.per_adapter_s = per_adapter_s
 
     def prefill_part_s(self, plan) -> float:
         return self.inner.prefill_part_s(plan)
 
     def step_s(self, plan) -> float:
-        t = self.inner.step_s(plan)
-        return t + plan.swap_bytes / self.link if plan.swap_bytes else t
+        t = self.inner.step_s(plan) + self.conversion * plan.kv_tokens_read
+        if self.copy_s:
+            t = offload_step_s(t, self.copy_s, self.buffers, 1)
+        if self.per_adapter_s and plan.adapters:
+            t += self.per_adapter_s * len(plan.adapters)
+        if plan.swap_bytes:
+            t += plan.swap_bytes / self.link
+        return t
 
 
 class WithDrafts:

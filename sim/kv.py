@@ -137,7 +137,7 @@ class BlockManager:
         bs = self.block_tokens
         existing = req.prompt_tokens + req.output_tokens
         limit = (existing - 1) // bs
-        hashes = chain_hashes(request_streams(req), bs, limit, req.block_hashes)
+        hashes = chain_hashes(request_streams(req), bs, limit, req.block_hashes, seed=req.adapter + 1)
         hits = []
         for b in range(limit):
             bid = self.index.get(hashes[b])
@@ -215,7 +215,7 @@ class BlockManager:
         full = min(tokens // self.block_tokens, len(req.block_table))
         if full <= req.indexed_blocks:
             return
-        hashes = chain_hashes(request_streams(req), self.block_tokens, full, req.block_hashes)
+        hashes = chain_hashes(request_streams(req), self.block_tokens, full, req.block_hashes, seed=req.adapter + 1)
         for b in range(req.indexed_blocks, full):
             blk = self.blocks[req.block_table[b]]
             if blk.content_hash is None and hashes[b] not in self.index:

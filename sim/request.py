@@ -70,6 +70,8 @@ class Request:
     """Blocks it would reserve, counted in the waiting queue's KV demand."""
     kv_waited: bool = False
     """Its admission was held back at least once because KV blocks were short."""
+    adapter: int = -1
+    """LoRA adapter id (-1: the base model). KV is only shared between requests of one adapter."""
     accept_rates: object = None
     """Speculative decoding: this request's conditional acceptance per draft position (numpy)."""
     draft_len: int = 0

@@ -17,7 +17,7 @@ from sim import cost as costmod
 from sim.config import EfficiencyStepTime, LinearStepTime, ProfileStepTime, Scenario
 from sim.errors import ConfigError
 from sim.kv import BlockManager
-from sim.memory import kv_budget_from_utilization
+from sim.memory import kv_budget_from_utilization, offload_plan
 from sim.metrics import ITERATION_COLUMNS, REQUEST_COLUMNS, Recorder, Status, stats, weighted_stats
 from sim.modelspec import ModelSpec
 from sim.profile import load_fitted, load_hardware, load_model, profiles_dir
@@ -119,6 +119,20 @@ class Simulation:
                 self.draft_memory_bytes = d.memory_bytes
         self.block_bytes = kv.block_tokens * self.kv_bytes_per_token
         self.weight_bytes = self.spec.weight_bytes(scenario.weight_format)
+        self.offload = None
+        if scenario.offload is not None:
+            try:
+                self.offload = offload_plan(self.spec, scenario.offload.layers, scenario.offload.prefetch_buffers,
+                                            self.hw.host_link_bytes_per_s, scenario.weight_format)
+            except ValueError as exc:
+                raise ConfigError(f"offload: {exc}") from None
+            if self.offload.copy_s_per_step is None:
+                raise ConfigError(f"offload: hardware {self.hw.name} has no host link to stream weights over")
+            self.weight_bytes -= self.offload.net_freed_bytes
+        self.lora_memory_bytes = 0
+        if scenario.lora is not None:
+            self.lora_memory_bytes = scenario.lora.adapters * self.spec.lora_adapter_bytes(
+                scenario.lora.rank, tuple(scenario.lora.targets), "bf16")
         if isinstance(kv.budget, int):
             self.kv_budget_bytes = kv.budget
             self.activation_bytes = 0
@@ -129,7 +143,8 @@ class Simulation:
             except ValueError as exc:
                 raise ConfigError(f"kv.budget: {exc}") from None
             self.activation_bytes = kv.budget.activation_bytes
-        self.num_blocks = int((self.kv_budget_bytes - self.draft_memory_bytes) // self.block_bytes)
+        self.num_blocks = int((self.kv_budget_bytes - self.draft_memory_bytes - self.lora_memory_bytes)
+                              // self.block_bytes)
         if self.num_blocks < 1:
             raise ConfigError(f"kv.budget: {self.kv_budget_bytes} B holds no {kv.block_tokens}-token block "
                               f"({self.block_bytes} B each)")
@@ -145,12 +160,22 @@ class Simulation:
                 self.prefill_overhead = d.prefill_overhead
             self.cost = costmod.WithDrafts(self.cost, self.prefill_overhead)
         self.host_blocks = int(kv.host_budget // self.block_bytes)
-        if self.host_blocks:
-            link = self.hw.host_link_bytes_per_s
-            if not link:
-                raise ConfigError(f"kv.host_budget: hardware {self.hw.name} has no host link bandwidth to swap over")
-            self.cost = costmod.WithSwaps(self.cost, link)
+        if self.host_blocks and not self.hw.host_link_bytes_per_s:
+            raise ConfigError(f"kv.host_budget: hardware {self.hw.name} has no host link bandwidth to swap over")
+        lora = scenario.lora
+        if (self.host_blocks or kv.conversion_s_per_token or self.offload or (lora and lora.per_adapter_s)):
+            self.cost = costmod.Overheads(
+                self.cost, self.hw.host_link_bytes_per_s, kv.conversion_s_per_token,
+                self.offload.copy_s_per_step if self.offload else 0.0,
+                scenario.offload.prefetch_buffers if self.offload else 2,
+                lora.per_adapter_s if lora else 0.0)
         self.workload = build_workload(scenario.workload, scenario.seed, self.base_dir)
+        used = self.workload.adapter
+        if used is not None and len(used) and used.max() >= 0:
+            have = 0 if scenario.lora is None else scenario.lora.adapters
+            if used.max() >= have:
+                raise ConfigError(f"workload: request {int(np.argmax(used >= have))} uses LoRA adapter {int(used.max())} "
+                                  f"but lora.adapters is {have}")
 
     # ---- helpers handed to the processes ----------------------------------------------------
     def _lower_bound_s(self, prompt_tokens: int, output_tokens: int) -> float:
@@ -240,7 +265,9 @@ class Simulation:
             a = float(wl.arrival_s[i])
             cancel = float(wl.cancel_at_s[i])
             dl = float(wl.deadline_s[i])
+            adapter = int(wl.adapter[i]) if wl.adapter is not None else -1
             return Request(i, a, int(wl.prompt_tokens[i]), int(wl.output_tokens[i]), a + float(wl.outside_wait_s[i]),
+                           adapter=adapter,
                            deadline_s=None if math.isnan(dl) else dl, cancel_at_s=None if math.isnan(cancel) else cancel,
                            segments=wl.segments_of(i), shareable_tokens=shareable(i))
 
@@ -265,7 +292,7 @@ class Simulation:
                     retry = Request(req.rid, req.arrival_s, req.prompt_tokens, req.max_output_tokens, now_s,
                                     deadline_s=req.deadline_s, attempt=req.attempt + 1,
                                     preemptions=req.preemptions, recomputed_tokens=req.recomputed_tokens,
-                                    segments=req.segments, shareable_tokens=req.shareable_tokens)
+                                    segments=req.segments, shareable_tokens=req.shareable_tokens, adapter=req.adapter)
                     inbox.put(retry)
                     continue
                 leave(req, now_s)
@@ -392,7 +419,10 @@ class Simulation:
             "energy_j": energy,
             "energy_j_per_good": energy / n_good if (n_good and energy is not None) else None,
             "draft_memory_bytes": int(self.draft_memory_bytes),
-            "kv_need_bytes": float(self._kv_demand_blocks * self.block_bytes + self.draft_memory_bytes),
+            "lora_memory_bytes": int(self.lora_memory_bytes),
+            "offload_copy_s_per_step": self.offload.copy_s_per_step if self.offload else None,
+            "kv_need_bytes": float(self._kv_demand_blocks * self.block_bytes + self.draft_memory_bytes
+                                   + self.lora_memory_bytes),
             "speculative": speculator.report() if speculator is not None else None,
             "little_area": rec.area,
         }

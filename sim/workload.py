@@ -40,6 +40,8 @@ class Workload:
     """Per request: tuple of (stream, first, length) covering its prompt; None = all private."""
     leader: np.ndarray | None = None
     """Parallel sampling: index of the branch that prefills the shared prompt (-1: none)."""
+    adapter: np.ndarray | None = None
+    """LoRA adapter per request (-1: base model)."""
     shared_streams: frozenset = frozenset()
     """Streams that more than one request's tokens come from (only their blocks can ever be hit)."""
 
@@ -138,7 +140,9 @@ def _explicit(cfg: RequestList) -> Workload:
                     np.array([r.outside_wait_s for r in rs], dtype=float),
                     np.array([np.nan if r.cancel_at_s is None else r.cancel_at_s for r in rs], dtype=float),
                     np.array([np.nan if r.deadline_s is None else r.deadline_s for r in rs], dtype=float),
-                    segments, np.array(leader, dtype=np.int64), _shared(segments, continued))
+                    segments, np.array(leader, dtype=np.int64),
+                    np.array([-1 if r.adapter is None else r.adapter for r in rs], dtype=np.int64),
+                    _shared(segments, continued))
 
 
 def _shared(segments: list | None, extra=()) -> frozenset:
@@ -163,7 +167,8 @@ def _mooncake_segments(hash_ids, prompt_tokens: int, block_tokens: int, where: s
 
 
 def build_workload(cfg, seed: int, base_dir: Path) -> Workload:
-    arrival_rng, prompt_rng, output_rng, _accuracy, prefix_rng = np.random.default_rng(seed).spawn(5)
+    arrival_rng, prompt_rng, output_rng, _accuracy, prefix_rng, _accept, adapter_rng = \
+        np.random.default_rng(seed).spawn(7)
     if isinstance(cfg, RequestList):
         return _explicit(cfg)
     if isinstance(cfg, Synthetic):
@@ -179,7 +184,12 @@ def build_workload(cfg, seed: int, base_dir: Path) -> Workload:
             prompt = prompt + sp.tokens
         arrays = (arr, prompt, _lengths(cfg.output_tokens, n, output_rng, base_dir, "output_tokens"),
                   np.zeros(n), np.full(n, np.nan), np.full(n, np.nan))
-        return Workload(*arrays, segments=segments, shared_streams=_shared(segments))  # arrivals already sorted
+        adapter = None
+        if cfg.adapters is not None:
+            k = cfg.adapters.count
+            w = np.ones(k) if cfg.adapters.distribution == "uniform" else 1.0 / np.arange(1, k + 1) ** cfg.adapters.zipf_s
+            adapter = adapter_rng.choice(k, size=n, p=w / w.sum()).astype(np.int64)
+        return Workload(*arrays, segments=segments, adapter=adapter, shared_streams=_shared(segments))  # sorted
     if isinstance(cfg, Trace):
         path = Path(cfg.path) if Path(cfg.path).is_absolute() else base_dir / cfg.path
         t, p, o, hashes = read_trace_with_blocks(path, cfg.format)

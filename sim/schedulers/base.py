@@ -68,6 +68,8 @@ class StepPlan:
     draft_s: float = 0.0
     """Time the draft source needs for this round (added to, or hidden behind, the verify step)."""
     draft_overlapped: bool = False
+    adapters: set = field(default_factory=set)
+    """Distinct LoRA adapters in the batch (only counted, never iterated)."""
     swap_bytes: float = 0.0
     """KV bytes moved between GPU and host memory before this iteration (swap-out and swap-in)."""
 
@@ -76,6 +78,8 @@ class StepPlan:
         h = req.computed_tokens
         pairs = n * h + n * (n + 1) // 2
         self.items.append((req, n, h))
+        if req.adapter >= 0:
+            self.adapters.add(req.adapter)
         self.num_seqs += 1
         self.new_tokens += n
         self.pairs += pairs
@@ -158,6 +162,7 @@ class Scheduler:
         # decode set (lazy mode)
         self.decoding: dict[int, Request] = {}
         self._dec_computed = 0            # sum of members' computed tokens as of `iteration`
+        self._dec_adapters: dict[int, int] = {}  # LoRA adapter -> members using it
         self._finish_heap: list = []      # (iteration of last token, admit_seq, version, request)
         self._block_heap: list = []       # (iteration needing the next block, admit_seq, version, request)
         self._ctx_heap: list = []         # (-(computed - base_iter), admit_seq, version, request)
@@ -268,6 +273,8 @@ class Scheduler:
                 if req.rid in self.decoding:
                     self.pool.allocate(req, need, now_s=self.now_s)
                     heapq.heappush(heap, (i + self.pool.block_tokens, req.admit_seq, version, req))
+        if self._dec_adapters:
+            plan.adapters.update(self._dec_adapters)
         if self.decoding:
             ctx = self._ctx_heap
             while ctx[0][2] != ctx[0][3].lazy_version:
@@ -412,6 +419,8 @@ class Scheduler:
         v, seq = req.lazy_version, req.admit_seq
         self.decoding[req.rid] = req
         self._dec_computed += req.computed_tokens
+        if req.adapter >= 0:
+            self._dec_adapters[req.adapter] = self._dec_adapters.get(req.adapter, 0) + 1
         heapq.heappush(self._finish_heap, (i + req.max_output_tokens - req.output_tokens - 1, seq, v, req))
         heapq.heappush(self._ctx_heap, (-(req.computed_tokens - i), seq, v, req))
         if self.kv_admission == "on_demand":
@@ -433,6 +442,12 @@ class Scheduler:
         self._materialize(req, self.iteration if i is None else i)
         del self.decoding[req.rid]
         self._dec_computed -= req.computed_tokens
+        if req.adapter >= 0:
+            left = self._dec_adapters[req.adapter] - 1
+            if left:
+                self._dec_adapters[req.adapter] = left
+            else:
+                del self._dec_adapters[req.adapter]
         req.lazy_version += 1
 
     # ---- committing -----------------------------------------------------------------------
