@@ -10,6 +10,7 @@ from pydantic import (Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, Po
                       model_validator)
 
 from sim.errors import ConfigError
+from sim.cluster import ClusterConfig
 from sim.profile import EfficiencyStepTime, LinearStepTime
 from sim.schedulers import AnySchedulerConfig
 from sim.schema import StrictModel, read_yaml_mapping, validate_mapping
@@ -295,6 +296,7 @@ class Scenario(StrictModel):
     power: PowerConfig = Field(default_factory=PowerConfig)
     offload: OffloadConfig | None = None
     lora: LoRAConfig | None = None
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
 
 
 # ---- loading ---------------------------------------------------------------------------------

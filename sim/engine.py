@@ -1,4 +1,4 @@
-"""The SimPy processes of one replica: arrivals() and replica_loop(); nothing else.
+"""The SimPy processes: arrivals() and replica_loop(); nothing else.
 
 The loop knows three things: ask the scheduler for a plan, let the step time pass, commit.
 """
@@ -10,11 +10,11 @@ from typing import Callable
 import numpy as np
 import simpy
 
-from sim.request import Request, Status
+from sim.request import Request
 
 
-def arrivals(env: simpy.Environment, workload, inbox: simpy.Store, make_request: Callable[[int], Request],
-             deliver: Callable[[Request], None], scheduler, state: dict):
+def arrivals(env: simpy.Environment, workload, make_request: Callable[[int], Request],
+             deliver: Callable[[Request], None], cancel: Callable[[Request], None]):
     """Release requests at their engine arrival times (scheduled + outside wait) through `deliver`."""
     engine_t = workload.arrival_s + workload.outside_wait_s
     for i in np.argsort(engine_t, kind="stable"):
@@ -24,42 +24,39 @@ def arrivals(env: simpy.Environment, workload, inbox: simpy.Store, make_request:
         req = make_request(int(i))
         deliver(req)
         if req.cancel_at_s is not None:
-            env.process(_cancel_at(env, req, scheduler))
-    state["arrivals_done"] = True
-    if not inbox.items:
-        inbox.put(None)  # wake an idle loop so it can see that nothing more will come
+            env.process(_cancel_at(env, req, cancel))
 
 
-def _cancel_at(env: simpy.Environment, req: Request, scheduler):
+def _cancel_at(env: simpy.Environment, req: Request, cancel):
     if req.cancel_at_s > env.now:
         yield env.timeout(req.cancel_at_s - env.now)
-    scheduler.cancel(req, env.now)
+    cancel(req)
 
 
-def replica_loop(env: simpy.Environment, inbox: simpy.Store, scheduler, cost, recorder, on_outcome, on_dropped,
-                 state: dict):
-    """One replica: admit arrivals, plan a step, let time pass, commit. Policy lives in `scheduler`."""
-    while True:
-        while inbox.items:
-            req = inbox.items.pop(0)
-            if req is not None:
-                scheduler.admit(req, env.now)
-        plan = scheduler.plan(env.now)
-        on_dropped(env.now)
-        if plan is None:
-            if state["arrivals_done"] and not inbox.items and not scheduler.has_work:
-                return
-            if not scheduler.has_work:
-                req = yield inbox.get()
-                if req is not None:
-                    scheduler.admit(req, env.now)
-            continue
-        pool = scheduler.pool
-        start, index = env.now, scheduler.iteration
-        blocks = (pool.used_blocks, len(pool.cached_free), pool.host_used_blocks)
-        yield env.timeout(cost.step_s(plan))
-        recorder.on_iteration(start, env.now, plan, blocks)
-        outcome = scheduler.commit(plan, env.now)
-        recorder.on_tokens(index, start, env.now, outcome)
-        on_outcome(outcome, env.now)
-        on_dropped(env.now)
+def replica_loop(env: simpy.Environment, inbox: simpy.Store, scheduler, cost, timeline, on_outcome, on_dropped):
+    """One replica: admit arrivals, plan a step, let time pass, commit. Policy lives in `scheduler`.
+
+    Idle, it waits for the next arrival; the run ends when no process has anything left to do.
+    A fault interrupts it (simpy.Interrupt): it stops where it is, the in-flight iteration lost.
+    """
+    try:
+        while True:
+            while inbox.items:
+                scheduler.admit(inbox.items.pop(0), env.now)
+            plan = scheduler.plan(env.now)
+            on_dropped(env.now)
+            if plan is None:
+                if not scheduler.has_work:
+                    scheduler.admit((yield inbox.get()), env.now)
+                continue
+            pool = scheduler.pool
+            start, index = env.now, scheduler.iteration
+            blocks = (pool.used_blocks, len(pool.cached_free), pool.host_used_blocks)
+            yield env.timeout(cost.step_s(plan))
+            timeline.on_iteration(start, env.now, plan, blocks)
+            outcome = scheduler.commit(plan, env.now)
+            timeline.on_tokens(index, start, env.now, outcome)
+            on_outcome(outcome, env.now)
+            on_dropped(env.now)
+    except simpy.Interrupt:
+        return

@@ -13,35 +13,31 @@ import numpy as np
 
 from sim.request import Request, Status
 
-REQUEST_COLUMNS = ("id", "status", "arrival_s", "admitted_s", "first_token_s", "finish_s", "ttft_s", "e2e_s",
+REQUEST_COLUMNS = ("id", "replica", "status", "arrival_s", "admitted_s", "first_token_s", "finish_s", "ttft_s", "e2e_s",
                    "tpot_s", "max_itl_s", "prompt_tokens", "output_tokens", "cached_tokens", "prefix_hit_rate", "preemptions",
                    "recomputed_tokens", "kv_waited", "attempts", "met_slo", "correct")
-ITERATION_COLUMNS = ("start_s", "duration_s", "prefill_tokens", "decode_sequences", "pairs", "kv_blocks_in_use",
+ITERATION_COLUMNS = ("replica", "start_s", "duration_s", "prefill_tokens", "decode_sequences", "pairs", "kv_blocks_in_use",
                      "cached_free_blocks", "host_blocks", "batch_size", "new_tokens", "swap_bytes")
 STATUS_CODES = {s: i for i, s in enumerate(Status)}
 NAN = float("nan")
 
 
 class Recorder:
-    """Collects per-request rows, per-iteration rows and pooled inter-token gaps."""
+    """Collects per-request rows and pooled inter-token gaps of the whole run (all replicas)."""
 
     def __init__(self, slo, track_request_gaps: bool):
         self.slo = slo
         self.req = {c: array("d") for c in REQUEST_COLUMNS}
-        self.it = {c: array("d") for c in ITERATION_COLUMNS}
         # pooled ITL: each iteration's gap, weighted by the requests whose previous token came from
         # the iteration before (identical floats), plus every other gap on its own
         self.itl_gap = array("d")
         self.itl_weight = array("q")
         self.track_request_gaps = track_request_gaps
         self._gaps: dict[int, list[float]] = {}
-        self._prev_end_s: float | None = None
-        self._ends = array("d")
         # Little's law bookkeeping: time integral of the number of requests in the system
         self.in_system = 0
         self.area = 0.0
         self._t_last = 0.0
-        self.busy_s = 0.0
         self.first_arrival_s: float | None = None
         self.reject_reasons: list[str] = []
 
@@ -63,62 +59,10 @@ class Recorder:
         self.in_system -= 1
         self._row(req)
 
-    # ---- iterations and tokens --------------------------------------------------------------
-    def on_iteration(self, start_s: float, end_s: float, plan, blocks: tuple[int, int, int]) -> None:
-        """Record an iteration's timing and shape; called before its outcome is committed."""
-        it = self.it
-        it["start_s"].append(start_s)
-        it["duration_s"].append(end_s - start_s)
-        it["prefill_tokens"].append(plan.prefill_tokens)
-        it["decode_sequences"].append(plan.decode_seqs)
-        it["pairs"].append(plan.pairs)
-        it["kv_blocks_in_use"].append(blocks[0])
-        it["cached_free_blocks"].append(blocks[1])
-        it["host_blocks"].append(blocks[2])
-        it["batch_size"].append(plan.num_seqs)
-        it["new_tokens"].append(plan.new_tokens)
-        it["swap_bytes"].append(plan.swap_bytes)
-        self._ends.append(end_s)
-        self.busy_s += end_s - start_s
-
-    def end_s(self, index: int) -> float:
-        return self._ends[index]
-
-    def decode_gaps(self, req: Request, first: int, last: int) -> None:
-        """`req` emitted one token in each iteration first..last, each after the iteration before:
-        its gaps are those iterations' durations."""
-        gaps = np.frombuffer(self.it["duration_s"], dtype=float)[first:last + 1]
-        top = float(gaps.max())
-        if top > req.max_itl_s:
-            req.max_itl_s = top
+    def add_gaps(self, req: Request, gaps) -> None:
         if self.track_request_gaps:
-            self._gaps.setdefault(req.rid, []).extend(gaps.tolist())
+            self._gaps.setdefault(req.rid, []).extend(gaps)
 
-    def on_tokens(self, index: int, start_s: float, end_s: float, outcome) -> None:
-        """Token times of an iteration's emitters; decode-set members count as regular gaps."""
-        regular = outcome.decode_tokens
-        gap_regular = end_s - start_s if self._prev_end_s == start_s else None
-        for req in outcome.emitted:
-            if req.first_token_s is None:
-                req.first_token_s = end_s
-            else:
-                if req.last_iteration == index - 1 and gap_regular is not None:
-                    gap = gap_regular
-                    regular += 1
-                else:
-                    gap = end_s - req.last_token_s
-                    self.itl_gap.append(gap)
-                    self.itl_weight.append(1)
-                if gap > req.max_itl_s:
-                    req.max_itl_s = gap
-                if self.track_request_gaps:
-                    self._gaps.setdefault(req.rid, []).append(gap)
-            req.last_token_s = end_s
-            req.last_iteration = index
-        if regular:
-            self.itl_gap.append(end_s - start_s)
-            self.itl_weight.append(regular)
-        self._prev_end_s = end_s
 
     # ---- per-request rows -------------------------------------------------------------------
     def met_slo(self, req: Request) -> bool:
@@ -148,6 +92,7 @@ class Recorder:
         done = req.status is Status.FINISHED
         first = req.first_token_s
         r["id"].append(req.rid)
+        r["replica"].append(-1 if req.replica is None else req.replica)
         r["status"].append(STATUS_CODES[req.status])
         r["arrival_s"].append(req.arrival_s)
         r["admitted_s"].append(NAN if req.admitted_s is None else req.admitted_s)
@@ -169,6 +114,73 @@ class Recorder:
         r["correct"].append(NAN if req.correct is None else float(req.correct))
         self._gaps.pop(req.rid, None)
 
+
+class Timeline:
+    """One replica's iterations: their rows, end times, and the token times of their emitters."""
+
+    def __init__(self, recorder: Recorder, replica: int = 0):
+        self.rec = recorder
+        self.replica = replica
+        self.it = {c: array("d") for c in ITERATION_COLUMNS}
+        self._ends = array("d")
+        self._prev_end_s: float | None = None
+        self.busy_s = 0.0
+
+    # ---- iterations and tokens --------------------------------------------------------------
+    def on_iteration(self, start_s: float, end_s: float, plan, blocks: tuple[int, int, int]) -> None:
+        """Record an iteration's timing and shape; called before its outcome is committed."""
+        it = self.it
+        it["replica"].append(self.replica)
+        it["start_s"].append(start_s)
+        it["duration_s"].append(end_s - start_s)
+        it["prefill_tokens"].append(plan.prefill_tokens)
+        it["decode_sequences"].append(plan.decode_seqs)
+        it["pairs"].append(plan.pairs)
+        it["kv_blocks_in_use"].append(blocks[0])
+        it["cached_free_blocks"].append(blocks[1])
+        it["host_blocks"].append(blocks[2])
+        it["batch_size"].append(plan.num_seqs)
+        it["new_tokens"].append(plan.new_tokens)
+        it["swap_bytes"].append(plan.swap_bytes)
+        self._ends.append(end_s)
+        self.busy_s += end_s - start_s
+
+    def end_s(self, index: int) -> float:
+        return self._ends[index]
+
+    def decode_gaps(self, req: Request, first: int, last: int) -> None:
+        """`req` emitted one token in each iteration first..last, each after the iteration before:
+        its gaps are those iterations' durations."""
+        gaps = np.frombuffer(self.it["duration_s"], dtype=float)[first:last + 1]
+        top = float(gaps.max())
+        if top > req.max_itl_s:
+            req.max_itl_s = top
+        self.rec.add_gaps(req, gaps.tolist())
+
+    def on_tokens(self, index: int, start_s: float, end_s: float, outcome) -> None:
+        """Token times of an iteration's emitters; decode-set members count as regular gaps."""
+        regular = outcome.decode_tokens
+        gap_regular = end_s - start_s if self._prev_end_s == start_s else None
+        for req in outcome.emitted:
+            if req.first_token_s is None:
+                req.first_token_s = end_s
+            else:
+                if req.last_iteration == index - 1 and gap_regular is not None:
+                    gap = gap_regular
+                    regular += 1
+                else:
+                    gap = end_s - req.last_token_s
+                    self.rec.itl_gap.append(gap)
+                    self.rec.itl_weight.append(1)
+                if gap > req.max_itl_s:
+                    req.max_itl_s = gap
+                self.rec.add_gaps(req, (gap,))
+            req.last_token_s = end_s
+            req.last_iteration = index
+        if regular:
+            self.rec.itl_gap.append(end_s - start_s)
+            self.rec.itl_weight.append(regular)
+        self._prev_end_s = end_s
 
 def stats(values: np.ndarray) -> dict[str, float | None]:
     """mean, median, p90, p99, max with numpy's linear interpolation; None when empty."""

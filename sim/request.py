@@ -17,6 +17,7 @@ class Status(str, Enum):
     FINISHED = "finished"
     REJECTED = "rejected"
     CANCELLED = "cancelled"
+    FAILED = "failed"
 
 
 @dataclass(slots=True, eq=False)
@@ -75,6 +76,10 @@ class Request:
     accept_rates: object = None
     """Speculative decoding: this request's conditional acceptance per draft position (numpy)."""
     draft_len: int = 0
+    replica: int | None = None
+    """Replica serving it (cluster runs)."""
+    avoid: tuple = ()
+    """Replicas that failed it; the router does not send it there again."""
     attempt: int = 1
     correct: bool | None = None
     reject_reason: str | None = None
@@ -87,6 +92,16 @@ class Request:
     def in_prefill(self) -> bool:
         """Still computing prompt (or recomputing prompt + outputs): no output would follow 1 token."""
         return self.tokens_to_compute > 1 or self.output_tokens == 0
+
+    def reset_for_retry(self) -> None:
+        """Lost with a failed replica: start over elsewhere (latency still counts from arrival_s)."""
+        self.status = Status.WAITING
+        self.output_tokens = self.computed_tokens = self.cached_tokens = 0
+        self.block_table, self.block_hashes, self.indexed_blocks = [], [], 0
+        self.first_token_s = self.last_token_s = None
+        self.max_itl_s, self.last_iteration, self.replica = 0.0, -2, None
+        self.recompute_upto = self.swapped_blocks = 0
+        self.accept_rates = None
 
     @property
     def num_blocks(self) -> int:

@@ -18,7 +18,8 @@ from sim.config import EfficiencyStepTime, LinearStepTime, ProfileStepTime, Scen
 from sim.errors import ConfigError
 from sim.kv import BlockManager
 from sim.memory import kv_budget_from_utilization, offload_plan
-from sim.metrics import ITERATION_COLUMNS, REQUEST_COLUMNS, Recorder, Status, stats, weighted_stats
+from sim.cluster import ROUTERS, Replica
+from sim.metrics import ITERATION_COLUMNS, REQUEST_COLUMNS, Recorder, Status, Timeline, stats, weighted_stats
 from sim.modelspec import ModelSpec
 from sim.profile import load_fitted, load_hardware, load_model, profiles_dir
 from sim.request import Request
@@ -89,6 +90,21 @@ class Result:
         h.update(self.requests.to_csv(index=False).encode())
         h.update(self.iterations.to_csv(index=False).encode())
         return h.hexdigest()
+
+
+def _merge_reports(reports: list[dict]) -> dict | None:
+    """Speculation counters of all replicas as one report."""
+    if not reports:
+        return None
+    if len(reports) == 1:
+        return reports[0]
+    rounds = sum(r["rounds"] for r in reports)
+    drafts = sum(r["draft_tokens"] for r in reports)
+    acc = sum(r["accepted_tokens"] for r in reports)
+    return {"rounds": rounds, "draft_tokens": drafts, "accepted_tokens": acc,
+            "acceptance_rate": acc / drafts if drafts else None,
+            "mean_acceptance_length": 1 + acc / rounds if rounds else None,
+            "per_position_acceptance": None}
 
 
 class Simulation:
@@ -222,10 +238,9 @@ class Simulation:
         recompute = sequence_flops(self.spec, bs, block.depth * bs, logits=0)
         return (block.hits / age) * recompute / self.block_bytes
 
-    def run(self) -> Result:
-        sc, wl = self.scenario, self.workload
-        env = simpy.Environment()
-        inbox = simpy.Store(env)
+    def _new_replica(self, env: simpy.Environment, index: int, rec: Recorder, deadline, incarnation: int) -> Replica:
+        """A replica with an empty KV pool (warm prefixes cached) and its own scheduler."""
+        sc = self.scenario
         pool = BlockManager(self.num_blocks, sc.kv.block_tokens, self.block_bytes, prefix_caching=sc.kv.prefix_caching,
                             eviction=sc.kv.eviction, host_blocks=self.host_blocks, snapshot_tokens=sc.kv.snapshot_tokens,
                             block_value=self._block_value)
@@ -234,26 +249,38 @@ class Simulation:
                 pool.warm(((prefix_stream(wp.name), 0, wp.tokens),), wp.tokens)
             except ValueError as exc:
                 raise ConfigError(f"kv.warm_prefixes: {wp.name}: {exc}") from None
+        _, sched_cls = SCHEDULERS[sc.scheduler.kind]
+        scheduler = sched_cls(sc.scheduler, pool, sc.kv.admission, deadline,
+                              lazy_decode=self.lazy_decode and self.spec_cfg is None,  # rounds differ per request
+                              preemption=sc.kv.preemption)
+        if self.spec_cfg is not None:
+            # one acceptance stream per replica (and per restart), all from the scenario seed
+            rng = np.random.default_rng([sc.seed, 5, index, incarnation])
+            scheduler.speculator = Speculator(self.spec_cfg, rng, self._round_time_s, self.draft_pass_s,
+                                              self.prefill_overhead, self.draft_memory_bytes)
+            self._speculators.append(scheduler.speculator)
+        timeline = Timeline(rec, index)
+        scheduler.timeline = timeline
+        return Replica(index, pool, scheduler, simpy.Store(env), timeline)
+
+    def run(self) -> Result:
+        sc, wl = self.scenario, self.workload
+        cl = sc.cluster
+        env = simpy.Environment()
         deadline = None
         if sc.admission_control.reject_late:
             def deadline(req: Request, now_s: float) -> bool:
                 limit = min(x for x in (req.deadline_s, sc.slo.e2e_s, math.inf) if x is not None)
                 return now_s - req.arrival_s + self._lower_bound_s(req.prompt_tokens, req.max_output_tokens) <= limit
-        cfg_cls, sched_cls = SCHEDULERS[sc.scheduler.kind]
-        scheduler = sched_cls(sc.scheduler, pool, sc.kv.admission, deadline,
-                              lazy_decode=self.lazy_decode and self.spec_cfg is None,  # rounds differ per request
-                              preemption=sc.kv.preemption)
-        self._speculator = None
-        if self.spec_cfg is not None:
-            self._speculator = Speculator(self.spec_cfg, np.random.default_rng(sc.seed).spawn(6)[5], self._round_time_s,
-                                          self.draft_pass_s, self.prefill_overhead, self.draft_memory_bytes)
-            scheduler.speculator = self._speculator
         rec = Recorder(sc.slo, track_request_gaps=sc.slo.itl_s is not None and sc.slo.itl_stat == "p99")
-        scheduler.timeline = rec
+        self._speculators = []
+        replicas = [self._new_replica(env, i, rec, deadline, 0) for i in range(cl.replicas)]
+        timelines = [r.timeline for r in replicas]
+        self._speculator = self._speculators[0] if self._speculators else None
+        router = ROUTERS[cl.router.kind]()
         acc_rng = np.random.default_rng(sc.seed).spawn(4)[3]
-        state = {"arrivals_done": False, "finished": 0}
+        state = {"finished": 0, "fault_retries": 0}
         n_total = len(wl)
-
         warm = frozenset(prefix_stream(wp.name) for wp in sc.kv.warm_prefixes)
         retried = sc.accuracy.max_retries > 0 and sc.accuracy.p_correct < 1
 
@@ -277,35 +304,36 @@ class Simulation:
             if self.progress is not None:
                 self.progress(state["finished"], n_total)
 
-        finished_forks: list[Request] = []
+        def route(req: Request) -> None:
+            """Send a request to a replica the router believes healthy; a replica that is actually
+            down refuses it (it fails, or is routed again without that replica)."""
+            while True:
+                replica = router.choose(req, [r for r in replicas if r.marked_up and r.index not in req.avoid])
+                if replica is None:
+                    req.status = Status.FAILED
+                    req.reject_reason = "cluster: no healthy replica"
+                    req.finish_s = env.now
+                    leave(req, env.now)
+                    return
+                if replica.up:
+                    req.replica = replica.index
+                    replica.inbox.put(req)
+                    return
+                if not fail_or_retry(req, replica):
+                    return
 
-        def on_outcome(outcome, now_s: float) -> None:
-            if held:
-                for req in outcome.emitted:
-                    if req.rid in held and req.output_tokens == 1:
-                        release(req.rid, req)
-            for req in outcome.finished_decodes + outcome.emitted + finished_forks:
-                if req.status is not Status.FINISHED:
-                    continue
-                req.correct = bool(acc_rng.random() < sc.accuracy.p_correct) if sc.accuracy.p_correct < 1 else True
-                if not req.correct and req.attempt <= sc.accuracy.max_retries:
-                    retry = Request(req.rid, req.arrival_s, req.prompt_tokens, req.max_output_tokens, now_s,
-                                    deadline_s=req.deadline_s, attempt=req.attempt + 1,
-                                    preemptions=req.preemptions, recomputed_tokens=req.recomputed_tokens,
-                                    segments=req.segments, shareable_tokens=req.shareable_tokens, adapter=req.adapter)
-                    inbox.put(retry)
-                    continue
-                leave(req, now_s)
-            finished_forks.clear()
-
-        def on_dropped(now_s: float) -> None:
-            for req in scheduler.dropped:
-                if req.rid in held:
-                    release(req.rid)
-                if req.finish_s is None:
-                    req.finish_s = now_s
-                leave(req, now_s)
-            scheduler.dropped.clear()
+        def fail_or_retry(req: Request, replica: Replica) -> bool:
+            """A request lost on a failed replica: True when it should be routed again."""
+            req.avoid = req.avoid + (replica.index,)
+            if cl.on_failure == "retry" and len(req.avoid) < len(replicas):
+                state["fault_retries"] += 1
+                req.reset_for_retry()
+                return True
+            req.status = Status.FAILED
+            req.reject_reason = f"cluster: replica {replica.index} failed"
+            req.finish_s = env.now
+            leave(req, env.now)
+            return False
 
         held: dict[int, list[Request]] = {}   # parallel sampling: branches waiting for their prompt's prefill
         forked: set[int] = set()
@@ -316,43 +344,138 @@ class Simulation:
             if lead >= 0 and lead not in forked:
                 held.setdefault(lead, []).append(req)
             else:
-                inbox.put(req)
+                route(req)
 
-        def release(lead: int, leader: Request | None = None) -> None:
-            """The leader's prompt is computed: its branches fork from it (or queue on their own)."""
-            forked.add(lead)
-            for r in held.pop(lead, []):
-                if leader is not None and scheduler.can_fork(r, leader):
-                    scheduler.fork(r, leader, env.now)
-                    if r.status is Status.FINISHED:
-                        finished_forks.append(r)
-                else:
-                    inbox.put(r)
+        def make_handlers(replica: Replica):
+            scheduler = replica.scheduler
+            finished_forks: list[Request] = []
 
-        env.process(engine.arrivals(env, wl, inbox, make_request, deliver, scheduler, state))
-        env.process(engine.replica_loop(env, inbox, scheduler, self.cost, rec, on_outcome, on_dropped, state))
+            def release(lead: int, leader: Request | None = None) -> None:
+                """The leader's prompt is computed: its branches fork from it (or queue on their own)."""
+                forked.add(lead)
+                for r in held.pop(lead, []):
+                    if leader is not None and scheduler.can_fork(r, leader):
+                        r.replica = replica.index
+                        scheduler.fork(r, leader, env.now)
+                        if r.status is Status.FINISHED:
+                            finished_forks.append(r)
+                    else:
+                        route(r)
+
+            def on_outcome(outcome, now_s: float) -> None:
+                if held:
+                    for req in outcome.emitted:
+                        if req.rid in held and req.output_tokens == 1:
+                            release(req.rid, req)
+                for req in outcome.finished_decodes + outcome.emitted + finished_forks:
+                    if req.status is not Status.FINISHED:
+                        continue
+                    req.correct = bool(acc_rng.random() < sc.accuracy.p_correct) if sc.accuracy.p_correct < 1 else True
+                    if not req.correct and req.attempt <= sc.accuracy.max_retries:
+                        retry = Request(req.rid, req.arrival_s, req.prompt_tokens, req.max_output_tokens, now_s,
+                                        deadline_s=req.deadline_s, attempt=req.attempt + 1,
+                                        preemptions=req.preemptions, recomputed_tokens=req.recomputed_tokens,
+                                        segments=req.segments, shareable_tokens=req.shareable_tokens,
+                                        adapter=req.adapter)
+                        route(retry)
+                        continue
+                    leave(req, now_s)
+                finished_forks.clear()
+
+            def on_dropped(now_s: float) -> None:
+                for req in scheduler.dropped:
+                    if req.rid in held:
+                        release(req.rid)
+                    if req.finish_s is None:
+                        req.finish_s = now_s
+                    leave(req, now_s)
+                scheduler.dropped.clear()
+
+            return on_outcome, on_dropped
+
+        def start(replica: Replica) -> None:
+            on_outcome, on_dropped = make_handlers(replica)
+            replica.process = env.process(engine.replica_loop(env, replica.inbox, replica.scheduler, self.cost,
+                                                              replica.timeline, on_outcome, on_dropped))
+
+        def cancel(req: Request) -> None:
+            if req.replica is not None and replicas[req.replica].up:
+                replicas[req.replica].scheduler.cancel(req, env.now)
+
+        def fault(f) -> object:
+            yield env.timeout(f.start_s - env.now) if f.start_s > env.now else env.timeout(0)
+            old = replicas[f.replica]
+            if not old.up:
+                return
+            old.up = False
+            old.process.interrupt()
+            lost = old.requests()
+            yield env.timeout(0)  # let the interrupted loop unwind first
+            for req in lost:
+                if fail_or_retry(req, old):
+                    route(req)
+            yield env.timeout(f.end_s - env.now)
+            fresh = self._new_replica(env, f.replica, rec, deadline, old.incarnation + 1)
+            fresh.incarnation = old.incarnation + 1
+            fresh.marked_up = old.marked_up
+            fresh.timeline = old.timeline  # one iteration log per replica index
+            fresh.scheduler.timeline = old.timeline
+            fresh.scheduler.iteration = len(old.timeline.it["start_s"])  # iteration indices continue the log
+            fresh.retired = old.retired + [old]
+            replicas[f.replica] = fresh
+            start(fresh)
+
+        def health_checks():
+            """Every interval, find each replica up or down; a down one is marked down after the timeout."""
+            rc = cl.router
+            while state["finished"] < n_total:
+                for r in replicas:
+                    if r.up:
+                        r.marked_up = True
+                    elif r.marked_up:
+                        env.process(_mark_down(r.index, rc.health_check_timeout_s))
+                yield env.timeout(rc.health_check_interval_s)
+
+        def _mark_down(index: int, delay: float):
+            yield env.timeout(delay)
+            if not replicas[index].up:
+                replicas[index].marked_up = False
+
+        for r in replicas:
+            start(r)
+        env.process(engine.arrivals(env, wl, make_request, deliver, cancel))
+        if cl.faults:
+            for f in cl.faults:
+                env.process(fault(f))
+            env.process(health_checks())
         try:
             env.run()
         except costmod.ExtrapolationError as exc:
             raise ConfigError(f"step_time: {exc}") from None
-        self._kv_demand_blocks = max(scheduler.kv_demand_peak_blocks, pool.peak_blocks)
-        return self._result(rec, pool, self._speculator)
+        everyone = [x for r in replicas for x in r.retired + [r]]
+        self._kv_demand_blocks = max(max(r.scheduler.kv_demand_peak_blocks, r.pool.peak_blocks) for r in everyone)
+        return self._result(rec, everyone, timelines, state)
 
     # ---- summary ------------------------------------------------------------------------------
-    def _result(self, rec: Recorder, pool: BlockManager, speculator) -> Result:
+    def _result(self, rec: Recorder, replicas: list, timelines: list[Timeline], state: dict) -> Result:
         sc = self.scenario
         req = pd.DataFrame({c: np.frombuffer(rec.req[c], dtype=float) if len(rec.req[c]) else np.array([], dtype=float)
                             for c in REQUEST_COLUMNS})
         req = req.sort_values("id", kind="stable").reset_index(drop=True)
-        for c in ("id", "prompt_tokens", "output_tokens", "cached_tokens", "preemptions", "recomputed_tokens", "attempts"):
+        for c in ("id", "replica", "prompt_tokens", "output_tokens", "cached_tokens", "preemptions", "recomputed_tokens",
+                  "attempts"):
             req[c] = req[c].astype(np.int64)
         req["status"] = [STATUS_NAMES[int(s)] for s in req["status"]]
         req["met_slo"] = req["met_slo"].astype(bool)
         req["kv_waited"] = req["kv_waited"].astype(bool)
-        its = pd.DataFrame({c: np.frombuffer(rec.it[c], dtype=float) if len(rec.it[c]) else np.array([], dtype=float)
+        its = pd.DataFrame({c: np.concatenate([np.frombuffer(t.it[c], dtype=float) for t in timelines])
+                            if any(len(t.it[c]) for t in timelines) else np.array([], dtype=float)
                             for c in ITERATION_COLUMNS})
-        for c in ITERATION_COLUMNS[2:]:
-            its[c] = its[c].astype(np.int64)
+        for c in ITERATION_COLUMNS:
+            if c not in ("start_s", "duration_s", "swap_bytes"):
+                its[c] = its[c].astype(np.int64)
+        busy_s = sum(t.busy_s for t in timelines)
+        n_rep = len(timelines)
 
         finished = req["status"] == "finished"
         correct = req["correct"].fillna(0).astype(bool)
@@ -367,10 +490,12 @@ class Simulation:
         dec_tokens = int(its.loc[decode_only, "decode_sequences"].sum()) if len(its) else 0
         cap_w = self.hw.tdp_w.value
         if sc.power.model == "cap":
-            energy = cap_w * window if cap_w is not None else None
+            energy = n_rep * cap_w * window if cap_w is not None else None
         else:
-            energy = sc.power.busy_w * rec.busy_s + sc.power.idle_w * max(0.0, window - rec.busy_s)
-        peak_kv = pool.peak_blocks * self.block_bytes
+            energy = sc.power.busy_w * busy_s + sc.power.idle_w * max(0.0, n_rep * window - busy_s)
+        peak_blocks = max(r.pool.peak_blocks for r in replicas)
+        peak_kv = peak_blocks * self.block_bytes
+        stats_of = [r.pool.stats for r in replicas]
         kv_limited = int(req["kv_waited"].sum())
         kv_rejected = sum(1 for r in rec.reject_reasons if r.startswith("kv:"))
         card_fit = self.weight_bytes + self.kv_budget_bytes + self.activation_bytes <= self.hw.memory_bytes
@@ -394,9 +519,12 @@ class Simulation:
             "tpot_s": stats(req.loc[finished, "tpot_s"].to_numpy()),
             "e2e_s": stats(req.loc[finished, "e2e_s"].to_numpy()),
             "iterations": int(len(its)),
-            "busy_s": rec.busy_s,
+            "busy_s": busy_s,
+            "replicas": n_rep,
+            "failed": int((req["status"] == "failed").sum()),
+            "fault_retries": state["fault_retries"],
             "peak_kv_bytes": float(peak_kv),
-            "peak_kv_blocks": int(pool.peak_blocks),
+            "peak_kv_blocks": int(peak_blocks),
             "kv_budget_bytes": int(self.kv_budget_bytes),
             "kv_capacity_bytes": float(self.num_blocks * self.block_bytes),
             "kv_capacity_blocks": int(self.num_blocks),
@@ -409,13 +537,13 @@ class Simulation:
             "recomputed_tokens": int(req["recomputed_tokens"].sum()),
             "prefix_hit_tokens": int(req["cached_tokens"].sum()),
             "prefix_hit_rate": float(req["cached_tokens"].sum() / req["prompt_tokens"].sum()) if len(req) else None,
-            "evictions": pool.stats.evictions,
-            "swap_outs": pool.stats.swap_outs,
-            "swap_ins": pool.stats.swap_ins,
-            "swapped_bytes": pool.stats.swapped_bytes,
-            "cow_copies": pool.stats.cow_copies,
-            "gpu_seconds": window,
-            "gpu_seconds_per_good": window / n_good if n_good else None,
+            "evictions": sum(x.evictions for x in stats_of),
+            "swap_outs": sum(x.swap_outs for x in stats_of),
+            "swap_ins": sum(x.swap_ins for x in stats_of),
+            "swapped_bytes": float(sum(x.swapped_bytes for x in stats_of)),
+            "cow_copies": sum(x.cow_copies for x in stats_of),
+            "gpu_seconds": n_rep * window,
+            "gpu_seconds_per_good": n_rep * window / n_good if n_good else None,
             "energy_j": energy,
             "energy_j_per_good": energy / n_good if (n_good and energy is not None) else None,
             "draft_memory_bytes": int(self.draft_memory_bytes),
@@ -423,7 +551,7 @@ class Simulation:
             "offload_copy_s_per_step": self.offload.copy_s_per_step if self.offload else None,
             "kv_need_bytes": float(self._kv_demand_blocks * self.block_bytes + self.draft_memory_bytes
                                    + self.lora_memory_bytes),
-            "speculative": speculator.report() if speculator is not None else None,
+            "speculative": _merge_reports([sp.report() for sp in self._speculators]),
             "little_area": rec.area,
         }
         return Result(summary, req, its)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import shutil
+import statistics
 
 import pytest
 import yaml
@@ -25,7 +26,7 @@ def test_end_to_end_two_layer_model(tiny_run):
     assert [r["key"] for r in pts.rows] == [s.key for s in TINY_SHAPES]
     assert all(r["status"] == "ok" and r["time_s"] > 0 for r in pts.rows)
     assert all(r["time_min_s"] <= r["time_s"] <= r["time_max_s"] for r in pts.rows)
-    assert all(len(r["times_s"].split(";")) == 3 for r in pts.rows)
+    assert all(len(r["times_s"].split(";")) == r["repeats"] and 3 <= r["repeats"] <= 9 for r in pts.rows)
     for k in ("model", "device", "dtype", "matmul_tflops", "copy_gbs", "torch", "layers_timed"):
         assert pts.meta[k], k
     # the profile on disk is the one returned, validated by the simulator's loader
@@ -123,7 +124,7 @@ def test_layer_subset_is_scaled_and_stated(tmp_path):
     for r in rows:
         times = [float(t) for t in r["times_s"].split(";")]
         assert r["layers_timed"] == 1 and r["time_layers_s"] > 0
-        assert sorted(times)[1] == pytest.approx(r["time_s"], rel=1e-5)
+        assert statistics.median(times) == pytest.approx(r["time_s"], rel=1e-5)
         # scaled time = whole run + 3 more copies of the layer segment: above the run alone
         assert r["time_s"] > 3 * r["time_layers_s"]
     assert res.profile.layers_timed == 1
