@@ -290,11 +290,6 @@ def energy_per_good_result_j(occupancy_s: float, power_w: float, num_good: int) 
     return occupancy_s * power_w / num_good if num_good else math.inf
 
 
-def expected_outputs_per_round(acceptance: Sequence[float]) -> float:
-    """Speculative decoding: E[N_m] = 1 + sum_j prod_{i<=j} a_i for conditional acceptances a_i."""
-    total, run = 1.0, 1.0
-    for a in acceptance:
-        run *= a
-        total += run
-    return total
+# Speculative decoding arithmetic lives in sim.speculative; re-exported for callers of this module.
+from sim.speculative import expected_outputs_per_round  # noqa: E402,F401
 
