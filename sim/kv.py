@@ -132,14 +132,17 @@ class BlockManager:
         """Block ids whose content equals the start of `req`'s existing tokens, for a request that
         holds no blocks yet. At least one token is always left to compute (its logits are needed);
         with hybrid-model snapshots reuse rounds down to the last snapshot. Pure: changes nothing."""
-        if not self.prefix_caching or req.block_table:
+        if not self.prefix_caching or req.block_table or not self.index:
             return []
         bs = self.block_tokens
         existing = req.prompt_tokens + req.output_tokens
         limit = (existing - 1) // bs
-        hashes = chain_hashes(request_streams(req), bs, limit, req.block_hashes, seed=req.adapter + 1)
+        hashes = req.block_hashes
+        streams = request_streams(req)
         hits = []
-        for b in range(limit):
+        for b in range(limit):  # hash block by block: stop at the first miss
+            if b >= len(hashes):
+                chain_hashes(streams, bs, b + 1, hashes, seed=req.adapter + 1)
             bid = self.index.get(hashes[b])
             if bid is None:
                 break
@@ -174,15 +177,20 @@ class BlockManager:
         if hits:
             req.indexed_blocks = len(hits)
         extra = self.blocks_for(tokens) - len(table)
+        if extra <= 0:
+            return
         if extra > self.free_blocks:
             raise RuntimeError(f"request {req.rid}: allocate {extra} blocks with {self.free_blocks} free; "
                                "call can_allocate first")
-        for _ in range(extra):
-            bid = self.free_list.pop() if self.free_list else self._evict(now_s)
-            blk = self.blocks[bid]
-            blk.ref_count = 1
-            blk.depth = len(table)
-            table.append(bid)
+        fl, blocks = self.free_list, self.blocks
+        take = min(extra, len(fl))
+        new = fl[len(fl) - take:]
+        del fl[len(fl) - take:]
+        new.reverse()  # pop() order: the most recently freed first
+        new.extend(self._evict(now_s) for _ in range(extra - take))
+        for bid in new:
+            blocks[bid].ref_count = 1
+        table.extend(new)
         self.used_blocks += extra
         if self.used_blocks > self.peak_blocks:
             self.peak_blocks = self.used_blocks
@@ -221,22 +229,27 @@ class BlockManager:
             if blk.content_hash is None and hashes[b] not in self.index:
                 blk.content_hash = hashes[b]
                 blk.cached_since_s = now_s
+                blk.depth = b
                 self.index[hashes[b]] = blk.block_id
         req.indexed_blocks = full
 
     def free(self, req: Request, now_s: float = 0.0) -> None:
         """Drop `req`'s references, tail first (so LRU evicts tails before the prefixes they extend)."""
+        blocks, fl, cf = self.blocks, self.free_list, self.cached_free
+        released = 0
         for bid in reversed(req.block_table):
-            blk = self.blocks[bid]
-            blk.ref_count -= 1
-            if blk.ref_count:
+            blk = blocks[bid]
+            rc = blk.ref_count - 1
+            blk.ref_count = rc
+            if rc:
                 continue
-            self.used_blocks -= 1
-            blk.last_used_s = now_s
-            if blk.content_hash is not None:
-                self.cached_free[bid] = None
+            released += 1
+            if blk.content_hash is None:
+                fl.append(bid)
             else:
-                self.free_list.append(bid)
+                blk.last_used_s = now_s
+                cf[bid] = None
+        self.used_blocks -= released
         req.block_table = []
         req.indexed_blocks = 0
 

@@ -173,7 +173,15 @@ class Scheduler:
         if self.pool.blocks_for(self._reserve_tokens(req)) > self.pool.num_blocks:
             self._reject(req, "kv: request needs more blocks than the whole pool")
             return
+        refusal = self._refusal(req)
+        if refusal:
+            self._reject(req, refusal)
+            return
         self._enqueue(req)
+
+    def _refusal(self, req: Request) -> str | None:
+        """A policy's reason to refuse a request at the door (None: accept)."""
+        return None
 
     def cancel(self, req: Request, now_s: float) -> None:
         """Stop scheduling `req`; its blocks are freed at the next commit (after in-flight work)."""
@@ -372,7 +380,12 @@ class Scheduler:
         if not self.running and self.waiting:
             req = self.waiting[0]
             self._unqueue(req)
-            self._reject(req, "kv: does not fit the free pool even with nothing running")
+            budget = getattr(self.config, "max_num_batched_tokens", None)
+            if budget is not None and req.tokens_to_compute > budget and self.kind == "continuous":
+                self._reject(req, f"scheduler: {req.tokens_to_compute} tokens to recompute exceed "
+                                  f"max_num_batched_tokens ({budget})")
+            else:
+                self._reject(req, "kv: does not fit the free pool even with nothing running")
 
     # ---- parallel sampling ----------------------------------------------------------------
     def can_fork(self, follower: Request, leader: Request) -> bool:

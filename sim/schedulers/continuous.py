@@ -27,6 +27,13 @@ class ContinuousConfig(SchedulerConfig):
 class ContinuousBatching(Scheduler):
     kind = "continuous"
 
+    def _refusal(self, req) -> str | None:
+        budget = self.config.max_num_batched_tokens
+        if req.prompt_tokens > budget:  # a whole prefill must fit one iteration (vLLM refuses it too)
+            return (f"scheduler: prompt of {req.prompt_tokens} tokens exceeds max_num_batched_tokens ({budget}); "
+                    "use chunked prefill or a larger budget")
+        return None
+
     def _schedule(self, plan: StepPlan, now_s: float) -> None:
         budget = self.config.max_num_batched_tokens
         self._schedule_decodes(plan)  # running requests first

@@ -150,3 +150,13 @@ def test_sim_never_imports_torch():
 def test_sim_profile_does_not_pull_simpy():
     code = "import sys, sim.profile, sim.roofline, sim.modelspec\nassert 'simpy' not in sys.modules\n"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_continuous_refuses_a_prompt_longer_than_the_token_budget_at_the_door():
+    reqs = [{"arrival_s": 0.0, "prompt_tokens": 9000, "output_tokens": 5},
+            {"arrival_s": 0.0, "prompt_tokens": 100, "output_tokens": 5}]
+    res = run(scenario(workload={"kind": "requests", "requests": reqs}))
+    r = res.requests.set_index("id")
+    assert r.loc[0, "status"] == "rejected" and r.loc[1, "status"] == "finished"
+    assert r.loc[1, "ttft_s"] < 0.1  # not stuck behind it
+    assert res.summary["kv_rejected_requests"] == 0 and res.summary["memory_fit"]
