@@ -302,7 +302,7 @@ class Scenario(StrictModel):
 # ---- loading ---------------------------------------------------------------------------------
 
 
-def _set_dotted(data: dict[str, Any], dotted: str, value: Any, source: str) -> None:
+def set_dotted(data: dict[str, Any], dotted: str, value: Any, source: str) -> None:
     keys = dotted.split(".")
     node = data
     for k in keys[:-1]:
@@ -326,11 +326,16 @@ def parse_override(text: str) -> tuple[str, Any]:
         raise ConfigError(f"--set {text!r}: value is not valid YAML") from None
 
 
+def apply_overrides(data: dict[str, Any], overrides: list[str], source: str) -> dict[str, Any]:
+    """Apply `dotted.key=value` overrides (values parsed as YAML) to a parsed scenario mapping."""
+    for text in overrides:
+        key, value = parse_override(text)
+        set_dotted(data, key, value, source)
+    return data
+
+
 def load_scenario(path: str | Path, overrides: list[str] | None = None) -> tuple[Scenario, Path]:
     """Parse, apply `--set` overrides, then validate once. Returns the scenario and its directory."""
     path = Path(path)
-    data = read_yaml_mapping(path)
-    for text in overrides or []:
-        key, value = parse_override(text)
-        _set_dotted(data, key, value, str(path))
+    data = apply_overrides(read_yaml_mapping(path), overrides or [], str(path))
     return validate_mapping(Scenario, data, path), path.resolve().parent

@@ -151,8 +151,8 @@ class Timeline:
     def decode_gaps(self, req: Request, first: int, last: int) -> None:
         """`req` emitted one token in each iteration first..last, each after the iteration before:
         its gaps are those iterations' durations."""
-        gaps = np.frombuffer(self.it["duration_s"], dtype=float)[first:last + 1]
-        top = float(gaps.max())
+        gaps = self.it["duration_s"][first:last + 1]  # a copy: never a view into the growing log
+        top = max(gaps)
         if top > req.max_itl_s:
             req.max_itl_s = top
         self.rec.add_gaps(req, gaps.tolist())

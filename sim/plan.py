@@ -30,8 +30,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from sim.errors import ConfigError
-from sim.sweep import (Axis, Base, Override, Runner, display_value, flatten, grid_points, parse_axes, point_key,
-                       write_tables)
+from sim.sweep import Axis, Base, Override, Runner, display_value, flatten, grid_points, parse_axes, write_tables
 
 SUMMARY_KEYS = ("requests", "completed", "rejected", "failed", "makespan_s", "request_throughput_rps", "goodput_rps",
                 "gpu_seconds", "energy_j", "kv_need_bytes", "kv_budget_bytes", "memory_fit", "card_fit", "replicas",

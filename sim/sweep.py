@@ -142,11 +142,11 @@ class Base:
         return cls(data, str(path), str(path.resolve().parent), tuple(parse_override(t) for t in overrides))
 
     def scenario(self, extra: Iterable[Override] = ()):
-        from sim.config import Scenario, _set_dotted
+        from sim.config import Scenario, set_dotted
         from sim.schema import validate_mapping
         data = copy.deepcopy(self.data)
         for key, value in [*self.overrides, *extra]:
-            _set_dotted(data, key, copy.deepcopy(value), self.source)
+            set_dotted(data, key, copy.deepcopy(value), self.source)
         return validate_mapping(Scenario, data, self.source)
 
     def simulate(self, extra: Iterable[Override] = ()):
@@ -175,11 +175,9 @@ def run_point(base: Base, task: dict) -> dict:
 # ---- where the work runs ----------------------------------------------------------------------
 
 def _stop_profiler(dask_worker=None) -> None:
-    """Stop a Dask worker's statistical profiler. It samples the running task's stack every 10 ms
-    and so briefly keeps the task's frames (and their locals) alive; the simulator's recorder
-    appends to array.array buffers that a short-lived numpy view of a frame exports
-    (sim.metrics.Timeline.decode_gaps), and an append while a sampled frame still holds that view
-    raises BufferError."""
+    """Stop a Dask worker's statistical profiler: it samples the running task's stack every 10 ms,
+    costs CPU time in a CPU-bound simulation, and keeps frames alive (it once exposed a numpy view
+    into a growing array.array log in sim.metrics, since fixed)."""
     if dask_worker is None:
         return
     for name in ("profile", "profile-cycle"):

@@ -1,0 +1,223 @@
+"""capsim plan: goodput capacity against queueing theory, replicas by simulation, the search ranking,
+and the memory / deadline plane of the chapter's schemes A-D."""
+
+import json
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+import yaml
+from scipy.optimize import brentq
+
+from sim.cli import compare_rows, main
+from sim.errors import ConfigError
+from sim.plan import SLO, attainment, parse_slo, plane_rows, run_plan
+from tests.sim.helpers import REPO_SCENARIOS
+
+# One server, one request at a time, every request exactly 1 s of service (a single 1-token
+# iteration of a constant 1.0 s step): a D/D/1 or M/D/1 queue, depending on the arrivals.
+SERVER = {
+    "name": "one-second-server", "seed": 0, "model": "qwen3-8b", "hardware": "rtx-pro-6000-bw-ws",
+    "kv": {"block_tokens": 16, "format": "bf16", "budget": "12GiB"},
+    "scheduler": {"kind": "fixed", "max_num_seqs": 1},
+    "step_time": {"model": {"kind": "linear", "constant_s": 1.0, "per_new_token_s": 0.0, "per_pair_s": 0.0}},
+    "workload": {"kind": "synthetic", "num_requests": 200, "arrival": {"kind": "constant", "rate_rps": 0.3},
+                 "prompt_tokens": {"kind": "fixed", "value": 16}, "output_tokens": {"kind": "fixed", "value": 1}},
+}
+
+
+def write(tmp_path, name="server.yaml", **changes):
+    data = json.loads(json.dumps(SERVER))
+    data.update(changes)
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def dd1_capacity(n: int, slack: float, target: float) -> float:
+    """Constant arrivals 1/r apart, 1 s service: request i waits i (1 - 1/r), so it meets
+    e2e <= 1 + slack while i (1 - 1/r) <= slack; the target needs the first ceil(target n) to."""
+    last = math.ceil(target * n) - 1
+    return 1.0 / (1.0 - slack / last)
+
+
+# ---- SLO parsing and attainment -------------------------------------------------------------------
+
+def test_parse_slo():
+    assert parse_slo("ttft=2,tpot=100ms,e2e=30") == SLO(ttft_s=2.0, tpot_s=0.1, e2e_s=30.0)
+    assert parse_slo("e2e_s=7s, itl=0.2") == SLO(e2e_s=7.0, itl_s=0.2)
+    for bad, msg in (("ttft", "name=seconds"), ("lat=2", "unknown SLO 'lat'"), ("ttft=fast", "expected seconds"),
+                     ("e2e=-1", "positive")):
+        with pytest.raises(ConfigError, match=msg):
+            parse_slo(bad)
+
+
+def test_attainment_counts_failed_and_rejected_requests_as_missed():
+    nan = float("nan")
+    req = pd.DataFrame({
+        "status": ["finished", "finished", "finished", "rejected", "failed", "finished"],
+        "correct": [1.0, 1.0, 1.0, nan, nan, 0.0],
+        "ttft_s": [0.5, 2.5, 0.4, nan, nan, 0.1],
+        "tpot_s": [0.05, 0.05, nan, nan, nan, 0.01],   # nan: a one-token answer has no TPOT
+        "e2e_s": [3.0, 4.0, 0.4, nan, nan, 1.0],
+        "max_itl_s": [0.1, 0.1, nan, nan, nan, 0.02],
+    })
+    a = attainment(req, SLO(ttft_s=2.0, tpot_s=0.06, e2e_s=3.5), target=0.5)
+    assert a["good"] == 2 and a["attainment"] == pytest.approx(2 / 6)      # rows 0 and 2; row 5 is wrong
+    assert a["attainment_ttft"] == pytest.approx(2 / 6)     # row 1 is slow, row 5 wrong
+    assert a["attainment_tpot"] == pytest.approx(3 / 6)
+    assert a["attainment_e2e"] == pytest.approx(2 / 6)
+    assert a["e2e_at_target_s"] == 3.0      # 3rd of [0.4, 1.0, 3.0, 4.0, inf, inf]
+
+
+# ---- goodput capacity ---------------------------------------------------------------------------
+
+def test_capacity_of_a_deterministic_queue_is_found_within_the_interval(tmp_path):
+    res = run_plan(write(tmp_path), tmp_path / "out", slo=SLO(e2e_s=1.5), target=0.99, replications=1,
+                   workers=1, plots=False)
+    exact = dd1_capacity(200, 0.5, 0.99)                       # 1.00254 req/s
+    lo, hi = res.bracket
+    assert lo <= exact <= hi and hi - lo <= 0.02 * hi
+    assert res.interval[0] <= exact <= res.interval[1]
+    assert res.capacity_rps == lo and 0.98 * exact <= res.capacity_rps <= exact
+    # every rate tried is in the table, with the vLLM-style goodput next to the attainment
+    rates = pd.read_csv(tmp_path / "out" / "rates.csv")
+    assert {"rate_rps", "attainment", "attainment_e2e", "request_goodput_rps", "seed_offset"} <= set(rates.columns)
+    below = rates[rates["rate_rps"] <= 1.0]
+    assert (below["attainment"] == 1.0).all()
+    assert np.allclose(below["request_goodput_rps"], 200 / (199 / below["rate_rps"] + 1.0))
+
+
+def test_capacity_of_an_md1_queue_matches_erlang_within_the_interval(tmp_path):
+    """M/D/1 with D = 1 s: P(wait <= t) = (1 - rho) e^(lambda t) for t < D (Erlang), so with
+    e2e <= 1.5 s the highest rate at 80 % attainment solves (1 - l) e^(l / 2) = 0.8."""
+    theory = brentq(lambda lam: (1 - lam) * math.exp(0.5 * lam) - 0.8, 1e-6, 0.999)    # 0.3174 req/s
+    wl = {**SERVER["workload"], "arrival": {"kind": "poisson", "rate_rps": 0.3}}
+    res = run_plan(write(tmp_path, workload=wl), tmp_path / "out", slo=SLO(e2e_s=1.5), target=0.8, replications=3,
+                   requests=2000, workers=1, plots=False)
+    assert res.interval[0] <= theory <= res.interval[1]
+    assert res.capacity_rps == pytest.approx(theory, rel=0.05)
+    assert res.interval[1] - res.interval[0] < 0.15 * theory
+
+
+def test_capacity_is_per_replica(tmp_path):
+    two = {"replicas": 2, "router": {"kind": "least_outstanding"}}
+    res = run_plan(write(tmp_path, cluster=two), tmp_path / "out", slo=SLO(e2e_s=1.5), target=0.99,
+                   replications=1, workers=1, plots=False)
+    # least outstanding alternates: each replica sees every other request, 100 each
+    exact = dd1_capacity(100, 0.5, 0.99)
+    per = res.as_dict()["capacity"]
+    assert per["bracket_per_replica_rps"][0] <= exact <= per["bracket_per_replica_rps"][1]
+    assert per["rate_rps"] == pytest.approx(2 * per["per_replica_rps"])
+
+
+def test_a_target_tighter_than_the_service_time_has_no_capacity(tmp_path, capsys):
+    path = write(tmp_path)
+    assert main(["plan", str(path), "--slo", "e2e=0.5", "--replications", "1", "--workers", "1", "--quiet",
+                 "--out", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "goodput capacity: none" in out and "tighter than a lone request's service" in out
+
+
+# ---- replicas and search ------------------------------------------------------------------------
+
+def test_replicas_for_a_target_rate_are_checked_by_simulation(tmp_path):
+    res = run_plan(write(tmp_path), tmp_path / "out", slo=SLO(e2e_s=1.5), target=0.99, target_rps=3.5,
+                   replications=1, workers=1, search=["scheduler.max_num_seqs=1,2"], plots=True)
+    r = res.replicas
+    assert r["division_estimate"] == pytest.approx(3.5 / res.capacity_rps)
+    assert r["division_replicas"] == 4 and r["simulated_replicas"] == 4
+    tried = {t["replicas"]: t["attainment"] for t in r["tried"]}
+    assert tried[4] >= 0.99 > tried[3]            # 3 replicas would each see 1.17 req/s > 1 / service
+    # the search runs on the cluster the check settled on; two at a time halves the service per request
+    assert [row["replicas"] for row in res.search] == [4, 4]
+    assert all(row["feasible"] for row in res.search)
+    assert (tmp_path / "out" / "memory_deadline_plane.png").exists()
+    assert (tmp_path / "out" / "attainment.png").exists()
+
+
+def test_search_ranks_feasible_configurations_by_gpu_hours_per_million_good(tmp_path):
+    res = run_plan(write(tmp_path), tmp_path / "out", slo=SLO(e2e_s=1.5), target=0.99, target_rps=1.5,
+                   replications=2, workers=1, search=["cluster.replicas=1,2,4"], plots=False)
+    ranked = [(row["replicas"], row["feasible"]) for row in res.search]
+    assert ranked == [(2, True), (4, True), (1, False)]
+    best = res.search[0]
+    assert best["gpu_hours_per_million_good"] == pytest.approx(best["gpu_seconds"] / best["good"] * 1e6 / 3600)
+    assert best["good"] == 2 * 400           # 2 seeds x 200 requests per replica
+    assert best["energy_j_per_good"] > 0 and best["rank"] == 1
+    table = pd.read_csv(tmp_path / "out" / "search.csv")
+    assert table["rank"].tolist() == [1, 2, 3] and table["cluster.replicas"].tolist() == [2, 4, 1]
+
+
+def test_trace_workloads_are_planned_through_rate_scale(tmp_path):
+    (tmp_path / "trace.csv").write_text("arrival_s,prompt_tokens,output_tokens\n"
+                                        + "".join(f"{2.0 * i},16,1\n" for i in range(200)))
+    path = write(tmp_path, workload={"kind": "trace", "path": "trace.csv", "format": "csv"})
+    res = run_plan(path, tmp_path / "out", slo=SLO(e2e_s=1.5), target=0.99, replications=1, workers=1, plots=False)
+    assert res.rate_kind == "trace"
+    exact = dd1_capacity(200, 0.5, 0.99)
+    assert res.bracket[0] <= exact <= res.bracket[1]
+
+
+@pytest.mark.parametrize("workload", [
+    {"kind": "requests", "requests": [{"arrival_s": 0.0, "prompt_tokens": 16, "output_tokens": 1}]},
+    {**SERVER["workload"], "arrival": {"kind": "all_at_once"}},
+])
+def test_workloads_without_a_rate_are_refused_with_the_supported_kinds(tmp_path, capsys, workload):
+    path = write(tmp_path, workload=workload)
+    assert main(["plan", str(path), "--slo", "e2e=2", "--workers", "1", "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "synthetic with poisson, gamma or constant arrivals (workload.arrival.rate_rps) or a trace " \
+           "(workload.rate_scale)" in err
+
+
+def test_plan_on_dask_workers_equals_the_serial_plan(tmp_path):
+    wl = {**SERVER["workload"], "arrival": {"kind": "poisson", "rate_rps": 0.3}, "num_requests": 300}
+    path = write(tmp_path, workload=wl)
+    kw = dict(slo=SLO(e2e_s=1.5), target=0.8, replications=2, plots=False)
+    a = run_plan(path, tmp_path / "a", workers=1, **kw).as_dict()
+    b = run_plan(path, tmp_path / "b", workers=2, **kw).as_dict()
+    assert a["capacity"] == b["capacity"] and a["rates"] == b["rates"]
+
+
+def test_cli_plan_json(tmp_path, capsys):
+    path = write(tmp_path)
+    assert main(["plan", str(path), "--slo", "e2e=1.5", "--attainment", "0.99", "--target-rps", "2.5",
+                 "--replications", "1", "--workers", "1", "--quiet", "--json", "--out", str(tmp_path / "o")]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["slo"] == {"e2e_s": 1.5} and d["attainment_target"] == 0.99
+    assert d["replicas"]["simulated_replicas"] == 3
+    assert {p.name for p in (tmp_path / "o").iterdir()} >= {"plan.json", "rates.csv", "replicas.csv",
+                                                           "attainment.png", "memory_deadline_plane.png"}
+
+
+# ---- the memory / deadline plane ------------------------------------------------------------------
+
+def test_chapter_schemes_on_the_memory_deadline_plane_match_compare(tmp_path, capsys):
+    files = [str(REPO_SCENARIOS / "chapter8" / f"scheme-{s}.yaml") for s in "abcd"]
+    assert main(["plan-plane", *files, "--deadline", "7", "--json", "--out", str(tmp_path / "plane")]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    ref = compare_rows(files, [])
+    assert [r["scenario"] for r in rows] == [r["scenario"] for r in ref] == ["scheme-a", "scheme-b", "scheme-c",
+                                                                               "scheme-d"]
+    for r, c in zip(rows, ref):
+        assert r["kv_need_bytes"] == c["kv_need_bytes"] and r["kv_budget_bytes"] == c["kv_budget_bytes"]
+        assert r["makespan_s"] == c["makespan_s"] and r["memory_fit"] == c["memory_fit"]
+        assert r["feasible"] == c["feasible"] and r["on_time"] == c["deadline_met"]
+        assert r["memory_ratio"] == pytest.approx(c["kv_need_bytes"] / c["kv_budget_bytes"])
+        assert r["deadline_ratio"] == pytest.approx(c["makespan_s"] / 7.0)
+    assert [r["quadrant"] for r in rows] == ["out of memory and late", "late", "late", "feasible"]
+    # the chapter's numbers: A needs 19,008 MiB of 12 GiB, B ends at 9.01 s, D at 4.56 s
+    assert rows[0]["kv_need_bytes"] == 19008 * 2**20 and rows[1]["makespan_s"] == pytest.approx(9.01, abs=0.01)
+    assert rows[3]["makespan_s"] == pytest.approx(4.56, abs=0.01)
+    csv = pd.read_csv(tmp_path / "plane" / "plane.csv")
+    assert csv["quadrant"].tolist() == [r["quadrant"] for r in rows]
+    assert (tmp_path / "plane" / "memory_deadline_plane.png").stat().st_size > 10_000
+
+
+def test_plane_deadline_defaults_to_the_scenario_slo():
+    files = [REPO_SCENARIOS / "chapter8" / "scheme-d.yaml"]
+    assert plane_rows(files)[0]["deadline_s"] == 7.0
+    with pytest.raises(ConfigError, match="no deadline"):
+        plane_rows([REPO_SCENARIOS / "chapter8" / "four-requests-chunked.yaml"])
