@@ -236,8 +236,20 @@ class BlockManager:
     def free(self, req: Request, now_s: float = 0.0) -> None:
         """Drop `req`'s references, tail first (so LRU evicts tails before the prefixes they extend)."""
         blocks, fl, cf = self.blocks, self.free_list, self.cached_free
+        table = req.block_table
         released = 0
-        for bid in reversed(req.block_table):
+        k = req.indexed_blocks
+        if not req.tail_shared and k < len(table):
+            # fast path: blocks past the indexed prefix were handed out fresh to this request alone
+            # (no content hash, one reference): straight back to the free list, tail first
+            tail = table[k:]
+            for bid in tail:
+                blocks[bid].ref_count = 0
+            tail.reverse()
+            fl.extend(tail)
+            released = len(tail)
+            table = table[:k]
+        for bid in reversed(table):
             blk = blocks[bid]
             rc = blk.ref_count - 1
             blk.ref_count = rc

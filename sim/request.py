@@ -51,6 +51,8 @@ class Request:
     """Physical block ids holding this request's KV, in token order."""
     block_hashes: list = field(default_factory=list)
     """Chain hashes of its full blocks, computed lazily by the block manager."""
+    tail_shared: bool = False
+    """Branches forked from it share blocks past its indexed prefix (their references count)."""
     indexed_blocks: int = 0
     """Leading blocks of block_table already offered to the prefix index."""
     segments: tuple = ()
