@@ -153,10 +153,11 @@ class GridSpec:
             for b in self.decode_batch:
                 if b * c <= self.max_kv_tokens and ok_ctx(c + 1):
                     out.append(Shape.of((b, 1, c)))
-        short, long_ = self.decode_context[0], self.decode_context[-1]
+        usable = [c for c in self.decode_context if ok_ctx(c + 1)]
+        short, long_ = (usable[0], usable[-1]) if len(usable) > 1 else (0, 0)
         for b in self.mixed_context_batches:
             half = b // 2
-            if half and (b - half) * long_ + half * short <= self.max_kv_tokens and ok_ctx(long_ + 1):
+            if half and long_ and (b - half) * long_ + half * short <= self.max_kv_tokens:
                 out.append(Shape.of((half, 1, short), (b - half, 1, long_)))
         for d in self.mixed_decodes:
             for c in self.mixed_chunk:

@@ -88,7 +88,8 @@ def test_cli_fit_and_logs_work_without_torch(tmp_path):
         import argparse
         from calibration import cli, fit, logs, points, shapes, chapter_profile
         p = argparse.ArgumentParser(); cli.add_fit_args(p)
-        assert cli.fit_main(p.parse_args([{str(log)!r}, "--model", "qwen3-8b", "--out", {str(tmp_path / 'p.yaml')!r}])) == 0
+        out = {str(tmp_path / 'p.yaml')!r}
+        assert cli.fit_main(p.parse_args([{str(log)!r}, "--model", "qwen3-8b", "--out", out])) == 0
         p = argparse.ArgumentParser(); cli.add_calibrate_args(p)
         rc = cli.calibrate_main(p.parse_args(["--model", "qwen3-0.6b", "--out", {str(tmp_path)!r}]))
         assert rc == 2, rc

@@ -53,12 +53,19 @@ def test_fit_is_exact_without_noise_and_keeps_coefficients_non_negative():
     assert min(lin.model_dump(exclude={"kind"}).values()) >= 0
 
 
-def test_heldout_split_is_every_fourth_point_of_each_kind():
-    kinds = ["prefill"] * 6 + ["decode"] * 9 + ["mixed"] * 3
-    obs = [fitmod.Observation(k, 1.0, 1, 1, 0, 1, 0, 0, 0, 0, 0, 1, key=str(i)) for i, k in enumerate(kinds)]
+def test_heldout_split_is_a_quarter_of_each_kind_whatever_the_order():
+    kinds = ["prefill"] * 8 + ["decode"] * 12 + ["mixed"] * 4
+    obs = [fitmod.Observation(k, 1.0, 1, 1, 0, 1, 0, 0, 0, 0, 0, 1, key=f"{k}:{i}") for i, k in enumerate(kinds)]
     train, test = fitmod.split_heldout(obs)
-    assert [o.key for o in test] == ["3", "9", "13"]
-    assert len(train) + len(test) == len(obs)
+    assert [sum(o.kind == k for o in test) for k in ("prefill", "decode", "mixed")] == [2, 3, 1]
+    assert len(train) + len(test) == len(obs) and not {id(o) for o in train} & {id(o) for o in test}
+    # the same points measured in another order give the same held-out set
+    _, again = fitmod.split_heldout(list(reversed(obs)))
+    assert {o.key for o in again} == {o.key for o in test}
+    # a regular grid does not alias: the held-out mixed shapes are not all the same chunk
+    shapes = grid_shapes("standard", "cpu", load_model("qwen2.5-0.5b"))
+    held = [o for o in fitmod.split_heldout(_synthetic(shapes, TRUE, 0.0))[1] if o.kind == "mixed"]
+    assert len({o.key.split("+")[1] for o in held}) > 1
 
 
 def test_decode_table_is_monotone_and_median_per_byte_count():

@@ -35,7 +35,7 @@ def test_end_to_end_two_layer_model(tiny_run):
     assert prof.model == "tiny" and prof.dtype == "fp32" and not prof.cuda_graphs and prof.layers_timed is None
     assert prof.valid_range.max_batch == 8 and prof.valid_range.max_new_tokens == 32
     assert prof.valid_range.max_context_tokens == 65
-    assert prof.fit.n_points == len(TINY_SHAPES) and prof.fit.n_heldout == 5
+    assert prof.fit.n_points == len(TINY_SHAPES) and prof.fit.n_heldout == 5   # 2 of 8 prefill and decode, 1 of 4 mixed
     assert prof.linear is not None and prof.efficiency is not None
     assert prof.efficiency.peak_tflops == pytest.approx(float(pts.meta["matmul_tflops"]))
     assert prof.provenance.points_csv == res.points_path.name
@@ -217,6 +217,7 @@ def test_cuda_events_graphs_and_memory(tmp_path, graphs):
     if graphs:
         assert all(r["graph_pool_bytes"] is not None and r["note"] == "cuda graph" for r in decode)
         assert {r["padded_seqs"] for r in decode} <= {1, 2, 4, 8}
+        assert all(r["num_seqs"] == r["padded_seqs"] for r in decode)   # features of the batch that ran
         assert res.profile.cuda_graphs and res.profile_path.name.endswith(".yaml")
     assert "Memory (CUDA)" in res.profile.provenance.notes
 
@@ -247,3 +248,31 @@ def test_padded_shapes_for_graphs():
     assert s.padded(5) is s
     assert math.isclose(s.features["pairs"], 3 * 17 + 2 * 9)
     assert COLUMNS[0] == "key"
+
+
+def test_thread_clock_for_shared_cpus(tmp_path):
+    res = calibrate(tiny_config(tmp_path / "p.yaml", clock="thread", shapes=TINY_SHAPES[:8]))
+    pts = read_points(res.points_path)
+    assert pts.meta["clock"] == "thread"
+    assert all(r["wall_s"] is not None and r["time_s"] > 0 for r in pts.rows)
+    assert "thread's CPU time" in res.profile.provenance.notes
+    with pytest.raises(ValueError, match="--clock thread .* needs --device cpu and --threads 1"):
+        calibrate(tiny_config(tmp_path / "q.yaml", clock="thread", threads=2))
+
+
+def test_two_runs_cannot_write_one_points_file(tmp_path):
+    import os
+    import subprocess
+    import sys
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        (tmp_path / "p.csv.lock").write_text(str(other.pid))
+        with pytest.raises(ValueError, match=rf"another calibration \(pid {other.pid}\) is writing these points"):
+            calibrate(tiny_config(tmp_path / "p.yaml"))
+    finally:
+        other.kill()
+        other.wait()
+    # a lock left by a process that is gone is taken over, and released at the end
+    res = calibrate(tiny_config(tmp_path / "p.yaml", shapes=TINY_SHAPES[:8]))
+    assert res.profile is not None and not (tmp_path / "p.csv.lock").exists()
+    assert not os.path.exists(str(res.points_path) + ".lock")

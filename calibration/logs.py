@@ -1,0 +1,290 @@
+"""`capsim fit`: fit a profile from a serving engine's per-iteration log (or a calibration points CSV,
+or splitwise-sim's perf_model.csv). No torch.
+
+Iteration log columns (names mappable with --columns OURS=THEIRS):
+
+    duration_ms | duration_s   iteration wall time (required, one of the two)
+    prefill_tokens             new tokens of the sequences in prefill (whole prompts or chunks)   [0]
+    prefill_seqs               sequences in prefill                         [1 if prefill_tokens]
+    prefill_cached_tokens      tokens already cached for those sequences, summed                  [0]
+    decode_seqs                sequences decoding one token each                                  [0]
+    decode_context_tokens      tokens already cached for the decoding sequences, summed           [0]
+    pairs                      causal query-key pairs of the iteration (optional; otherwise derived,
+                               taking the prefill sequences as equally long)
+    max_context                longest sequence context (optional; for the valid range)
+
+Rows with the same features are merged (median duration) before fitting.
+"""
+
+from __future__ import annotations
+
+import csv
+import statistics
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from calibration import fit as fitmod
+from calibration.points import read_points
+from sim.modelspec import ModelSpec
+from sim.profile import HardwareProfile, ModelProfile
+
+CANONICAL = ("duration_ms", "duration_s", "prefill_tokens", "prefill_seqs", "prefill_cached_tokens", "decode_seqs",
+             "decode_context_tokens", "pairs", "max_context")
+
+
+@dataclass
+class FitLogConfig:
+    log: Path
+    model: ModelProfile
+    out: Path
+    columns: dict[str, str] = field(default_factory=dict)
+    where: dict[str, str] = field(default_factory=dict)
+    fmt: str | None = None
+    hardware: HardwareProfile | None = None
+    devices: int | None = None
+    dtype: str = "bf16"
+    peak_tflops: float | None = None
+    bandwidth_gbs: float | None = None
+    cuda_graphs: bool = False
+    source: str | None = None
+    command: str | None = None
+
+
+@dataclass
+class FitLogResult:
+    path: Path
+    profile: object
+    report: fitmod.FitReport
+    extra: list[str]
+
+
+def _read_csv(path: Path) -> list[dict[str, str]]:
+    if not path.exists():
+        raise ValueError(f"{path}: file not found")
+    with path.open(newline="") as fh:
+        lines = [line for line in fh if not line.startswith("#")]
+    return list(csv.DictReader(lines))
+
+
+def _filter(rows: list[dict[str, str]], where: dict[str, str], path: Path) -> list[dict[str, str]]:
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    for col in where:
+        if col not in rows[0]:
+            raise ValueError(f"{path}: --where {col}: no such column; columns: {', '.join(rows[0])}")
+    return [r for r in rows if all(_same(r[c], v) for c, v in where.items())]
+
+
+def _same(a: str, b: str) -> bool:
+    try:
+        return float(a) == float(b)
+    except ValueError:
+        return a.strip() == b.strip()
+
+
+def _num(row: dict, col: str, path: Path, default=None) -> float:
+    v = row.get(col)
+    if v is None or v == "":
+        if default is None:
+            raise ValueError(f"{path}: column {col!r} missing or empty")
+        return default
+    try:
+        return float(v)
+    except ValueError:
+        raise ValueError(f"{path}: column {col!r}: not a number: {v!r}") from None
+
+
+def iteration_observation(prefill_tokens: int, prefill_seqs: int, prefill_cached: int, decode_seqs: int,
+                          decode_context: int, time_s: float, pairs: int | None = None,
+                          max_context: int | None = None) -> fitmod.Observation:
+    """Features of one logged iteration, in the simulator's terms."""
+    if prefill_tokens and not prefill_seqs:
+        prefill_seqs = 1
+    if prefill_seqs:
+        n, h = prefill_tokens / prefill_seqs, prefill_cached / prefill_seqs
+        prefill_pairs = round(prefill_seqs * (n * h + n * (n + 1) / 2))
+    else:
+        n = h = 0
+        prefill_pairs = 0
+    decode_pairs = decode_context + decode_seqs   # a decode token with h cached has h + 1 pairs
+    if pairs is not None:
+        prefill_pairs = pairs - decode_pairs
+        if prefill_pairs < 0:
+            raise ValueError(f"pairs {pairs} < decode pairs {decode_pairs} (decode context + decode sequences)")
+    if max_context is None:
+        max_context = round(max(h + n if prefill_seqs else 0, decode_context / decode_seqs + 1 if decode_seqs else 0))
+    kind = "decode" if not prefill_tokens else "prefill" if not decode_seqs else "mixed"
+    return fitmod.Observation(
+        kind=kind, time_s=time_s, new_tokens=prefill_tokens + decode_seqs, pairs=prefill_pairs + decode_pairs,
+        kv_tokens_read=prefill_cached + decode_context, num_seqs=prefill_seqs + decode_seqs, decode_seqs=decode_seqs,
+        decode_kv_tokens=decode_context, prefill_seqs=prefill_seqs, prefill_tokens=prefill_tokens,
+        prefill_pairs=prefill_pairs, prefill_cached_tokens=prefill_cached, max_context=max(1, max_context))
+
+
+def read_iterations(path: Path, columns: dict[str, str], where: dict[str, str]) -> list[fitmod.Observation]:
+    unknown = set(columns) - set(CANONICAL)
+    if unknown:
+        raise ValueError(f"--columns: unknown column(s) {sorted(unknown)}; ours are: {', '.join(CANONICAL)}")
+    rows = _filter(_read_csv(path), where, path)
+    name = {c: columns.get(c, c) for c in CANONICAL}
+    header = set(rows[0]) if rows else set()
+    if name["duration_ms"] not in header and name["duration_s"] not in header:
+        raise ValueError(f"{path}: needs a duration_ms or duration_s column (map yours with --columns "
+                         f"duration_ms=NAME); columns: {', '.join(sorted(header))}")
+    if not ({name["prefill_tokens"], name["decode_seqs"]} & header):
+        raise ValueError(f"{path}: needs prefill_tokens and/or decode_seqs columns (map with --columns); "
+                         f"columns: {', '.join(sorted(header))}")
+    obs = []
+    for i, r in enumerate(rows, start=2):
+        def get(c, default=0.0):
+            return _num(r, name[c], path, default) if name[c] in r else default
+        t = get("duration_s", None) if name["duration_s"] in r and r[name["duration_s"]] != "" else \
+            _num(r, name["duration_ms"], path) / 1e3
+        if not t or t <= 0:
+            continue
+        pairs = int(get("pairs")) if name["pairs"] in r and r[name["pairs"]] != "" else None
+        maxc = int(get("max_context")) if name["max_context"] in r and r[name["max_context"]] != "" else None
+        pf, ds = int(get("prefill_tokens")), int(get("decode_seqs"))
+        if pf == 0 and ds == 0:
+            continue
+        try:
+            obs.append(iteration_observation(pf, int(get("prefill_seqs")), int(get("prefill_cached_tokens")), ds,
+                                             int(get("decode_context_tokens")), t, pairs, maxc))
+        except ValueError as exc:
+            raise ValueError(f"{path}: row {i}: {exc}") from None
+    return obs
+
+
+def read_splitwise(path: Path, where: dict[str, str]) -> tuple[list[fitmod.Observation], dict[str, str]]:
+    """splitwise-sim's perf_model.csv: each row is one request batch; it gives a prefill iteration
+    (batch_size x prompt_size new tokens, prompt_time ms) and the mean decode iteration over
+    token_size outputs (batch_size sequences, token_time ms; cached context prompt + (token_size - 2)/2
+    on average, p + token_size - 1 at most). One (model, hardware, tensor_parallel) group at a time."""
+    rows = _filter(_read_csv(path), where, path)
+    groups = sorted({(r["model"], r["hardware"], r["tensor_parallel"]) for r in rows})
+    if len(groups) != 1:
+        listing = "; ".join(f"model={m} hardware={h} tensor_parallel={t}" for m, h, t in groups) or "none"
+        raise ValueError(f"{path}: select one group with --where (found {len(groups)}: {listing})")
+    obs = []
+    for r in rows:
+        b, p, t = int(r["batch_size"]), int(r["prompt_size"]), int(r["token_size"])
+        obs.append(iteration_observation(b * p, b, 0, 0, 0, float(r["prompt_time"]) / 1e3))
+        mean_h = p + (t - 2) / 2
+        obs.append(iteration_observation(0, 0, 0, b, round(b * mean_h), float(r["token_time"]) / 1e3,
+                                         max_context=p + t - 1))
+    m, h, tp = groups[0]
+    return obs, dict(model=m, hardware=h, tensor_parallel=tp)
+
+
+def merge_duplicates(obs: list[fitmod.Observation]) -> list[fitmod.Observation]:
+    """One observation per distinct feature set (median time), ordered by kind and size."""
+    groups: dict[tuple, list[fitmod.Observation]] = {}
+    for o in obs:
+        k = (o.kind, o.new_tokens, o.pairs, o.kv_tokens_read, o.num_seqs, o.decode_seqs, o.prefill_tokens,
+             o.prefill_cached_tokens, o.max_context)
+        groups.setdefault(k, []).append(o)
+    out = []
+    for k in sorted(groups, key=lambda k: (("prefill", "decode", "mixed").index(k[0]), k[4], k[1], k[3])):
+        first = groups[k][0]
+        out.append(fitmod.Observation(**{**first.__dict__,
+                                         "time_s": statistics.median(o.time_s for o in groups[k])}))
+    return out
+
+
+def fit_log(cfg: FitLogConfig) -> FitLogResult:
+    path = cfg.log
+    fmt = cfg.fmt
+    if fmt is None:
+        head = path.read_text()[:64] if path.exists() else ""
+        fmt = "points" if head.startswith("# format=capsim") else "iterations"
+    extra, devices, meta = [], cfg.devices, {}
+    if fmt == "points":
+        pts = read_points(path)
+        obs = [fitmod.Observation.from_row(r) for r in pts.ok_rows
+               if all(_same(str(r.get(c)), v) for c, v in cfg.where.items())]
+        meta = pts.meta
+        if meta.get("model") and meta["model"] != cfg.model.name:
+            raise ValueError(f"{path}: points are for model {meta['model']!r}, not {cfg.model.name!r}")
+        raw = len(obs)
+    elif fmt == "splitwise":
+        obs, grp = read_splitwise(path, cfg.where)
+        raw = len(obs)
+        obs = merge_duplicates(obs)
+        if devices is None:
+            devices = int(grp["tensor_parallel"])
+        extra.append("splitwise group " + " ".join(f"{k}={v}" for k, v in grp.items())
+                     + f": {raw} iterations from {raw // 2} rows, {len(obs)} distinct shapes")
+    else:
+        obs = read_iterations(path, cfg.columns, cfg.where)
+        raw = len(obs)
+        obs = merge_duplicates(obs)
+        extra.append(f"{raw} logged iterations, {len(obs)} distinct shapes")
+    if len(obs) < 2:
+        raise ValueError(f"{path}: fewer than 2 usable iterations after filtering")
+    devices = devices or 1
+
+    peak = bw = None
+    if cfg.peak_tflops:
+        peak = cfg.peak_tflops * 1e12 * devices
+    elif cfg.hardware is not None and cfg.dtype in ("bf16", "fp16"):
+        peak = cfg.hardware.peak_flops_per_s(cfg.dtype) * devices
+    elif meta.get("matmul_tflops"):
+        peak = float(meta["matmul_tflops"]) * 1e12
+    if cfg.bandwidth_gbs:
+        bw = cfg.bandwidth_gbs * 1e9 * devices
+    elif cfg.hardware is not None:
+        bw = cfg.hardware.bandwidth_bytes_per_s * devices
+    elif meta.get("copy_gbs"):
+        bw = float(meta["copy_gbs"]) * 1e9
+    roof = fitmod.Roofline(ModelSpec(cfg.model), cfg.dtype, peak, bw)
+    if fmt != "points" and (cfg.hardware is not None or cfg.peak_tflops or cfg.bandwidth_gbs):
+        # faster than the datasheet allows: a logging error, not a measurement (splitwise's TP-2 batch-64 prefill)
+        impossible = [o for o in obs if (peak and roof.mfu(o) > 1) or (bw and roof.mbu(o) > 1)]
+        if impossible:
+            obs = [o for o in obs if o not in impossible]
+            extra.append(f"dropped {len(impossible)} iteration(s) faster than the peaks allow (MFU or MBU > 100%): "
+                         + ", ".join(f"{o.kind} {o.num_seqs} seqs x {o.new_tokens // max(1, o.num_seqs)} tokens "
+                                     f"in {o.time_s * 1e3:.1f} ms" for o in impossible))
+        if len(obs) < 2:
+            raise ValueError(f"{path}: fewer than 2 usable iterations after dropping impossible ones")
+    report = fitmod.fit_observations(obs, roof)
+
+    mfus = [roof.mfu(o) for o in obs if o.kind == "prefill"] if peak else []
+    mbus = [roof.mbu(o) for o in obs if o.kind == "decode"] if bw else []
+    if mfus:
+        extra.append(f"prefill MFU {min(mfus):.1%}-{max(mfus):.1%} (median {statistics.median(mfus):.1%}) "
+                     f"of {peak / 1e12:g} TFLOP/s")
+    if mbus:
+        extra.append(f"decode MBU {min(mbus):.1%}-{max(mbus):.1%} (median {statistics.median(mbus):.1%}) "
+                     f"of {bw / 1e9:g} GB/s")
+    if peak is None:
+        extra.append("no peak FLOP/s known (give --hardware or --peak-tflops): efficiency model not fitted")
+    notes = [f"Fitted by capsim fit from {path.name} ({fmt} format): " + "; ".join(extra) + ".",
+             "Held-out: a quarter of the distinct shapes of each kind, picked by a hash of the shape among those "
+             "inside the range of the rest; fitted on the rest. "
+             + " ".join(line + "." for line in report.lines())]
+    if devices > 1:
+        notes.append(f"One iteration ran on {devices} devices (tensor parallel): peak_tflops and MBU bandwidth are "
+                     f"{devices} x the per-device figures; decode-table bytes are the whole model's.")
+    if fmt == "splitwise":
+        notes.append("splitwise-sim rows give a prefill iteration (batch x prompt tokens, no cache) and the mean "
+                     "decode iteration over token_size outputs (context prompt + (token_size - 2)/2 on average); "
+                     f"dtype {cfg.dtype} assumed (the file does not state it).")
+    if cfg.model.name not in _known_models():
+        notes.append(f"Model {cfg.model.name!r} has no profile in profiles/models (architecture from "
+                     f"{cfg.model.source}).")
+    profile = fitmod.build_profile(
+        model=cfg.model.name, hardware=cfg.hardware.name if cfg.hardware else None, dtype=cfg.dtype,
+        cuda_graphs=cfg.cuda_graphs, linear=report.linear, efficiency=report.efficiency,
+        valid_range=report.valid_range, fit=report.summary(),
+        provenance=fitmod.provenance(source=cfg.source or f"capsim fit {path.name}", date=fitmod.today(),
+                                     git_commit=fitmod.git_commit(), grid=f"engine log ({fmt})",
+                                     notes="\n".join(notes)))
+    header = f"Fitted by `{cfg.command or 'capsim fit'}` on {fitmod.today()}.\nSchema: sim.profile.FittedProfile."
+    fitmod.write_profile(profile, cfg.out, header)
+    return FitLogResult(Path(cfg.out), profile, report, extra)
+
+
+def _known_models() -> set[str]:
+    from sim.profile import known_names
+    return set(known_names("models"))
