@@ -29,6 +29,7 @@ from sim.cost import EfficiencyModel, LinearModel
 from sim.modelspec import ModelSpec
 from sim.profile import (EfficiencyStepTime, FitSummary, FittedProfile, LinearStepTime, MFUPoint, Provenance,
                          TablePoint, ValidRange, load_fitted)
+from sim.stepplan import StepPlan
 from sim.roofline import forward_flops, iteration_bytes, mbu, mfu
 from sim.schema import validate_mapping
 
@@ -70,22 +71,21 @@ class Observation:
     def vector(self) -> list[float]:
         return [1.0, self.new_tokens, self.pairs, self.kv_tokens_read, self.num_seqs, self.decode_seqs]
 
-    def plan(self):
-        """A StepPlan look-alike for sim.cost (calibration must not import the schedulers): every field of
-        sim.schedulers.base.StepPlan (tests/calibration/test_fit.py checks they agree). Each prefill
-        sequence finishes its prompt (one logit row); decodes are plain, not speculative."""
-        items = []
+    def plan(self) -> StepPlan:
+        """The StepPlan a scheduler would build for this iteration, for sim.cost. Each prefill
+        sequence finishes its prompt (one logit row); decodes are plain, not speculative (they enter
+        as the decode set's aggregate, which is all sim.cost reads of them)."""
+        plan = StepPlan(num_seqs=self.prefill_seqs, new_tokens=self.prefill_tokens, pairs=self.prefill_pairs,
+                        prefill_tokens=self.prefill_tokens, prefill_pairs=self.prefill_pairs,
+                        prefill_logits=self.prefill_seqs, prefill_seqs=self.prefill_seqs,
+                        kv_tokens_read=self.kv_tokens_read - self.decode_kv_tokens, max_context=self.max_context)
         if self.prefill_seqs:
             n = self.prefill_tokens // self.prefill_seqs
             h = self.prefill_cached_tokens // self.prefill_seqs
-            items += [(SimpleNamespace(in_prefill=True), n, h)] * self.prefill_seqs
-        return SimpleNamespace(
-            items=items, num_seqs=self.num_seqs, new_tokens=self.new_tokens, pairs=self.pairs,
-            prefill_tokens=self.prefill_tokens, prefill_pairs=self.prefill_pairs, prefill_logits=self.prefill_seqs,
-            prefill_seqs=self.prefill_seqs, decode_seqs=self.decode_seqs, decode_kv_tokens=self.decode_kv_tokens,
-            kv_tokens_read=self.kv_tokens_read, max_context=self.max_context, lazy_decodes=self.decode_seqs,
-            decode_positions=self.decode_seqs, decode_pairs=self.decode_kv_tokens + self.decode_seqs,
-            decode_logits=self.decode_seqs, spec_items=[], draft_s=0.0, draft_overlapped=False, swap_bytes=0.0)
+            plan.items = [(SimpleNamespace(in_prefill=True, adapter=-1), n, h)] * self.prefill_seqs
+        if self.decode_seqs:
+            plan.add_decodes(self.decode_seqs, self.decode_kv_tokens, self.max_context)
+        return plan
 
 
 # ---------------------------------------------------------------------------------------------

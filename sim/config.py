@@ -47,7 +47,7 @@ class UtilizationBudget(StrictModel):
 
 class KVConfig(StrictModel):
     block_tokens: PositiveInt = 16
-    format: Literal["bf16", "fp16", "fp8", "q8_0", "q4_0"] = "bf16"
+    format: Literal["fp32", "bf16", "fp16", "fp8", "q8_0", "q4_0"] = "bf16"
     budget: int | UtilizationBudget = Field(description="Bytes (12GiB, 12GB, 12884901888) or a utilization budget")
     admission: Literal["reserve", "on_demand"] = Field(
         "reserve", description="reserve prompt + max output at admission, or grow block by block and preempt")
@@ -285,7 +285,7 @@ class Scenario(StrictModel):
     seed: NonNegativeInt = 0
     model: str = Field(description="Model profile name (profiles/models) or YAML path")
     hardware: str = Field(description="Hardware profile name (profiles/hardware) or YAML path")
-    weight_format: Literal["bf16", "fp16", "fp8", "int4", "q2_k"] = "bf16"
+    weight_format: Literal["fp32", "bf16", "fp16", "fp8", "int4", "q2_k"] = "bf16"
     kv: KVConfig
     scheduler: AnySchedulerConfig
     step_time: StepTimeConfig

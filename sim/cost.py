@@ -48,7 +48,8 @@ def _interp(xs: list[float], ys: list[float], x: float, allow: bool, what: str) 
     else:
         i = 1 if x < xs[0] else len(xs) - 1
     x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
-    return y0 + (y1 - y0) * (x - x0) / (x1 - x0)
+    # extrapolating a falling line below its first point can cross zero: a step never takes < 0 s
+    return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 0.0)
 
 
 class ExtrapolationError(ConfigError):

@@ -16,7 +16,7 @@ from sim.profile import load_fitted, load_hardware, load_model
 from .test_fit import TRUE
 
 REPO = Path(__file__).resolve().parents[2]
-LLAMA2_70B = REPO / "calibration" / "data" / "llama-2-70b.yaml"
+LLAMA2_70B = REPO / "profiles" / "models" / "llama-2-70b.yaml"
 
 
 def _write_log(path: Path, rng_seed: int = 0, noise: float = 0.005) -> None:

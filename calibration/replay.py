@@ -1,0 +1,577 @@
+"""Real replay: the simulator's own scheduler drives the reference model on a device, in real time.
+
+The same objects as a `capsim run` replica (built by sim.simulation.Simulation: BlockManager,
+scheduler class, Recorder, Timeline), stepped by a clock instead of SimPy:
+
+- arrivals are released at their scheduled times (the loop sleeps when there is nothing to do);
+- each iteration is planned by the scheduler (`lazy_decode=False`: every request is an explicit
+  plan item), executed for real on calibration.model.ReferenceModel (one attention group per
+  request: `count=1, new=n, cached=h`, against that request's own K/V views), timed, and committed
+  at its measured end time;
+- requests.csv / iterations.csv / summary.json come from the simulator's own table builder, so
+  they have `capsim run`'s format exactly.
+
+Decision instants follow the simulator's event order exactly, so that the simulator, given each
+iteration's measured duration, makes the same plans (tests/calibration/test_replay.py): while busy,
+iteration k+1 is planned with the arrivals up to the end of iteration k, and its recorded start is
+that end (the host work in between -- commit, bookkeeping, planning, building the inputs -- counts
+in iteration k+1's duration, as it does in a serving engine's iteration time); when idle, the loop
+sleeps until the next scheduled arrival, and the iteration it starts is recorded from that arrival
+(so a late wake-up, the *arrival jitter*, counts in that iteration's duration).
+
+Clocks: `wall` (time.perf_counter; CUDA/MPS synchronised before every reading) is what a client
+sees. `thread` (CPU, one torch thread) advances a virtual clock by the CPU time of the thread that
+does all the work -- scheduling, inputs and the forward -- and jumps over idle periods; it leaves
+out the time other processes hold the core, like `capsim calibrate --clock thread`.
+
+Speculative decoding with an n-gram (prompt lookup) draft source runs for real: drafts are looked
+up in the request's own tokens, verified in one pass that computes every position's greedy token,
+and the accepted prefix is what the scheduler commits (its acceptance model is replaced by what
+happened). Other draft sources need a second model on the device and are refused.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pandas as pd
+import torch
+
+from calibration.model import DTYPES, KVCache, ReferenceModel
+from calibration.shapes import Group, Shape
+from calibration.timing import check_device, device_name, synchronize
+from sim.config import Scenario
+from sim.metrics import Recorder
+from sim.request import Request, Status
+from sim.schedulers.speculation import NgramDraft, Speculator
+from sim.simulation import Result, Simulation
+from sim.workload import prefix_stream
+
+CLOCKS = ("wall", "thread")
+
+# Plan fields the step-time models read (sim.cost); copied per iteration so that a cost model can be
+# evaluated on the replay's plans afterwards.
+PLAN_FIELDS = ("num_seqs", "new_tokens", "pairs", "prefill_tokens", "prefill_pairs", "prefill_logits", "prefill_seqs",
+               "decode_seqs", "decode_kv_tokens", "kv_tokens_read", "max_context", "lazy_decodes",
+               "decode_positions", "decode_pairs", "decode_logits", "draft_s", "draft_overlapped", "swap_bytes")
+
+DETAIL_COLUMNS = ("iteration", "start_s", "duration_s", "host_s", "forward_s", "wake_s", "kind", "items",
+                  "num_seqs", "new_tokens", "pairs", "kv_tokens_read", "decode_seqs", "decode_kv_tokens",
+                  "prefill_seqs", "prefill_tokens", "prefill_pairs", "max_context", "spec_rounds", "spec_drafts",
+                  "spec_accepted")
+
+
+@dataclass
+class ReplayConfig:
+    device: str = "cpu"
+    dtype: str = "fp32"                 # weights, activations and KV of the reference model
+    threads: int | None = None          # torch CPU threads (None: leave torch's choice)
+    clock: str = "wall"                 # wall | thread (see the module docstring)
+    seed: int = 0                       # weights of the reference model (token ids derive from the workload)
+    warmup: int = 2                     # untimed forward passes before the clock starts
+    ngram_min: int = 1                  # n-gram draft source: shortest suffix looked up
+    ngram_max: int = 4                  # ... and longest (vLLM's prompt_lookup_min / _max)
+    stream: object = None               # progress lines (default: none)
+
+    def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dtype {self.dtype!r}: expected one of {', '.join(DTYPES)}")
+        if self.clock not in CLOCKS:
+            raise ValueError(f"clock {self.clock!r}: expected one of {', '.join(CLOCKS)}")
+
+
+@dataclass
+class ReplayRun:
+    """What a replay produced: the tables (capsim run's format), per-iteration timing detail, the plans."""
+
+    result: Result
+    detail: pd.DataFrame
+    plans: list                          # per iteration: a StepPlan look-alike (PLAN_FIELDS, items, spec_items)
+    meta: dict = field(default_factory=dict)
+    outputs: dict = field(default_factory=dict)   # rid -> generated token ids
+
+    def write(self, out_dir: str | Path) -> None:
+        out = Path(out_dir)
+        self.result.write(out)
+        self.detail.to_csv(out / "replay_iterations.csv", index=False)
+
+
+# ---------------------------------------------------------------------------------------------
+# What the replay supports
+
+
+def check_replayable(scenario: Scenario) -> None:
+    """Raise ValueError naming every scenario feature the real replay cannot reproduce."""
+    sc, bad = scenario, []
+    if sc.cluster.replicas != 1 or sc.cluster.faults:
+        bad.append("cluster: the replay runs one replica without faults")
+    if sc.kv.preemption == "swap":
+        bad.append("kv.preemption swap: host-memory swapping is not implemented in the replay (use recompute)")
+    if sc.lora is not None:
+        bad.append("lora: the reference model has no adapters")
+    if sc.offload is not None:
+        bad.append("offload: the reference model keeps every layer on the device")
+    if sc.accuracy.p_correct < 1:
+        bad.append("accuracy.p_correct < 1: retries of wrong answers are not replayed")
+    if sc.kv.conversion_s_per_token:
+        bad.append("kv.conversion_s_per_token: the reference model does not dequantise KV")
+    spec = getattr(sc.scheduler, "speculative", None)
+    if spec is not None and not isinstance(spec.draft, NgramDraft):
+        bad.append(f"scheduler.speculative.draft.kind {spec.draft.kind}: needs a draft model on the device; "
+                   "the replay runs the n-gram (prompt lookup) source only")
+    if bad:
+        raise ValueError("the real replay cannot run this scenario: " + "; ".join(bad))
+
+
+def _check_workload(wl) -> None:
+    if wl.leader is not None and (wl.leader >= 0).any():
+        raise ValueError("the real replay cannot run this scenario: workload: parallel sampling (n > 1) is not replayed")
+    if np.isfinite(wl.cancel_at_s).any():
+        raise ValueError("the real replay cannot run this scenario: workload: cancellations are not replayed")
+    if wl.adapter is not None and (wl.adapter >= 0).any():
+        raise ValueError("the real replay cannot run this scenario: workload: LoRA adapters are not replayed")
+
+
+# ---------------------------------------------------------------------------------------------
+# Token ids: a deterministic id per (stream, position), so shared prefixes share their tokens
+
+
+_M1, _M2, _M3 = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xBF58476D1CE4E5B9), np.uint64(0x94D049BB133111EB)
+
+
+def stream_token_ids(stream: tuple[int, int], first: int, length: int, vocab: int) -> np.ndarray:
+    """Token ids of positions first..first+length of a token stream (splitmix64 of stream and position)."""
+    a, b = (int(x) & 0xFFFFFFFFFFFFFFFF for x in stream)
+    with np.errstate(over="ignore"):
+        h = (np.uint64(a) * _M1) ^ (np.uint64(b) * _M2)
+        x = h + np.arange(first, first + length, dtype=np.uint64) * _M3
+        x ^= x >> np.uint64(30)
+        x *= _M2
+        x ^= x >> np.uint64(27)
+        x *= _M3
+        x ^= x >> np.uint64(31)
+    return (x % np.uint64(vocab)).astype(np.int64)
+
+
+def prompt_token_ids(segments: tuple, vocab: int, outputs: dict[int, list[int]]) -> list[int]:
+    """A prompt's ids from its segments; a segment of another request's outputs (a later turn of a
+    conversation) takes that request's generated tokens when it has them."""
+    ids: list[int] = []
+    for stream, first, length in segments:
+        if stream[0] == 3 and stream[1] in outputs:
+            got = outputs[stream[1]][first:first + length]
+            ids.extend(got)
+            if len(got) < length:
+                ids.extend(stream_token_ids(stream, first + len(got), length - len(got), vocab).tolist())
+        else:
+            ids.extend(stream_token_ids(stream, first, length, vocab).tolist())
+    return ids
+
+
+def ngram_propose(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int]:
+    """Prompt lookup (as transformers' prompt_lookup_num_tokens): the (up to) k tokens that followed the
+    first earlier occurrence of the longest suffix n-gram (n_max down to n_min) of `tokens`; [] when
+    there is none."""
+    L = len(tokens)
+    for n in range(min(n_max, L - 1), n_min - 1, -1):
+        suffix = tokens[L - n:]
+        for start in range(0, L - n):
+            if tokens[start:start + n] == suffix:
+                follow = tokens[start + n:start + n + k]
+                if follow:
+                    return follow
+    return []
+
+
+# ---------------------------------------------------------------------------------------------
+# KV slots: one K and one V tensor per layer per live request, sized for its whole sequence
+
+
+class KVSlots:
+    """Per request, per layer: K and V of shape [1, kv_heads, capacity, head_dim]; a group's cache is
+    the view [:, :, :cached + new]. Slots are reused after a request leaves."""
+
+    def __init__(self, model: ReferenceModel, capacity: int):
+        self.model, self.capacity = model, capacity
+        self.free: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+        self.held: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
+        self.created = 0
+
+    def _new(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        m = self.model
+        size = (1, m.Hkv, self.capacity, m.D)
+        self.created += 1
+        return [(torch.zeros(size, dtype=m.dtype, device=m.device), torch.zeros(size, dtype=m.dtype, device=m.device))
+                for _ in range(m.num_layers)]
+
+    def reserve(self, n: int) -> None:
+        """Create n slots up front (outside the timed run)."""
+        while len(self.free) + len(self.held) < n:
+            self.free.append(self._new())
+
+    def of(self, rid: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        slot = self.held.get(rid)
+        if slot is None:
+            slot = self.free.pop() if self.free else self._new()
+            self.held[rid] = slot
+        return slot
+
+    def release(self, rid: int) -> None:
+        slot = self.held.pop(rid, None)
+        if slot is not None:
+            self.free.append(slot)
+
+    @property
+    def bytes_per_slot(self) -> int:
+        m = self.model
+        return 2 * m.num_layers * m.Hkv * self.capacity * m.D * m.dtype.itemsize
+
+
+# ---------------------------------------------------------------------------------------------
+# The n-gram speculator: drafts from the request's tokens, acceptance from the verify pass
+
+
+class ReplaySpeculator(Speculator):
+    """Speculator whose drafts are real n-gram lookups and whose accepted counts are the verify pass's."""
+
+    def __init__(self, cfg, rng, tokens: dict[int, list[int]], n_min: int, n_max: int):
+        super().__init__(cfg, rng)
+        self.tokens, self.n_min, self.n_max = tokens, n_min, n_max
+        self.proposals: dict[int, list[int]] = {}
+        self.measured: dict[int, int] = {}
+        self.index_pending = False
+
+    def drafts_for(self, req) -> int:
+        k = max(0, min(self.cfg.num_draft_tokens, req.max_output_tokens - req.output_tokens - 1))
+        prop = ngram_propose(self.tokens[req.rid], k, self.n_min, self.n_max) if k else []
+        self.proposals[req.rid] = prop
+        return len(prop)
+
+    def draft_s(self, drafts: list[int], include_index: bool = True) -> float:
+        return 0.0   # the lookup ran for real, inside the measured iteration
+
+    def sample(self, reqs: list, drafts: list[int]) -> np.ndarray:
+        accepted = np.array([self.measured[r.rid] for r in reqs], dtype=np.int64)
+        m = max(drafts)
+        self.rounds += len(reqs)
+        self.drafts += int(sum(drafts))
+        self.accepted += int(accepted.sum())
+        for j in range(m):
+            self.rounds_with_position[j] += sum(1 for k in drafts if k > j)
+            self.accepted_per_position[j] += int((accepted > j).sum())
+        return accepted
+
+
+# ---------------------------------------------------------------------------------------------
+# Clocks
+
+
+class _Clock:
+    """now() in seconds since the start of the replay; wait_until(t) sleeps (wall) or jumps (thread)."""
+
+    def __init__(self, kind: str, device: str):
+        self.kind, self.device = kind, device
+        if kind == "thread" and (device != "cpu" or torch.get_num_threads() != 1):
+            raise ValueError("clock thread times one thread's CPU time: it needs device cpu and threads 1")
+        self._read = time.thread_time if kind == "thread" else time.perf_counter
+        self._base = 0.0
+        self._t0 = self._read()
+
+    def now(self) -> float:
+        return self._base + (self._read() - self._t0)
+
+    def wait_until(self, t: float) -> None:
+        if self.kind == "thread":
+            now = self.now()
+            if t > now:
+                self._base += t - now
+            return
+        while True:
+            left = t - self.now()
+            if left <= 0:
+                return
+            if left > 0.002:
+                time.sleep(left - 0.001)
+
+
+# ---------------------------------------------------------------------------------------------
+# The replay
+
+
+def _plan_copy(plan, kinds: dict[int, bool]) -> SimpleNamespace:
+    """A StepPlan look-alike frozen at plan time (requests mutate afterwards)."""
+    snap = SimpleNamespace(**{f: getattr(plan, f) for f in PLAN_FIELDS})
+    snap.items = [(SimpleNamespace(rid=req.rid, in_prefill=kinds[req.rid]), n, h) for req, n, h in plan.items]
+    snap.spec_items = [(SimpleNamespace(rid=req.rid), k) for req, k in plan.spec_items]
+    snap.adapters = set()
+    return snap
+
+
+def _kind(plan) -> str:
+    if plan.prefill_seqs and plan.decode_seqs:
+        return "mixed"
+    return "prefill" if plan.prefill_seqs else "decode"
+
+
+class Replayer:
+    """Holds the reference model (built once) and replays scenarios on it."""
+
+    def __init__(self, model_profile, cfg: ReplayConfig):
+        check_device(cfg.device)
+        if cfg.threads:
+            torch.set_num_threads(cfg.threads)
+        if cfg.device == "cpu":
+            torch.set_flush_denormal(True)
+        self.cfg = cfg
+        self.profile = model_profile
+        self.model = ReferenceModel(model_profile, cfg.dtype, cfg.device, seed=cfg.seed)
+        self.model.eval()
+        self._warm = False
+
+    def _log(self, text: str) -> None:
+        if self.cfg.stream is not None:
+            print(text, file=self.cfg.stream, flush=True)
+
+    def _warmup(self, slots: KVSlots) -> None:
+        """Untimed passes through the code paths the replay takes (prefill after a prefix, batched decode)."""
+        m = self.model
+        n = max(1, min(16, slots.capacity // 2))
+        with torch.inference_mode():
+            for _ in range(self.cfg.warmup):
+                for groups in (((1, n, 0),), ((1, n, n),), ((1, 1, n), (1, 1, max(n - 1, 1)))):
+                    shape = Shape.of(*groups)
+                    batch = m.prepare(shape)
+                    cache = m.new_cache(shape)
+                    ids = torch.zeros(batch.tokens, dtype=torch.long, device=m.device)
+                    m(ids, batch, cache).tolist()
+        synchronize(self.cfg.device)
+
+    def run(self, scenario: Scenario, base_dir: str | Path = ".") -> ReplayRun:
+        check_replayable(scenario)
+        cfg, model = self.cfg, self.model
+        with torch.inference_mode():
+            return self._run(scenario, Path(base_dir), cfg, model)
+
+    def _run(self, sc: Scenario, base_dir: Path, cfg: ReplayConfig, model: ReferenceModel) -> ReplayRun:
+        import simpy  # only for the replica's (unused) inbox
+
+        sim = Simulation(sc, base_dir, lazy_decode=False)
+        if sim.model.name != self.profile.name:
+            raise ValueError(f"scenario model {sim.model.name!r} but the reference model is {self.profile.name!r}")
+        wl = sim.workload
+        _check_workload(wl)
+        vocab = self.profile.vocab_size
+        rec = Recorder(sc.slo, track_request_gaps=sc.slo.itl_s is not None and sc.slo.itl_stat == "p99")
+        deadline = None
+        if sc.admission_control.reject_late:
+            def deadline(req: Request, now_s: float) -> bool:
+                limit = min(x for x in (req.deadline_s, sc.slo.e2e_s, float("inf")) if x is not None)
+                return now_s - req.arrival_s + sim._lower_bound_s(req.prompt_tokens, req.max_output_tokens) <= limit
+        sim._speculators = []
+        replica = sim._new_replica(simpy.Environment(), 0, rec, deadline, 0)
+        scheduler, pool, timeline = replica.scheduler, replica.pool, replica.timeline
+
+        tokens: dict[int, list[int]] = {}     # rid -> prompt + outputs (token ids)
+        outputs: dict[int, list[int]] = {}
+        spec_cfg = getattr(sc.scheduler, "speculative", None)
+        speculator = None
+        if spec_cfg is not None:
+            speculator = ReplaySpeculator(spec_cfg, np.random.default_rng(sc.seed), tokens, cfg.ngram_min,
+                                          cfg.ngram_max)
+            scheduler.speculator = speculator
+            sim._speculators = [speculator]
+        lookahead = spec_cfg.num_draft_tokens if spec_cfg is not None else 0
+        capacity = int((wl.prompt_tokens + wl.output_tokens).max()) + lookahead + 1
+        if capacity > self.profile.max_position_embeddings:
+            raise ValueError(f"a request needs {capacity} positions; the model has {self.profile.max_position_embeddings}")
+        slots = KVSlots(model, capacity)
+        want = min(sc.scheduler.max_num_seqs, len(wl))
+        from calibration.timing import available_memory_bytes
+        avail = available_memory_bytes(cfg.device)
+        if avail is not None and want * slots.bytes_per_slot > 0.8 * avail:
+            raise ValueError(f"KV slots for {want} requests of up to {capacity} tokens need "
+                             f"{want * slots.bytes_per_slot / 2**30:.2f} GiB; {avail / 2**30:.2f} GiB available")
+        slots.reserve(want)
+        if cfg.warmup:
+            self._warmup(slots)
+
+        warm = frozenset(prefix_stream(wp.name) for wp in sc.kv.warm_prefixes)
+        engine_t = wl.arrival_s + wl.outside_wait_s
+        order = [int(i) for i in np.argsort(engine_t, kind="stable")]
+        state = {"finished": 0, "fault_retries": 0}
+        n_total = len(wl)
+        inbox: list[Request] = []
+        nxt = 0
+
+        def make_request(i: int) -> Request:
+            a = float(wl.arrival_s[i])
+            dl = float(wl.deadline_s[i])
+            return Request(i, a, int(wl.prompt_tokens[i]), int(wl.output_tokens[i]), a + float(wl.outside_wait_s[i]),
+                           deadline_s=None if np.isnan(dl) else dl, segments=wl.segments_of(i),
+                           shareable_tokens=wl.shareable_tokens(i, warm))
+
+        def deliver_until(t: float) -> None:
+            nonlocal nxt
+            while nxt < n_total and engine_t[order[nxt]] <= t:
+                i = order[nxt]
+                req = make_request(i)
+                req.replica = 0
+                tokens[i] = prompt_token_ids(wl.segments_of(i), vocab, outputs)
+                rec.on_enter(req, float(engine_t[i]))
+                inbox.append(req)
+                nxt += 1
+
+        def leave(req: Request, now_s: float) -> None:
+            rec.on_leave(req, now_s)
+            slots.release(req.rid)
+            state["finished"] += 1
+
+        def on_dropped(now_s: float) -> None:
+            for req in scheduler.dropped:
+                if req.finish_s is None:
+                    req.finish_s = now_s
+                leave(req, now_s)
+            scheduler.dropped.clear()
+
+        clock = _Clock(cfg.clock, cfg.device)
+        detail: dict[str, list] = {c: [] for c in DETAIL_COLUMNS}
+        plans: list = []
+        tau = 0.0                 # the decision instant
+        wake = 0.0
+        self._log(f"replay: {n_total} requests, scheduler {sc.scheduler.kind}, clock {cfg.clock}")
+        while state["finished"] < n_total:
+            deliver_until(tau)
+            while inbox:
+                scheduler.admit(inbox.pop(0), tau)
+            plan = scheduler.plan(tau)
+            on_dropped(tau)
+            if plan is None:
+                if not scheduler.has_work:
+                    if nxt >= n_total:
+                        break
+                    tau = float(engine_t[order[nxt]])
+                    clock.wait_until(tau)
+                    wake = max(0.0, clock.now() - tau)
+                continue
+            kinds = {req.rid: req.in_prefill for req, _n, _h in plan.items}  # counters move only at commit
+            start, index = tau, scheduler.iteration
+            blocks = (pool.used_blocks, len(pool.cached_free), pool.host_used_blocks)
+            snap = _plan_copy(plan, kinds)
+            emit, fwd_s = self._execute(plan, slots, tokens, speculator, clock)
+            end = clock.now()
+            deliver_until(end)                      # recorder events in time order (arrivals before leaves)
+            timeline.on_iteration(start, end, plan, blocks)
+            outcome = scheduler.commit(plan, end)
+            timeline.on_tokens(index, start, end, outcome)
+            for req in outcome.emitted:
+                new = emit[req.rid]
+                tokens[req.rid].extend(new)
+                outputs.setdefault(req.rid, []).extend(new)
+            for req in outcome.finished_decodes + outcome.emitted:
+                if req.status is Status.FINISHED:
+                    req.correct = True
+                    leave(req, end)
+            on_dropped(end)
+            plans.append(snap)
+            spec = [(r.rid, k) for r, k in plan.spec_items]
+            row = dict(iteration=index, start_s=start, duration_s=end - start, host_s=end - start - fwd_s,
+                       forward_s=fwd_s, wake_s=wake, kind=_kind(plan), items=len(plan.items),
+                       spec_rounds=len(spec), spec_drafts=sum(k for _, k in spec),
+                       spec_accepted=sum(speculator.measured[rid] for rid, _ in spec) if spec else 0)
+            row.update({c: getattr(plan, c) for c in DETAIL_COLUMNS if c not in row})
+            for c in DETAIL_COLUMNS:
+                detail[c].append(row[c])
+            wake = 0.0
+            tau = end
+            if cfg.stream is not None and index % 50 == 0:
+                self._log(f"  iteration {index}: t={end:8.2f} s, {state['finished']}/{n_total} requests done")
+
+        sim._kv_demand_blocks = max(scheduler.kv_demand_peak_blocks, pool.peak_blocks)
+        result = sim._result(rec, [replica], [timeline], state)
+        meta = dict(device=cfg.device, device_name=device_name(cfg.device), dtype=cfg.dtype, clock=cfg.clock,
+                    threads=torch.get_num_threads(), torch=torch.__version__, model=self.profile.name,
+                    layers=model.num_layers, kv_slots=slots.created, kv_slot_tokens=capacity,
+                    loadavg=_loadavg())
+        result.summary["replay"] = meta
+        return ReplayRun(result, pd.DataFrame(detail), plans, meta, outputs)
+
+    def _execute(self, plan, slots: KVSlots, tokens: dict[int, list[int]], speculator, clock: _Clock):
+        """Build the inputs of a plan, run the forward pass, return ({rid: tokens emitted}, forward seconds)."""
+        model = self.model
+        groups, ids, rows, spec_rows = [], [], [], {}
+        layer_views: list[list] = [[] for _ in range(model.num_layers)]
+        drafts_of = {r.rid: k for r, k in plan.spec_items}
+        off = 0
+        for req, n, h in plan.items:
+            seq = tokens[req.rid]
+            k = drafts_of.get(req.rid, 0)
+            if k:
+                prop = speculator.proposals[req.rid][:k]
+                ids.extend([seq[h]] + prop)
+                spec_rows[req.rid] = (len(rows), prop)
+                rows.extend(range(off, off + n))
+            else:
+                ids.extend(seq[h:h + n])
+                rows.append(off + n - 1)
+            groups.append(Group(1, n, h))
+            for layer, (k_t, v_t) in zip(layer_views, slots.of(req.rid)):
+                layer.append((k_t[:, :, :h + n], v_t[:, :, :h + n]))
+            off += n
+        batch = model.prepare(Shape(tuple(groups)))
+        if spec_rows:
+            batch.logit_rows = torch.tensor(rows, device=model.device)
+        ids_t = torch.tensor(ids, dtype=torch.long, device=model.device)
+        cache = KVCache(layer_views)
+        t0 = clock.now()
+        out = model(ids_t, batch, cache)
+        synchronize(self.cfg.device)
+        got = out.tolist()
+        fwd = clock.now() - t0
+        emit: dict[int, list[int]] = {}
+        pos = 0
+        for req, n, h in plan.items:
+            if req.rid in spec_rows:
+                first, prop = spec_rows[req.rid]
+                pred = got[first:first + n]
+                a = 0
+                while a < len(prop) and prop[a] == pred[a]:
+                    a += 1
+                speculator.measured[req.rid] = a
+                emit[req.rid] = prop[:a] + [pred[a]]
+                pos = first + n
+            else:
+                emit[req.rid] = [got[pos]]
+                pos += 1
+        return emit, fwd
+
+
+def _loadavg() -> str | None:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except (AttributeError, OSError):
+        return None
+
+
+def replay(scenario: Scenario, base_dir: str | Path = ".", cfg: ReplayConfig | None = None,
+           model_profile=None) -> ReplayRun:
+    """Replay `scenario` for real on cfg.device (the scenario's model unless `model_profile` is given)."""
+    cfg = cfg or ReplayConfig()
+    if model_profile is None:
+        from sim.profile import load_model
+        base = Path(base_dir)
+        model_profile = load_model(scenario.model) if not scenario.model.endswith(".yaml") else \
+            load_model(base / scenario.model)
+    return Replayer(model_profile, cfg).run(scenario, base_dir)
+
+
+__all__ = ["ReplayConfig", "ReplayRun", "Replayer", "replay", "check_replayable", "ngram_propose",
+           "stream_token_ids", "prompt_token_ids", "PLAN_FIELDS"]
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("use `capsim validate` (calibration/validate.py)")
