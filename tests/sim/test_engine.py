@@ -160,3 +160,26 @@ def test_continuous_refuses_a_prompt_longer_than_the_token_budget_at_the_door():
     assert r.loc[0, "status"] == "rejected" and r.loc[1, "status"] == "finished"
     assert r.loc[1, "ttft_s"] < 0.1  # not stuck behind it
     assert res.summary["kv_rejected_requests"] == 0 and res.summary["memory_fit"]
+
+
+def test_fitted_profile_range_is_enforced_or_warned_once(tmp_path, capsys):
+    """The simulator refuses shapes beyond a fitted profile's valid_range unless allowed, then warns once."""
+    import yaml
+
+    from sim.errors import ConfigError
+    from sim.simulation import Simulation
+    prof = {"schema_version": 1, "model": "qwen3-8b", "dtype": "bf16",
+            "linear": {"kind": "linear", "constant_s": 0.02, "per_new_token_s": 1e-5},
+            "valid_range": {"max_batch": 4, "max_new_tokens": 4096, "max_context_tokens": 8192},
+            "provenance": {"source": "test"}}
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(prof))
+    wl = {"kind": "requests", "requests": [{"arrival_s": 0.0, "prompt_tokens": 100, "output_tokens": 20}] * 6}
+    sc = scenario(step_time={"model": {"kind": "profile", "path": str(path)}}, workload=wl)
+    with pytest.raises(ConfigError, match=r"tiny.yaml: valid_range: iteration with batch 6 > max_batch 4"):
+        Simulation(sc, tmp_path).run()
+    sc = scenario(step_time={"model": {"kind": "profile", "path": str(path)}, "allow_extrapolation": True}, workload=wl)
+    res = Simulation(sc, tmp_path).run()
+    assert res.summary["completed"] == 6
+    err = capsys.readouterr().err
+    assert err.count("warning:") == 1 and "extrapolating beyond valid_range (batch 6 > max_batch 4)" in err

@@ -1,6 +1,7 @@
 """Hypothesis stateful test of the block manager: random admissions, chunks, tokens, preemptions
 and finishes against the invariants of its state model (sim/kv.py)."""
 
+import os
 from collections import Counter
 
 from hypothesis import settings, strategies as st
@@ -123,5 +124,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         assert all(b.ref_count == 0 for b in self.kv.blocks)
 
 
-BlockManagerMachine.TestCase.settings = settings(max_examples=300, stateful_step_count=40, deadline=None)
+# thousands of examples in CI; CAPSIM_HYPOTHESIS_EXAMPLES raises it for a nightly run
+BlockManagerMachine.TestCase.settings = settings(
+    max_examples=int(os.environ.get("CAPSIM_HYPOTHESIS_EXAMPLES", "1000")), stateful_step_count=40, deadline=None)
 TestBlockManager = BlockManagerMachine.TestCase
