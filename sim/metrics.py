@@ -27,7 +27,7 @@ class Recorder:
 
     def __init__(self, slo, track_request_gaps: bool):
         self.slo = slo
-        self.req = {c: array("d") for c in REQUEST_COLUMNS}
+        self.rows = array("d")  # one flat row per request, REQUEST_COLUMNS in order (table() reshapes)
         # pooled ITL: each iteration's gap, weighted by the requests whose previous token came from
         # the iteration before (identical floats), plus every other gap on its own
         self.itl_gap = array("d")
@@ -88,31 +88,38 @@ class Recorder:
         return True
 
     def _row(self, req: Request) -> None:
-        r = self.req
         done = req.status is Status.FINISHED
         first = req.first_token_s
-        r["id"].append(req.rid)
-        r["replica"].append(-1 if req.replica is None else req.replica)
-        r["status"].append(STATUS_CODES[req.status])
-        r["arrival_s"].append(req.arrival_s)
-        r["admitted_s"].append(NAN if req.admitted_s is None else req.admitted_s)
-        r["first_token_s"].append(NAN if first is None else first)
-        r["finish_s"].append(NAN if req.finish_s is None else req.finish_s)
-        r["ttft_s"].append(NAN if first is None else first - req.arrival_s)
-        r["e2e_s"].append(req.finish_s - req.arrival_s if done else NAN)
-        r["tpot_s"].append((req.finish_s - first) / (req.output_tokens - 1) if done and req.output_tokens > 1 else NAN)
-        r["max_itl_s"].append(req.max_itl_s if done and req.output_tokens > 1 else NAN)
-        r["prompt_tokens"].append(req.prompt_tokens)
-        r["output_tokens"].append(req.output_tokens)
-        r["cached_tokens"].append(req.cached_tokens)
-        r["prefix_hit_rate"].append(req.cached_tokens / req.prompt_tokens)
-        r["preemptions"].append(req.preemptions)
-        r["recomputed_tokens"].append(req.recomputed_tokens)
-        r["kv_waited"].append(1.0 if req.kv_waited else 0.0)
-        r["attempts"].append(req.attempt)
-        r["met_slo"].append(1.0 if self.met_slo(req) else 0.0)
-        r["correct"].append(NAN if req.correct is None else float(req.correct))
-        self._gaps.pop(req.rid, None)
+        self.rows.extend((
+            req.rid,
+            -1 if req.replica is None else req.replica,
+            STATUS_CODES[req.status],
+            req.arrival_s,
+            NAN if req.admitted_s is None else req.admitted_s,
+            NAN if first is None else first,
+            NAN if req.finish_s is None else req.finish_s,
+            NAN if first is None else first - req.arrival_s,
+            req.finish_s - req.arrival_s if done else NAN,
+            (req.finish_s - first) / (req.output_tokens - 1) if done and req.output_tokens > 1 else NAN,
+            req.max_itl_s if done and req.output_tokens > 1 else NAN,
+            req.prompt_tokens,
+            req.output_tokens,
+            req.cached_tokens,
+            req.cached_tokens / req.prompt_tokens,
+            req.preemptions,
+            req.recomputed_tokens,
+            1.0 if req.kv_waited else 0.0,
+            req.attempt,
+            1.0 if self.met_slo(req) else 0.0,
+            NAN if req.correct is None else float(req.correct),
+        ))
+        if self._gaps:
+            self._gaps.pop(req.rid, None)
+
+    def table(self) -> dict[str, np.ndarray]:
+        """The request rows as columns."""
+        flat = np.frombuffer(self.rows, dtype=float).reshape(-1, len(REQUEST_COLUMNS)).copy()
+        return {c: flat[:, k] for k, c in enumerate(REQUEST_COLUMNS)}
 
 
 class Timeline:
@@ -121,7 +128,8 @@ class Timeline:
     def __init__(self, recorder: Recorder, replica: int = 0):
         self.rec = recorder
         self.replica = replica
-        self.it = {c: array("d") for c in ITERATION_COLUMNS}
+        self.rows = array("d")       # one flat row per iteration, ITERATION_COLUMNS in order
+        self.durations = array("d")  # iteration durations again, sliced for decode-set members' gaps
         self._ends = array("d")
         self._prev_end_s: float | None = None
         self.busy_s = 0.0
@@ -129,21 +137,20 @@ class Timeline:
     # ---- iterations and tokens --------------------------------------------------------------
     def on_iteration(self, start_s: float, end_s: float, plan, blocks: tuple[int, int, int]) -> None:
         """Record an iteration's timing and shape; called before its outcome is committed."""
-        it = self.it
-        it["replica"].append(self.replica)
-        it["start_s"].append(start_s)
-        it["duration_s"].append(end_s - start_s)
-        it["prefill_tokens"].append(plan.prefill_tokens)
-        it["decode_sequences"].append(plan.decode_seqs)
-        it["pairs"].append(plan.pairs)
-        it["kv_blocks_in_use"].append(blocks[0])
-        it["cached_free_blocks"].append(blocks[1])
-        it["host_blocks"].append(blocks[2])
-        it["batch_size"].append(plan.num_seqs)
-        it["new_tokens"].append(plan.new_tokens)
-        it["swap_bytes"].append(plan.swap_bytes)
+        duration = end_s - start_s
+        self.rows.extend((self.replica, start_s, duration, plan.prefill_tokens, plan.decode_seqs, plan.pairs,
+                          blocks[0], blocks[1], blocks[2], plan.num_seqs, plan.new_tokens, plan.swap_bytes))
+        self.durations.append(duration)
         self._ends.append(end_s)
-        self.busy_s += end_s - start_s
+        self.busy_s += duration
+
+    @property
+    def iterations(self) -> int:
+        return len(self._ends)
+
+    def table(self) -> dict[str, np.ndarray]:
+        flat = np.frombuffer(self.rows, dtype=float).reshape(-1, len(ITERATION_COLUMNS)).copy()
+        return {c: flat[:, k] for k, c in enumerate(ITERATION_COLUMNS)}
 
     def end_s(self, index: int) -> float:
         return self._ends[index]
@@ -151,11 +158,12 @@ class Timeline:
     def decode_gaps(self, req: Request, first: int, last: int) -> None:
         """`req` emitted one token in each iteration first..last, each after the iteration before:
         its gaps are those iterations' durations."""
-        gaps = self.it["duration_s"][first:last + 1]  # a copy: never a view into the growing log
+        gaps = self.durations[first:last + 1]  # a copy: never a view into the growing log
         top = max(gaps)
         if top > req.max_itl_s:
             req.max_itl_s = top
-        self.rec.add_gaps(req, gaps.tolist())
+        if self.rec.track_request_gaps:
+            self.rec.add_gaps(req, gaps.tolist())
 
     def on_tokens(self, index: int, start_s: float, end_s: float, outcome) -> None:
         """Token times of an iteration's emitters; decode-set members count as regular gaps."""

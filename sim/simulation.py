@@ -420,7 +420,7 @@ class Simulation:
             fresh.marked_up = old.marked_up
             fresh.timeline = old.timeline  # one iteration log per replica index
             fresh.scheduler.timeline = old.timeline
-            fresh.scheduler.iteration = len(old.timeline.it["start_s"])  # iteration indices continue the log
+            fresh.scheduler.iteration = old.timeline.iterations  # iteration indices continue the log
             fresh.retired = old.retired + [old]
             replicas[f.replica] = fresh
             start(fresh)
@@ -459,8 +459,7 @@ class Simulation:
     # ---- summary ------------------------------------------------------------------------------
     def _result(self, rec: Recorder, replicas: list, timelines: list[Timeline], state: dict) -> Result:
         sc = self.scenario
-        req = pd.DataFrame({c: np.frombuffer(rec.req[c], dtype=float) if len(rec.req[c]) else np.array([], dtype=float)
-                            for c in REQUEST_COLUMNS})
+        req = pd.DataFrame(rec.table())
         req = req.sort_values("id", kind="stable").reset_index(drop=True)
         for c in ("id", "replica", "prompt_tokens", "output_tokens", "cached_tokens", "preemptions", "recomputed_tokens",
                   "attempts"):
@@ -468,9 +467,8 @@ class Simulation:
         req["status"] = [STATUS_NAMES[int(s)] for s in req["status"]]
         req["met_slo"] = req["met_slo"].astype(bool)
         req["kv_waited"] = req["kv_waited"].astype(bool)
-        its = pd.DataFrame({c: np.concatenate([np.frombuffer(t.it[c], dtype=float) for t in timelines])
-                            if any(len(t.it[c]) for t in timelines) else np.array([], dtype=float)
-                            for c in ITERATION_COLUMNS})
+        tables = [t.table() for t in timelines]
+        its = pd.DataFrame({c: np.concatenate([tb[c] for tb in tables]) for c in ITERATION_COLUMNS})
         for c in ITERATION_COLUMNS:
             if c not in ("start_s", "duration_s", "swap_bytes"):
                 its[c] = its[c].astype(np.int64)
