@@ -18,4 +18,10 @@ def run(scenario: Scenario, base_dir: str | Path = ".", progress=None) -> Result
     return Simulation(scenario, base_dir, progress=progress).run()
 
 
-__all__ = ["Scenario", "Result", "Simulation", "load_scenario", "run_scenario", "run"]
+# The what-if figures of the notebooks (notebooks/*.ipynb, `capsim figures`): data as DataFrames, plots as
+# matplotlib Figures. sim.figures imports numpy, pandas and matplotlib only where a function uses them.
+from sim import figures  # noqa: E402
+from sim.figures import *  # noqa: E402,F401,F403
+
+__all__ = ["Scenario", "Result", "Simulation", "load_scenario", "run_scenario", "run", "figures",
+           *figures.__all__]

@@ -1,6 +1,8 @@
-"""capsim's command line: memory | run | validate-scenario | compare | sweep | plan | plan-plane | calibrate | fit.
+"""capsim's command line: memory | run | validate-scenario | compare | sweep | plan | plan-plane | figures |
+calibrate | fit | validate.
 
-`main(argv) -> int` so tests call it in-process. `calibrate` and `fit` import torch lazily.
+`main(argv) -> int` so tests call it in-process. `calibrate`, `fit` and `validate` import their code (and torch)
+lazily.
 """
 
 from __future__ import annotations
@@ -355,6 +357,32 @@ def cmd_plane(args) -> int:
     return 0
 
 
+# ---- capsim figures (sim.figures: the notebooks' figures, drawn with matplotlib) ----------------
+
+def _add_figures(sub) -> None:
+    from sim.figures import FIGURES
+    p = sub.add_parser("figures", help="write every what-if figure (PNG) and its data (CSV), as the notebooks draw them")
+    p.add_argument("--out", required=True, help="NAME.png and NAME[-part].csv go here")
+    p.add_argument("--only", nargs="+", action="extend", choices=list(FIGURES), metavar="NAME",
+                   help="only these figures (repeatable): " + ", ".join(FIGURES))
+    p.add_argument("--data-dir", help="public data folder holding traces/mooncake_fast25 (default: "
+                                      "$CAPSIM_SHARED_DATA, else ../shared/data next to the repository); figures "
+                                      "that need it are skipped when it is absent")
+
+
+def cmd_figures(args) -> int:
+    from sim.figures import write_figures
+    try:
+        files, skipped = write_figures(args.out, args.only, args.data_dir,
+                                       log=lambda line: print(line, file=sys.stderr, flush=True))
+    except FileNotFoundError as exc:
+        raise ConfigError(str(exc)) from None
+    pngs = [f for f in files if f.suffix == ".png"]
+    print(f"wrote {len(pngs)} figure(s) and {len(files) - len(pngs)} data file(s) to {args.out}"
+          + (f"; skipped {', '.join(skipped)} (data absent)" if skipped else ""))
+    return 0
+
+
 # ---- calibration (torch, imported lazily) ------------------------------------------------------
 
 def _add_calibration(sub) -> None:
@@ -370,6 +398,21 @@ def _add_calibration(sub) -> None:
         add_fit_args(p)
 
 
+def _add_real_validate(sub) -> None:
+    try:
+        from calibration.validate import add_validate_args
+    except ImportError:  # calibration not installed: keep the command, explain on use
+        add_validate_args = None
+    p = sub.add_parser("validate", help="replay a scenario for real on this device and measure the simulator's error")
+    if add_validate_args:
+        add_validate_args(p)
+
+
+def cmd_real_validate(args) -> int:
+    from calibration.validate import validate_main
+    return validate_main(args)
+
+
 def cmd_calibrate(args) -> int:
     from calibration.cli import calibrate_main
     return calibrate_main(args)
@@ -381,7 +424,9 @@ def cmd_fit(args) -> int:
 
 
 COMMANDS = {"memory": cmd_memory, "run": cmd_run, "validate-scenario": cmd_validate, "compare": cmd_compare,
-            "sweep": cmd_sweep, "plan": cmd_plan, "plan-plane": cmd_plane, "calibrate": cmd_calibrate, "fit": cmd_fit}
+            "sweep": cmd_sweep, "plan": cmd_plan, "plan-plane": cmd_plane, "figures": cmd_figures,
+            "calibrate": cmd_calibrate, "fit": cmd_fit,
+            "validate": cmd_real_validate}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -394,7 +439,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_sweep(sub)
     _add_plan(sub)
     _add_plane(sub)
+    _add_figures(sub)
     _add_calibration(sub)
+    _add_real_validate(sub)
     return parser
 
 

@@ -17,7 +17,8 @@ REQUEST_COLUMNS = ("id", "replica", "status", "arrival_s", "admitted_s", "first_
                    "tpot_s", "max_itl_s", "prompt_tokens", "output_tokens", "cached_tokens", "prefix_hit_rate", "preemptions",
                    "recomputed_tokens", "kv_waited", "attempts", "met_slo", "correct")
 ITERATION_COLUMNS = ("replica", "start_s", "duration_s", "prefill_tokens", "decode_sequences", "pairs", "kv_blocks_in_use",
-                     "cached_free_blocks", "host_blocks", "batch_size", "new_tokens", "swap_bytes")
+                     "cached_free_blocks", "host_blocks", "batch_size", "new_tokens", "swap_bytes",
+                     "output_tokens")
 STATUS_CODES = {s: i for i, s in enumerate(Status)}
 NAN = float("nan")
 
@@ -138,8 +139,8 @@ class Timeline:
     def on_iteration(self, start_s: float, end_s: float, plan, blocks: tuple[int, int, int]) -> None:
         """Record an iteration's timing and shape; called before its outcome is committed."""
         duration = end_s - start_s
-        self.rows.extend((self.replica, start_s, duration, plan.prefill_tokens, plan.decode_seqs, plan.pairs,
-                          blocks[0], blocks[1], blocks[2], plan.num_seqs, plan.new_tokens, plan.swap_bytes))
+        self._pending = (self.replica, start_s, duration, plan.prefill_tokens, plan.decode_seqs, plan.pairs,
+                         blocks[0], blocks[1], blocks[2], plan.num_seqs, plan.new_tokens, plan.swap_bytes)
         self.durations.append(duration)
         self._ends.append(end_s)
         self.busy_s += duration
@@ -189,6 +190,8 @@ class Timeline:
             self.rec.itl_gap.append(end_s - start_s)
             self.rec.itl_weight.append(regular)
         self._prev_end_s = end_s
+        self.rows.extend(self._pending)
+        self.rows.append(outcome.output_tokens)
 
 def stats(values: np.ndarray) -> dict[str, float | None]:
     """mean, median, p90, p99, max with numpy's linear interpolation; None when empty."""

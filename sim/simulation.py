@@ -485,7 +485,7 @@ class Simulation:
         itl = weighted_stats(np.frombuffer(rec.itl_gap, dtype=float), np.frombuffer(rec.itl_weight, dtype=np.int64))
         decode_only = (its["prefill_tokens"] == 0) if len(its) else pd.Series([], dtype=bool)
         dec_time = float(its.loc[decode_only, "duration_s"].sum()) if len(its) else 0.0
-        dec_tokens = int(its.loc[decode_only, "decode_sequences"].sum()) if len(its) else 0
+        dec_tokens = int(its.loc[decode_only, "output_tokens"].sum()) if len(its) else 0
         cap_w = self.hw.tdp_w.value
         if sc.power.model == "cap":
             energy = n_rep * cap_w * window if cap_w is not None else None

@@ -52,6 +52,8 @@ class Outcome:
     """Decode-set members that emitted their last token (running order), already materialised."""
     decode_tokens: int
     """Tokens emitted by decode-set members (all regular gaps: they emitted last iteration too)."""
+    output_tokens: int = 0
+    """All output tokens the iteration produced (a speculative round counts every accepted token)."""
 
 
 class Scheduler:
@@ -407,6 +409,7 @@ class Scheduler:
                 self._leave_decode(req, i + 1)
                 finished_decodes.append(req)
         emitted = []
+        extra_tokens = 0
         accepted = {}
         if plan.spec_items:
             live = [(r, k) for r, k in plan.spec_items if r.status is not Status.CANCELLED]
@@ -420,6 +423,7 @@ class Scheduler:
                 a = accepted[req.rid]
                 req.computed_tokens += a + 1
                 req.output_tokens += a + 1
+                extra_tokens += a
                 emitted.append(req)
                 continue
             before = req.computed_tokens
@@ -449,7 +453,7 @@ class Scheduler:
             self.dropped.append(req)
         self._cancelled_in_flight.clear()
         self.iteration = i + 1
-        return Outcome(emitted, finished_decodes, decode_tokens)
+        return Outcome(emitted, finished_decodes, decode_tokens, decode_tokens + len(emitted) + extra_tokens)
 
     def _finish(self, req: Request, now_s: float) -> None:
         req.status = Status.FINISHED

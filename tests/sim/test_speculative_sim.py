@@ -29,6 +29,9 @@ def test_outputs_per_round_match_expectation(a, expected):
     assert r["output_tokens"] == 4001
     # the round is one decode step: per-token latency ~ 26.26 ms / E[N]
     assert r["tpot_s"] == pytest.approx(0.02626 / expected_outputs_constant(a, 4), rel=0.05)
+    # decode throughput counts every accepted token, not rounds
+    assert res.summary["decode_throughput_tok_s"] == pytest.approx(expected_outputs_constant(a, 4) / 0.02626, rel=0.05)
+    assert res.iterations["output_tokens"].sum() == 4001
 
 
 def test_rejected_drafts_are_rolled_back_and_counted():
