@@ -37,6 +37,9 @@ class Block:
     cached_since_s: float = 0.0
     depth: int = 0
     """Index of the block in its sequence (0 = first block), for the value-per-byte policy."""
+    dup_of: int | None = None
+    """Full, computed, but not indexed because another block already held this content (a
+    concurrent duplicate); it takes over the index entry if that block is evicted."""
 
 
 @dataclass
@@ -85,8 +88,26 @@ def chain_hashes(streams: tuple, block_tokens: int, count: int, into: list[int],
             prev = hash((prev, ((stream, lo, lo + block_tokens),)))
             into.append(prev)
         return into
+    # general path: walk the streams with a cursor (linear in blocks + pieces)
+    k, pos = 0, 0  # first stream overlapping the current block, and where it starts
+    lo = start * block_tokens
+    while pos + streams[k][2] <= lo:
+        pos += streams[k][2]
+        k += 1
     for b in range(start, count):
-        prev = hash((prev, block_pieces(streams, b * block_tokens, (b + 1) * block_tokens)))
+        lo, hi = b * block_tokens, (b + 1) * block_tokens
+        while pos + streams[k][2] <= lo:
+            pos += streams[k][2]
+            k += 1
+        pieces = []
+        j, p = k, pos
+        while p < hi:
+            stream, s0, length = streams[j]
+            a, z = max(lo, p), min(hi, p + length)
+            pieces.append((stream, s0 + a - p, s0 + z - p))
+            p += length
+            j += 1
+        prev = hash((prev, tuple(pieces)))
         into.append(prev)
     return into
 
@@ -112,6 +133,7 @@ class BlockManager:
         self.free_list: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
         self.cached_free: OrderedDict[int, None] = OrderedDict()        # LRU order: oldest first
         self.index: dict[int, int] = {}                                  # content hash -> block id
+        self._dups: dict[int, list[int]] = {}                            # content hash -> live duplicates
         self.used_blocks = 0
         self.peak_blocks = 0
         self.host_capacity_blocks = host_blocks
@@ -202,10 +224,17 @@ class BlockManager:
             bid = min(self.cached_free, key=lambda b: self.block_value(self.blocks[b], now_s))
             del self.cached_free[bid]
         blk = self.blocks[bid]
-        del self.index[blk.content_hash]
+        h = blk.content_hash
+        del self.index[h]
         blk.content_hash = None
         blk.hits = 0
         self.stats.evictions += 1
+        for dup in self._dups.pop(h, ()):  # a live block with the same content keeps it findable
+            d = self.blocks[dup]
+            if d.dup_of == h and d.ref_count > 0:
+                d.dup_of, d.content_hash = None, h
+                self.index[h] = dup
+                break
         return bid
 
     def register(self, req: Request, tokens: int, now_s: float = 0.0, own_reuse: bool = False) -> None:
@@ -226,11 +255,17 @@ class BlockManager:
         hashes = chain_hashes(request_streams(req), self.block_tokens, full, req.block_hashes, seed=req.adapter + 1)
         for b in range(req.indexed_blocks, full):
             blk = self.blocks[req.block_table[b]]
-            if blk.content_hash is None and hashes[b] not in self.index:
-                blk.content_hash = hashes[b]
+            if blk.content_hash is not None or blk.dup_of is not None:
+                continue
+            h = hashes[b]
+            if h not in self.index:
+                blk.content_hash = h
                 blk.cached_since_s = now_s
                 blk.depth = b
-                self.index[hashes[b]] = blk.block_id
+                self.index[h] = blk.block_id
+            else:
+                blk.dup_of = h
+                self._dups.setdefault(h, []).append(blk.block_id)
         req.indexed_blocks = full
 
     def free(self, req: Request, now_s: float = 0.0) -> None:
@@ -257,6 +292,13 @@ class BlockManager:
                 continue
             released += 1
             if blk.content_hash is None:
+                if blk.dup_of is not None:
+                    dups = self._dups.get(blk.dup_of)
+                    if dups is not None:
+                        dups.remove(bid)
+                        if not dups:
+                            del self._dups[blk.dup_of]
+                    blk.dup_of = None
                 fl.append(bid)
             else:
                 blk.last_used_s = now_s

@@ -476,6 +476,7 @@ class Simulation:
         n_rep = len(timelines)
 
         finished = req["status"] == "finished"
+        served = req["admitted_s"].notna()  # prompts that reached a replica's batch (hit rate's base)
         correct = req["correct"].fillna(0).astype(bool)
         good = finished & correct & req["met_slo"]
         n_good = int(good.sum())
@@ -534,7 +535,8 @@ class Simulation:
             "preemptions": int(req["preemptions"].sum()),
             "recomputed_tokens": int(req["recomputed_tokens"].sum()),
             "prefix_hit_tokens": int(req["cached_tokens"].sum()),
-            "prefix_hit_rate": float(req["cached_tokens"].sum() / req["prompt_tokens"].sum()) if len(req) else None,
+            "prefix_hit_rate": (float(req.loc[served, "cached_tokens"].sum() / req.loc[served, "prompt_tokens"].sum())
+                                if served.any() else None),
             "evictions": sum(x.evictions for x in stats_of),
             "swap_outs": sum(x.swap_outs for x in stats_of),
             "swap_ins": sum(x.swap_ins for x in stats_of),

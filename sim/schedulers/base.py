@@ -86,6 +86,8 @@ class Scheduler:
         self.decoding: dict[int, Request] = {}
         self._dec_computed = 0            # sum of members' computed tokens as of `iteration`
         self._dec_adapters: dict[int, int] = {}  # LoRA adapter -> members using it
+        self._pending_decoders: list[Request] = []  # decode-ready but not yet in the set (see commit)
+        self._preempted = False           # vLLM V1: no admissions in an iteration that preempted
         self._finish_heap: list = []      # (iteration of last token, admit_seq, version, request)
         self._block_heap: list = []       # (iteration needing the next block, admit_seq, version, request)
         self._ctx_heap: list = []         # (-(computed - base_iter), admit_seq, version, request)
@@ -153,6 +155,7 @@ class Scheduler:
         plan = StepPlan()
         self.now_s = now_s
         self._plan = plan
+        self._preempted = False
         self._schedule(plan, now_s)
         if plan.is_empty:
             dropped = len(self.dropped)
@@ -204,6 +207,12 @@ class Scheduler:
                 if req.rid in self.decoding:
                     self.pool.allocate(req, need, now_s=self.now_s)
                     heapq.heappush(heap, (i + self.pool.block_tokens, req.admit_seq, version, req))
+        if self._pending_decoders:  # a recompute chunk that stopped one token short: its next token
+            pending, self._pending_decoders = self._pending_decoders, []
+            for req in pending:
+                if req.rid in self.running and req.rid not in self.decoding and not req.in_prefill:
+                    if self._ensure_kv(req, 1, plan):
+                        self._add(plan, req, 1)
         if self._dec_adapters:
             plan.adapters.update(self._dec_adapters)
         if self.decoding:
@@ -228,6 +237,8 @@ class Scheduler:
         brings a swapped-out request back from host memory. Returns the tokens it computes this
         iteration, 0 when it must wait, None when it was rejected (and dropped from the queue).
         """
+        if self._preempted:  # as vLLM V1: an iteration that had to preempt admits nobody
+            return 0
         if self.deadline_check is not None and not self.deadline_check(req, now_s):
             self._unqueue(req)
             self._reject(req, "deadline: cannot finish in time")
@@ -297,6 +308,7 @@ class Scheduler:
         req.preemptions += 1
         req.status = Status.WAITING
         self._enqueue(req, front=True)
+        self._preempted = True
 
     def _reject_stuck(self) -> None:
         """Nothing runs yet the head of the queue cannot start: it never will. Reject it."""
@@ -435,6 +447,8 @@ class Scheduler:
             if req.computed_tokens == req.prompt_tokens + req.output_tokens:
                 req.output_tokens += 1
                 emitted.append(req)
+            elif self.lazy and req.output_tokens and not req.in_prefill:
+                self._pending_decoders.append(req)
         for req in finished_decodes:
             self._finish(req, now_s)
         for req in emitted:

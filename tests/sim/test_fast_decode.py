@@ -46,3 +46,19 @@ def test_lazy_decode_equals_stepping_with_cancellations():
         assert fast.summary == slow.summary, kind
         assert fast.requests.to_csv() == slow.requests.to_csv(), kind
         assert fast.summary["cancelled"] > 0
+
+
+def test_a_recompute_chunk_one_token_short_is_not_stranded():
+    """on_demand preemption, then a recompute chunk that leaves exactly one token: the request must
+    get that token next iteration in the lazy mode too (it is neither prefilling nor in the set)."""
+    sc = scenario(model="llama-3.1-8b", hardware="h100-sxm",
+                  kv={"block_tokens": 16, "budget": 10 * 16 * 131072, "admission": "on_demand", "prefix_caching": False},
+                  scheduler={"kind": "chunked", "max_num_seqs": 8, "max_num_batched_tokens": 256, "chunk_tokens": 32},
+                  step_time={"model": {"kind": "linear", "constant_s": 0.01, "per_new_token_s": 1e-5}},
+                  workload={"kind": "requests", "requests": [{"arrival_s": 0.0, "prompt_tokens": 100, "output_tokens": 60},
+                                                               {"arrival_s": 0.0, "prompt_tokens": 63, "output_tokens": 20}]})
+    fast = Simulation(sc, ".", lazy_decode=True).run()
+    slow = Simulation(sc, ".", lazy_decode=False).run()
+    assert fast.summary["completed"] == 2 and fast.summary["preemptions"] > 0
+    assert fast.summary == slow.summary
+    assert fast.iterations.to_csv() == slow.iterations.to_csv()

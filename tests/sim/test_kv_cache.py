@@ -222,3 +222,40 @@ def test_value_eviction_keeps_the_prefix_with_more_value():
     assert lru.summary["evictions"] == val.summary["evictions"] == 29
     assert lru.requests.loc[5, "cached_tokens"] == (64 - 29) * 16
     assert val.requests.loc[5, "cached_tokens"] == 1024
+
+
+def test_chain_hashes_walk_streams_like_block_pieces():
+    """The cursor walk over many segments gives the per-block definition's hashes."""
+    import random
+
+    from sim.kv import block_pieces, chain_hashes
+    rng = random.Random(1)
+    for _ in range(200):
+        segs = tuple(((2, rng.randint(0, 5)), rng.randint(0, 3), rng.randint(1, 40)) for _ in range(rng.randint(1, 8)))
+        streams = segs + (((3, 1), 0, 1 << 62),)
+        bs = rng.choice([1, 4, 16])
+        n = (sum(x[2] for x in segs) + 50) // bs
+        head = chain_hashes(streams, bs, rng.randint(0, n), [])
+        got = chain_hashes(streams, bs, n, list(head))
+        prev, want = 0, []
+        for k in range(n):
+            prev = hash((prev, block_pieces(streams, k * bs, (k + 1) * bs)))
+            want.append(prev)
+        assert got == want
+
+
+def test_an_evicted_block_hands_its_content_to_a_live_duplicate():
+    """Two requests computed the same block concurrently: one is indexed, the other a duplicate.
+    When the indexed copy is evicted, the live duplicate becomes findable (as vLLM keeps both)."""
+    kv = BlockManager(4, 4, 1.0)
+    a, b = with_prefix(0, 5, "p", 4), with_prefix(1, 5, "p", 4)
+    a.shareable_tokens = b.shareable_tokens = 4
+    kv.allocate(a, 5)
+    kv.allocate(b, 5)   # admitted before a registered: no hit, its own copy
+    kv.register(a, 5)
+    kv.register(b, 5)
+    assert kv.index == {a.block_hashes[0]: a.block_table[0]} and kv.blocks[b.block_table[0]].dup_of is not None
+    kv.free(a)          # a's copy is cached-free; b still holds its duplicate
+    kv.allocate(req(2, 8), 8)  # needs both free blocks + evicts a's copy
+    assert kv.index == {b.block_hashes[0]: b.block_table[0]}
+    assert kv.match(with_prefix(3, 5, "p", 4)) == [b.block_table[0]]
