@@ -21,9 +21,8 @@ close the simulator gets to that ceiling when requests overlap in time.
 A third, rougher model from the hash_ids alone: LRU stack distances over 512-token blocks, once caching
 only blocks another request of the window shares (capsim's policy) and once caching every block (vLLM's).
 
-The simulator runs with lazy_decode=False (stepping every decode) unless --lazy-decode: the lazy decode
-set can strand a request that, recomputing after an on_demand preemption, ends a chunk with exactly one
-token left to compute (it is then neither prefilling nor in the decode set); stepping mode schedules it.
+The simulator runs with its default lazy decode set; --stepping steps every decode instead (identical
+results, slower; an earlier version of the lazy set stranded a recomputing request, since fixed).
 
 The step-time model is benchmarks/bench_sim.py's ASSUMED linear model (reference section 7's decode
 fit plus a roofline prefill term at 60 % MFU), not a measured H100 profile. Results are printed and
@@ -230,7 +229,7 @@ def run_case(case: dict) -> dict:
         "requests": s["requests"], "completed": s["completed"], "rejected": s["rejected"],
         "kv_rejected": s.get("kv_rejected_requests"),
         "kv_capacity_blocks": s["kv_capacity_blocks"], "peak_kv_blocks": s["peak_kv_blocks"],
-        "hit_rate_all": s["prefix_hit_rate"], "hit_tokens": s["prefix_hit_tokens"],
+        "hit_rate_all": float(cached.sum() / prompt.sum()), "hit_tokens": s["prefix_hit_tokens"],
         "hit_rate_served": float(cached[fin].sum() / prompt[fin].sum()) if fin.any() else None,
         "ttft": s["ttft_s"], "e2e": s["e2e_s"], "tpot": s["tpot_s"],
         "output_tok_s": s["output_throughput_tok_s"], "request_rps": s["request_throughput_rps"],
@@ -288,7 +287,7 @@ def render(res: dict) -> str:
              f"Llama-3.1-8B BF16 on `h100-sxm`, KV BF16 in {a['block_tokens']}-token blocks "
              f"({res['kv_bytes_per_token']:,} B per token), `{a['admission']}` admission, LRU eviction, chunked "
              f"prefill (max_num_seqs {a['max_num_seqs']}, max_num_batched_tokens {a['max_num_batched_tokens']}, "
-             f"chunk_tokens {a['chunk_tokens']}), `lazy_decode={a['lazy_decode']}`.")
+             f"chunk_tokens {a['chunk_tokens']}), `lazy_decode={not a['stepping']}`.")
     L.append("")
     L.append("Checks from the raw `hash_ids` (no simulator code):")
     L.append("")
@@ -436,9 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max-num-seqs", type=int, default=128)
     ap.add_argument("--max-num-batched-tokens", type=int, default=8192)
     ap.add_argument("--chunk-tokens", type=int, default=2048)
-    ap.add_argument("--lazy-decode", action="store_true",
-                    help="use the simulator's lazy decode set (faster with big batches). Off by default: with "
-                         "on_demand admission it can strand a recomputing request with one token left (see the doc)")
+    ap.add_argument("--stepping", action="store_true",
+                    help="step every decode (lazy_decode=False) instead of the simulator's lazy decode set")
     ap.add_argument("--jobs", type=int, default=2, help="simulations in parallel (default 2)")
     ap.add_argument("--out", type=Path, default=REPO / "docs" / "figures" / "prefix-caching.png", help="plot (PNG)")
     ap.add_argument("--doc", type=Path, default=REPO / "docs" / "prefix-caching.md",
@@ -514,7 +512,7 @@ def main(argv: list[str] | None = None) -> int:
         every = sum(-(-(r["input_length"] + r["output_length"]) // args.block_tokens) for r in win)
         cases.append({"label": "unbounded", "budget_bytes": int(every * block_bytes), "prefix_caching": True})
     for c in cases:
-        c["lazy_decode"] = args.lazy_decode
+        c["lazy_decode"] = not args.stepping
         c["scenario"] = scenario_dict(trace, args, c["label"].replace(" ", ""), c["budget_bytes"], c["prefix_caching"])
     # longest first, so two workers finish together
     order = sorted(range(len(cases)), key=lambda i: (not cases[i]["prefix_caching"], -cases[i]["budget_bytes"]))
