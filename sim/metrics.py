@@ -28,6 +28,7 @@ class Recorder:
 
     def __init__(self, slo, track_request_gaps: bool):
         self.slo = slo
+        self._no_slo = slo.ttft_s is None and slo.itl_s is None and slo.e2e_s is None
         self.rows = array("d")  # one flat row per request, REQUEST_COLUMNS in order (table() reshapes)
         # pooled ITL: each iteration's gap, weighted by the requests whose previous token came from
         # the iteration before (identical floats), plus every other gap on its own
@@ -111,7 +112,7 @@ class Recorder:
             req.recomputed_tokens,
             1.0 if req.kv_waited else 0.0,
             req.attempt,
-            1.0 if self.met_slo(req) else 0.0,
+            (1.0 if done else 0.0) if (self._no_slo and req.deadline_s is None) else (1.0 if self.met_slo(req) else 0.0),
             NAN if req.correct is None else float(req.correct),
         ))
         if self._gaps:

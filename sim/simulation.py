@@ -459,14 +459,14 @@ class Simulation:
     # ---- summary ------------------------------------------------------------------------------
     def _result(self, rec: Recorder, replicas: list, timelines: list[Timeline], state: dict) -> Result:
         sc = self.scenario
-        req = pd.DataFrame(rec.table())
-        req = req.sort_values("id", kind="stable").reset_index(drop=True)
-        for c in ("id", "replica", "prompt_tokens", "output_tokens", "cached_tokens", "preemptions", "recomputed_tokens",
-                  "attempts"):
-            req[c] = req[c].astype(np.int64)
-        req["status"] = [STATUS_NAMES[int(s)] for s in req["status"]]
-        req["met_slo"] = req["met_slo"].astype(bool)
-        req["kv_waited"] = req["kv_waited"].astype(bool)
+        cols = rec.table()
+        order = np.argsort(cols["id"], kind="stable")
+        ints = ("id", "replica", "prompt_tokens", "output_tokens", "cached_tokens", "preemptions", "recomputed_tokens",
+                "attempts")
+        req = pd.DataFrame({c: (v[order].astype(np.int64) if c in ints
+                                else np.array(STATUS_NAMES, dtype=object)[v[order].astype(np.int64)] if c == "status"
+                                else v[order].astype(bool) if c in ("met_slo", "kv_waited") else v[order])
+                            for c, v in cols.items()})
         tables = [t.table() for t in timelines]
         its = pd.DataFrame({c: np.concatenate([tb[c] for tb in tables]) for c in ITERATION_COLUMNS})
         for c in ITERATION_COLUMNS:
