@@ -33,7 +33,6 @@ happened). Other draft sources need a second model on the device and are refused
 from __future__ import annotations
 
 import os
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,7 +60,13 @@ PLAN_FIELDS = ("num_seqs", "new_tokens", "pairs", "prefill_tokens", "prefill_pai
                "decode_seqs", "decode_kv_tokens", "kv_tokens_read", "max_context", "lazy_decodes",
                "decode_positions", "decode_pairs", "decode_logits", "draft_s", "draft_overlapped", "swap_bytes")
 
-DETAIL_COLUMNS = ("iteration", "start_s", "duration_s", "host_s", "forward_s", "wake_s", "kind", "items",
+# replay_iterations.csv: per iteration, its recorded start and duration (the clock's), the host time in
+# it (everything but the forward pass: the previous commit, arrivals, planning, building inputs, a late
+# wake-up), the forward pass on the clock and on both wall and thread-CPU time (their ratio is the share
+# of a core the replay got), the wake-up lateness when it started an idle engine, its kind and plan
+# features, and its speculative rounds.
+DETAIL_COLUMNS = ("iteration", "start_s", "duration_s", "host_s", "forward_s", "forward_wall_s", "forward_cpu_s",
+                  "wake_s", "kind", "items",
                   "num_seqs", "new_tokens", "pairs", "kv_tokens_read", "decode_seqs", "decode_kv_tokens",
                   "prefill_seqs", "prefill_tokens", "prefill_pairs", "max_context", "spec_rounds", "spec_drafts",
                   "spec_accepted")
@@ -95,6 +100,7 @@ class ReplayRun:
     plans: list                          # per iteration: a StepPlan look-alike (PLAN_FIELDS, items, spec_items)
     meta: dict = field(default_factory=dict)
     outputs: dict = field(default_factory=dict)   # rid -> generated token ids
+    spec_log: dict | None = None                 # speculation: per request, drafts offered and accepted, in order
 
     def write(self, out_dir: str | Path) -> None:
         out = Path(out_dir)
@@ -131,7 +137,8 @@ def check_replayable(scenario: Scenario) -> None:
 
 def _check_workload(wl) -> None:
     if wl.leader is not None and (wl.leader >= 0).any():
-        raise ValueError("the real replay cannot run this scenario: workload: parallel sampling (n > 1) is not replayed")
+        raise ValueError("the real replay cannot run this scenario: workload: parallel sampling (n > 1) "
+                         "is not replayed")
     if np.isfinite(wl.cancel_at_s).any():
         raise ValueError("the real replay cannot run this scenario: workload: cancellations are not replayed")
     if wl.adapter is not None and (wl.adapter >= 0).any():
@@ -246,11 +253,14 @@ class ReplaySpeculator(Speculator):
         self.proposals: dict[int, list[int]] = {}
         self.measured: dict[int, int] = {}
         self.index_pending = False
+        # per request, in order: drafts offered at each planning, accepted at each verified round
+        self.log: dict[str, dict[int, list[int]]] = {"drafts": {}, "accepted": {}}
 
     def drafts_for(self, req) -> int:
         k = max(0, min(self.cfg.num_draft_tokens, req.max_output_tokens - req.output_tokens - 1))
         prop = ngram_propose(self.tokens[req.rid], k, self.n_min, self.n_max) if k else []
         self.proposals[req.rid] = prop
+        self.log["drafts"].setdefault(req.rid, []).append(len(prop))
         return len(prop)
 
     def draft_s(self, drafts: list[int], include_index: bool = True) -> float:
@@ -258,6 +268,8 @@ class ReplaySpeculator(Speculator):
 
     def sample(self, reqs: list, drafts: list[int]) -> np.ndarray:
         accepted = np.array([self.measured[r.rid] for r in reqs], dtype=np.int64)
+        for r, a in zip(reqs, accepted.tolist()):
+            self.log["accepted"].setdefault(r.rid, []).append(a)
         m = max(drafts)
         self.rounds += len(reqs)
         self.drafts += int(sum(drafts))
@@ -332,7 +344,6 @@ class Replayer:
         self.profile = model_profile
         self.model = ReferenceModel(model_profile, cfg.dtype, cfg.device, seed=cfg.seed)
         self.model.eval()
-        self._warm = False
 
     def _log(self, text: str) -> None:
         if self.cfg.stream is not None:
@@ -389,7 +400,8 @@ class Replayer:
         lookahead = spec_cfg.num_draft_tokens if spec_cfg is not None else 0
         capacity = int((wl.prompt_tokens + wl.output_tokens).max()) + lookahead + 1
         if capacity > self.profile.max_position_embeddings:
-            raise ValueError(f"a request needs {capacity} positions; the model has {self.profile.max_position_embeddings}")
+            raise ValueError(f"a request needs {capacity} positions; the model has "
+                             f"{self.profile.max_position_embeddings}")
         slots = KVSlots(model, capacity)
         want = min(sc.scheduler.max_num_seqs, len(wl))
         from calibration.timing import available_memory_bytes
@@ -439,9 +451,11 @@ class Replayer:
                 leave(req, now_s)
             scheduler.dropped.clear()
 
+        load_start = _loadavg()
         clock = _Clock(cfg.clock, cfg.device)
         detail: dict[str, list] = {c: [] for c in DETAIL_COLUMNS}
         plans: list = []
+        wall0 = time.perf_counter()
         tau = 0.0                 # the decision instant
         wake = 0.0
         self._log(f"replay: {n_total} requests, scheduler {sc.scheduler.kind}, clock {cfg.clock}")
@@ -481,7 +495,8 @@ class Replayer:
             plans.append(snap)
             spec = [(r.rid, k) for r, k in plan.spec_items]
             row = dict(iteration=index, start_s=start, duration_s=end - start, host_s=end - start - fwd_s,
-                       forward_s=fwd_s, wake_s=wake, kind=_kind(plan), items=len(plan.items),
+                       forward_s=fwd_s, forward_wall_s=self._last_wall, forward_cpu_s=self._last_cpu, wake_s=wake,
+                       kind=_kind(plan), items=len(plan.items),
                        spec_rounds=len(spec), spec_drafts=sum(k for _, k in spec),
                        spec_accepted=sum(speculator.measured[rid] for rid, _ in spec) if spec else 0)
             row.update({c: getattr(plan, c) for c in DETAIL_COLUMNS if c not in row})
@@ -497,9 +512,10 @@ class Replayer:
         meta = dict(device=cfg.device, device_name=device_name(cfg.device), dtype=cfg.dtype, clock=cfg.clock,
                     threads=torch.get_num_threads(), torch=torch.__version__, model=self.profile.name,
                     layers=model.num_layers, kv_slots=slots.created, kv_slot_tokens=capacity,
-                    loadavg=_loadavg())
+                    loadavg_start=load_start, loadavg_end=_loadavg(), wall_s=time.perf_counter() - wall0)
         result.summary["replay"] = meta
-        return ReplayRun(result, pd.DataFrame(detail), plans, meta, outputs)
+        return ReplayRun(result, pd.DataFrame(detail), plans, meta, outputs,
+                         speculator.log if speculator is not None else None)
 
     def _execute(self, plan, slots: KVSlots, tokens: dict[int, list[int]], speculator, clock: _Clock):
         """Build the inputs of a plan, run the forward pass, return ({rid: tokens emitted}, forward seconds)."""
@@ -528,11 +544,12 @@ class Replayer:
             batch.logit_rows = torch.tensor(rows, device=model.device)
         ids_t = torch.tensor(ids, dtype=torch.long, device=model.device)
         cache = KVCache(layer_views)
-        t0 = clock.now()
+        t0, w0, c0 = clock.now(), time.perf_counter(), time.thread_time()
         out = model(ids_t, batch, cache)
         synchronize(self.cfg.device)
         got = out.tolist()
         fwd = clock.now() - t0
+        self._last_wall, self._last_cpu = time.perf_counter() - w0, time.thread_time() - c0
         emit: dict[int, list[int]] = {}
         pos = 0
         for req, n, h in plan.items:
@@ -572,6 +589,3 @@ def replay(scenario: Scenario, base_dir: str | Path = ".", cfg: ReplayConfig | N
 
 __all__ = ["ReplayConfig", "ReplayRun", "Replayer", "replay", "check_replayable", "ngram_propose",
            "stream_token_ids", "prompt_token_ids", "PLAN_FIELDS"]
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit("use `capsim validate` (calibration/validate.py)")
