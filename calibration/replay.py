@@ -270,14 +270,7 @@ class ReplaySpeculator(Speculator):
         accepted = np.array([self.measured[r.rid] for r in reqs], dtype=np.int64)
         for r, a in zip(reqs, accepted.tolist()):
             self.log["accepted"].setdefault(r.rid, []).append(a)
-        m = max(drafts)
-        self.rounds += len(reqs)
-        self.drafts += int(sum(drafts))
-        self.accepted += int(accepted.sum())
-        for j in range(m):
-            self.rounds_with_position[j] += sum(1 for k in drafts if k > j)
-            self.accepted_per_position[j] += int((accepted > j).sum())
-        return accepted
+        return self.count(accepted, drafts)
 
 
 # ---------------------------------------------------------------------------------------------

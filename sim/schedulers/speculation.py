@@ -166,11 +166,14 @@ class Speculator:
         rows = np.zeros((len(reqs), m))
         for i, (r, k) in enumerate(zip(reqs, drafts)):
             rows[i, :k] = r.accept_rates[:k]
-        accepted = sample_accepted(rows, self.rng)
-        self.rounds += len(reqs)
+        return self.count(sample_accepted(rows, self.rng), drafts)
+
+    def count(self, accepted: np.ndarray, drafts: list[int]) -> np.ndarray:
+        """Add a batch of rounds (accepted drafts, drafts proposed) to the acceptance report."""
+        self.rounds += len(drafts)
         self.drafts += int(sum(drafts))
         self.accepted += int(accepted.sum())
-        for j in range(m):
+        for j in range(max(drafts)):
             self.rounds_with_position[j] += sum(1 for k in drafts if k > j)
             self.accepted_per_position[j] += int((accepted > j).sum())
         return accepted
