@@ -78,8 +78,8 @@ MiB = 1024 * 1024
 
 def step_time_model() -> dict:
     """Linear step time: the section-7 decode fit plus a roofline prefill term (assumed, see docstring)."""
-    from sim.modelspec import ModelSpec
-    from sim.profile import load_hardware, load_model
+    from sim.models.spec import ModelSpec
+    from sim.io.profiles import load_hardware, load_model
     spec = ModelSpec(load_model(MODEL))
     peak = load_hardware(HARDWARE).peak_flops_per_s("bf16")
     return {"kind": "linear", "constant_s": DECODE_CONSTANT_S, "per_kv_token_s": DECODE_PER_KV_TOKEN_S,
@@ -113,7 +113,7 @@ def synthetic_scenario(n: int, rate: float | None) -> dict:
 
 
 def build(sc: dict):
-    from sim.config import Scenario
+    from sim.io.config import Scenario
     return Scenario.model_validate(sc)
 
 
@@ -167,7 +167,7 @@ def cpu_probe() -> float:
 
 def measured_run(sc_dict: dict, lazy: bool = True, verbose: bool = False) -> dict:
     """Build and run one scenario; wall/CPU time and RSS at every 5 % of finished requests."""
-    from sim.simulation import Simulation
+    from sim.core.simulation import Simulation
     sampler = RssSampler()
     sampler.start()
     rss0 = rss_bytes()
@@ -284,7 +284,7 @@ def _short(path: str) -> str:
 
 
 def case_profile(spec: dict) -> dict:
-    from sim.simulation import Simulation
+    from sim.core.simulation import Simulation
     sc = build(synthetic_scenario(spec["n"], spec["rate"]))
     prof = cProfile.Profile()
     t0 = time.perf_counter()
@@ -317,7 +317,7 @@ def case_profile(spec: dict) -> dict:
 def case_tree(spec: dict) -> dict:
     """One (b)-style run of `spec["n"]` requests with the simulator of another checkout (or this one
     with a scenario override): CPU and wall time, plus what it simulated (to check it is the same)."""
-    from sim.simulation import Simulation
+    from sim.core.simulation import Simulation
     d = synthetic_scenario(spec["n"], spec["rate"])
     if spec.get("key"):
         node = d
@@ -610,7 +610,7 @@ def compare_trees(args, rate: float) -> dict:
         path, _, override = spec.partition("@")
         tree = Path(path).resolve()
         if not (tree / "sim" / "simulation.py").is_file():
-            raise SystemExit(f"bench_sim: --compare-tree {spec}: {tree} is not a capsim checkout (no sim/simulation.py)")
+            raise SystemExit(f"bench_sim: --compare-tree {spec}: {tree} is not a capsim checkout (no sim/core/simulation.py)")
         key, value = None, None
         if override:
             key, _, raw = override.partition("=")
@@ -686,8 +686,8 @@ def main(argv: list[str] | None = None) -> int:
     res: dict = {"machine": machine_info(),
                  "command": " ".join(shlex.quote(a) for a in ["python", "benchmarks/bench_sim.py"] + shown)}
     res["step_time"] = step_time_model()
-    from sim.modelspec import ModelSpec
-    from sim.profile import load_model
+    from sim.models.spec import ModelSpec
+    from sim.io.profiles import load_model
     res["active_params"] = ModelSpec(load_model(MODEL)).active_params
     t_all = time.perf_counter()
 

@@ -214,8 +214,8 @@ def scenario_dict(trace: Path, args, label: str, budget_bytes: int, prefix_cachi
 def run_case(case: dict) -> dict:
     """One simulation (in a worker process): the summary figures and a few per-request columns."""
     import numpy as np
-    from sim.config import Scenario
-    from sim.simulation import Simulation
+    from sim.io.config import Scenario
+    from sim.core.simulation import Simulation
     t0 = time.perf_counter()
     res = Simulation(Scenario.model_validate(case["scenario"]), REPO, lazy_decode=case["lazy_decode"]).run()
     wall = time.perf_counter() - t0
@@ -456,9 +456,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
 
     import numpy as np
-    from sim.modelspec import ModelSpec
-    from sim.profile import load_model
-    from sim.units import parse_bytes
+    from sim.models.spec import ModelSpec
+    from sim.io.profiles import load_model
+    from sim.io.units import parse_bytes
 
     trace = (args.data_dir / TRACE_REL).resolve()
     if not trace.is_file():

@@ -1,8 +1,8 @@
 """The reference chapter's published step-time numbers as a fitted profile (reference sections 4, 5, 9).
 
 Writes profiles/fitted/rtx-pro-6000-bw-ws__qwen3-8b__bf16__chapter.yaml, the profile the chapter
-scenarios use. Every derived number is computed here with the simulator's arithmetic (sim.modelspec,
-sim.roofline); only the measured inputs are typed in. Run: python -m calibration.chapter_profile
+scenarios use. Every derived number is computed here with the simulator's arithmetic (sim.models.spec,
+sim.models.roofline); only the measured inputs are typed in. Run: python -m calibration.chapter_profile
 """
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ import argparse
 from pathlib import Path
 
 from calibration import fit as fitmod
-from sim.modelspec import ModelSpec
-from sim.profile import (EfficiencyStepTime, FittedProfile, LinearStepTime, MFUPoint, PrefillOverride, TablePoint,
+from sim.api import ModelSpec
+from sim.api import (EfficiencyStepTime, FittedProfile, LinearStepTime, MFUPoint, PrefillOverride, TablePoint,
                          ValidRange, load_hardware, load_model, profiles_dir)
-from sim.roofline import iteration_bytes, sequence_flops
+from sim.api import iteration_bytes, sequence_flops
 
 MODEL, HARDWARE, DTYPE = "qwen3-8b", "rtx-pro-6000-bw-ws", "bf16"
 CONTEXT = 2048                                   # section 4's table: 2K context, no shared prefix
@@ -76,7 +76,7 @@ def build() -> FittedProfile:
         "pairs; valid at batch 1 only (it does not reproduce the batched measurements). It gives "
         + ", ".join(f"{v * 1e3:.2f} ms for {name}" for name, v in check.items()) + ".",
         "efficiency: decode_table = the measured decode iterations of §4 at 2K context, batch 1/4/16/64, indexed by "
-        "D_w + b x 2048 x k (sim.modelspec: D_w = %d B, k = %d B/token), preceded by D_w alone (no KV) at %.4f ms, "
+        "D_w + b x 2048 x k (sim.models.spec: D_w = %d B, k = %d B/token), preceded by D_w alone (no KV) at %.4f ms, "
         "the §5 batch-1 fit for a decode token without context (derived, not measured). prefill_mfu by new tokens: "
         "§4's measured "
         "row for 2K prompts at batch 1/4/16/64 (62/61/61/58%% as printed), at batch 1 unrounded from 94.8 ms "
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     header = ("The reference chapter's step-time numbers (sections 4, 5, 9) as a fitted profile.\n"
               "Written by `python -m calibration.chapter_profile` (calibration/chapter_profile.py): measured inputs\n"
-              "typed in there, derived numbers computed with sim.modelspec / sim.roofline. Do not edit by hand.")
+              "typed in there, derived numbers computed with sim.models.spec / sim.models.roofline. Do not edit by hand.")
     fitmod.write_profile(build(), args.out, header)
     print(args.out)
     return 0

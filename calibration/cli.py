@@ -1,4 +1,4 @@
-"""`capsim calibrate` and `capsim fit`: argument parsers and entry points (called by sim.cli).
+"""`capsim calibrate` and `capsim fit`: argument parsers and entry points (called by capsim.cli).
 
 torch is imported only inside calibrate_main (through calibration.harness), so `capsim` and
 `capsim fit` work without torch installed.
@@ -11,7 +11,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from sim.errors import ConfigError
+from sim.api import ConfigError
 
 DEVICES = ("cpu", "cuda", "mps")
 DTYPES = ("bf16", "fp16", "fp32")
@@ -47,7 +47,7 @@ def add_calibrate_args(parser: argparse.ArgumentParser) -> None:
 
 
 def calibrate_main(args: argparse.Namespace) -> int:
-    from sim.profile import load_hardware, load_model
+    from sim.api import load_hardware, load_model
     try:
         model = load_model(args.model)
         hardware = load_hardware(args.hardware) if args.hardware else None
@@ -143,7 +143,7 @@ def add_fit_args(parser: argparse.ArgumentParser) -> None:
 
 def fit_main(args: argparse.Namespace) -> int:
     from calibration.logs import FitLogConfig, fit_log
-    from sim.profile import load_hardware, load_model
+    from sim.api import load_hardware, load_model
     try:
         cfg = FitLogConfig(
             log=Path(args.log), model=load_model(args.model), out=Path(args.out),

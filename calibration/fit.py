@@ -1,4 +1,4 @@
-"""Fits step-time models to measured iterations and writes profiles/fitted/*.yaml (sim.profile schema).
+"""Fits step-time models to measured iterations and writes profiles/fitted/*.yaml (sim.io.profiles schema).
 
 Two models, the two the simulator evaluates (sim.cost):
 - linear: T = c + a*new tokens + p*pairs + r*KV tokens read + s*sequences + d*decode sequences,
@@ -7,7 +7,7 @@ Two models, the two the simulator evaluates (sim.cost):
   regression) and a prefill MFU table (median MFU per prefill token count).
 Both are fitted on about 75% of the points; the rest (a quarter of each kind, chosen by a hash of the
 shape among the points inside the others' range) is held out and its error is what the profile
-states. Predictions go through sim.cost so the stated error is the error the simulator will make.
+states. Predictions go through sim.models.step_time so the stated error is the error the simulator will make.
 No torch here.
 """
 
@@ -25,13 +25,13 @@ import numpy as np
 import yaml
 from scipy.optimize import nnls
 
-from sim.cost import EfficiencyModel, LinearModel
-from sim.modelspec import ModelSpec
-from sim.profile import (EfficiencyStepTime, FitSummary, FittedProfile, LinearStepTime, MFUPoint, Provenance,
+from sim.api import EfficiencyModel, LinearModel
+from sim.api import ModelSpec
+from sim.api import (EfficiencyStepTime, FitSummary, FittedProfile, LinearStepTime, MFUPoint, Provenance,
                          TablePoint, ValidRange, load_fitted)
-from sim.stepplan import StepPlan
-from sim.roofline import forward_flops, iteration_bytes, mbu, mfu
-from sim.schema import validate_mapping
+from sim.api import StepPlan
+from sim.api import forward_flops, iteration_bytes, mbu, mfu
+from sim.api import validate_mapping
 
 LINEAR_FEATURES = ("const", "new_tokens", "pairs", "kv_tokens_read", "num_seqs", "decode_seqs")
 _LINEAR_FIELDS = ("constant_s", "per_new_token_s", "per_pair_s", "per_kv_token_s", "per_sequence_s",
@@ -72,9 +72,9 @@ class Observation:
         return [1.0, self.new_tokens, self.pairs, self.kv_tokens_read, self.num_seqs, self.decode_seqs]
 
     def plan(self) -> StepPlan:
-        """The StepPlan a scheduler would build for this iteration, for sim.cost. Each prefill
+        """The StepPlan a scheduler would build for this iteration, for sim.models.step_time. Each prefill
         sequence finishes its prompt (one logit row); decodes are plain, not speculative (they enter
-        as the decode set's aggregate, which is all sim.cost reads of them)."""
+        as the decode set's aggregate, which is all sim.models.step_time reads of them)."""
         plan = StepPlan(num_seqs=self.prefill_seqs, new_tokens=self.prefill_tokens, pairs=self.prefill_pairs,
                         prefill_tokens=self.prefill_tokens, prefill_pairs=self.prefill_pairs,
                         prefill_logits=self.prefill_seqs, prefill_seqs=self.prefill_seqs,
@@ -89,7 +89,7 @@ class Observation:
 
 
 # ---------------------------------------------------------------------------------------------
-# Roofline per point (sim.roofline: the simulator's arithmetic)
+# Roofline per point (sim.models.roofline: the simulator's arithmetic)
 
 
 @dataclass(frozen=True)
@@ -115,7 +115,7 @@ class Roofline:
         return iteration_bytes(self.weight_read_bytes, self.kv_bytes_per_token, o.kv_tokens_read)
 
     def decode_bytes(self, o: Observation) -> float:
-        """What the efficiency model's decode table is indexed by (sim.cost.EfficiencyModel.decode_s)."""
+        """What the efficiency model's decode table is indexed by (sim.models.step_time.EfficiencyModel.decode_s)."""
         return iteration_bytes(self.weight_read_bytes, self.kv_bytes_per_token, o.decode_kv_tokens)
 
     def mfu(self, o: Observation) -> float | None:
@@ -348,7 +348,7 @@ def _plain(v):
 
 
 def write_profile(profile: FittedProfile, path: str | Path, header: str) -> FittedProfile:
-    """Write the YAML and load it back through sim.profile.load_fitted (the reader's path)."""
+    """Write the YAML and load it back through sim.io.profiles.load_fitted (the reader's path)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     body = yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False, width=110,

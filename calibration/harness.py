@@ -25,8 +25,8 @@ from calibration.points import append_point, read_points, repair_tail, start_poi
 from calibration.shapes import Shape, grid_shapes
 from calibration.timing import (Clock, available_memory_bytes, check_device, device_name, driver_version, is_oom,
                                 measure_ceilings, median_and_spread, synchronize, total_memory_bytes)
-from sim.modelspec import ModelSpec
-from sim.profile import FittedProfile, HardwareProfile, ModelProfile
+from sim.api import ModelSpec
+from sim.api import FittedProfile, HardwareProfile, ModelProfile
 
 # vLLM's default decode capture sizes: 1, 2, 4, then multiples of 8 up to 512
 CAPTURE_SIZES = [1, 2, 4] + list(range(8, 513, 8))
@@ -491,7 +491,7 @@ def _calibrate(cfg: RunConfig) -> RunResult:
     report = fitmod.fit_observations(obs, roof)
     profile = _profile(cfg, points.meta, report, roof, roof_src, ok, pts_path)
     header = (f"Fitted by `{cfg.command or 'capsim calibrate'}` on {fitmod.today()}.\n"
-              f"Raw points: {pts_path.name} (same folder). Schema: sim.profile.FittedProfile.")
+              f"Raw points: {pts_path.name} (same folder). Schema: sim.io.profiles.FittedProfile.")
     fitmod.write_profile(profile, prof_path, header)
     return RunResult(prof_path, pts_path, profile, report, measured, skipped, points.meta)
 

@@ -25,8 +25,8 @@ from pathlib import Path
 
 from calibration import fit as fitmod
 from calibration.points import read_points
-from sim.modelspec import ModelSpec
-from sim.profile import HardwareProfile, ModelProfile
+from sim.api import ModelSpec
+from sim.api import HardwareProfile, ModelProfile
 
 CANONICAL = ("duration_ms", "duration_s", "prefill_tokens", "prefill_seqs", "prefill_cached_tokens", "decode_seqs",
              "decode_context_tokens", "pairs", "max_context")
@@ -280,11 +280,11 @@ def fit_log(cfg: FitLogConfig) -> FitLogResult:
         provenance=fitmod.provenance(source=cfg.source or f"capsim fit {path.name}", date=fitmod.today(),
                                      git_commit=fitmod.git_commit(), grid=f"engine log ({fmt})",
                                      notes="\n".join(notes)))
-    header = f"Fitted by `{cfg.command or 'capsim fit'}` on {fitmod.today()}.\nSchema: sim.profile.FittedProfile."
+    header = f"Fitted by `{cfg.command or 'capsim fit'}` on {fitmod.today()}.\nSchema: sim.io.profiles.FittedProfile."
     fitmod.write_profile(profile, cfg.out, header)
     return FitLogResult(Path(cfg.out), profile, report, extra)
 
 
 def _known_models() -> set[str]:
-    from sim.profile import known_names
+    from sim.api import known_names
     return set(known_names("models"))

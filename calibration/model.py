@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 
 from calibration.shapes import Shape
-from sim.profile import ModelProfile
+from sim.api import ModelProfile
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 _EPS = 1e-6

@@ -16,7 +16,7 @@ FORMAT = "capsim-calibration-points v1"
 
 COLUMNS = [
     "key", "kind", "status",
-    # the simulator's iteration features (sim.schedulers.base.StepPlan), summed over sequences
+    # the simulator's iteration features (sim.core.schedulers.base.StepPlan), summed over sequences
     "new_tokens", "pairs", "kv_tokens_read", "num_seqs", "decode_seqs", "decode_kv_tokens",
     "prefill_seqs", "prefill_tokens", "prefill_pairs", "prefill_cached_tokens", "logits", "max_context",
     "padded_seqs",                      # rows actually run (CUDA graphs pad decode batches)
@@ -24,7 +24,7 @@ COLUMNS = [
     "repeats", "time_s", "time_min_s", "time_max_s", "time_p25_s", "time_p75_s", "times_s",
     "wall_s",                           # median wall time when another clock was fitted (--clock thread)
     "layers_timed", "time_layers_s",    # median time of the timed layer segment before scaling
-    # roofline (sim.roofline): modelled FLOPs and bytes (weights + KV read), MFU and MBU
+    # roofline (sim.models.roofline): modelled FLOPs and bytes (weights + KV read), MFU and MBU
     "flops", "bytes_read", "mfu", "mbu",
     # memory (CUDA): KV tensors of the shape, activation peak above weights + KV, graph pool
     "kv_cache_bytes", "act_peak_bytes", "graph_pool_bytes",

@@ -1,6 +1,6 @@
 """Real replay: the simulator's own scheduler drives the reference model on a device, in real time.
 
-The same objects as a `capsim run` replica (built by sim.simulation.Simulation: BlockManager,
+The same objects as a `capsim run` replica (built by sim.core.simulation.Simulation: BlockManager,
 scheduler class, Recorder, Timeline), stepped by a clock instead of SimPy:
 
 - arrivals are released at their scheduled times (the loop sleeps when there is nothing to do);
@@ -45,12 +45,12 @@ import torch
 from calibration.model import DTYPES, KVCache, ReferenceModel
 from calibration.shapes import Group, Shape
 from calibration.timing import check_device, device_name, synchronize
-from sim.config import Scenario
-from sim.metrics import Recorder
-from sim.request import Request, Status
-from sim.schedulers.speculation import NgramDraft, Speculator
-from sim.simulation import Result, Simulation
-from sim.workload import prefix_stream
+from sim.api import Scenario
+from sim.api import Recorder
+from sim.api import Request, Status
+from sim.api import NgramDraft, Speculator
+from sim.api import Result, Simulation
+from sim.api import prefix_stream
 
 CLOCKS = ("wall", "thread")
 
@@ -573,7 +573,7 @@ def replay(scenario: Scenario, base_dir: str | Path = ".", cfg: ReplayConfig | N
     """Replay `scenario` for real on cfg.device (the scenario's model unless `model_profile` is given)."""
     cfg = cfg or ReplayConfig()
     if model_profile is None:
-        from sim.profile import load_model
+        from sim.api import load_model
         base = Path(base_dir)
         model_profile = load_model(scenario.model) if not scenario.model.endswith(".yaml") else \
             load_model(base / scenario.model)

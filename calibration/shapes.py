@@ -2,8 +2,8 @@
 
 Pure Python: no torch. A shape is a batch of sequence groups; each group is `count` sequences
 with `new` tokens to compute after `cached` tokens already in their KV cache. Its features are
-the simulator's (sim.schedulers.base.StepPlan): new tokens, causal pairs, KV tokens read,
-sequences, decode sequences, computed with sim.roofline.causal_pairs.
+the simulator's (sim.core.schedulers.base.StepPlan): new tokens, causal pairs, KV tokens read,
+sequences, decode sequences, computed with sim.models.roofline.causal_pairs.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass
 from functools import cached_property
 
-from sim.profile import ModelProfile
-from sim.roofline import causal_pairs
+from sim.api import ModelProfile
+from sim.api import causal_pairs
 
 KINDS = ("prefill", "decode", "mixed")
 

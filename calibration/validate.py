@@ -34,11 +34,11 @@ from types import SimpleNamespace
 import numpy as np
 import pandas as pd
 
-from sim.config import StepTimeConfig, load_scenario
-from sim.cost import RangeChecked
-from sim.errors import ConfigError
-from sim.profile import FittedProfile, load_fitted, load_model
-from sim.simulation import Result, Simulation, resolve_profile_path
+from sim.api import StepTimeConfig, load_scenario
+from sim.api import RangeChecked
+from sim.api import ConfigError
+from sim.api import FittedProfile, load_fitted, load_model
+from sim.api import Result, Simulation, resolve_profile_path
 
 LATENCIES = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
 STATS = ("mean", "median", "p90", "p99")
@@ -208,7 +208,7 @@ def residuals(profile_path: Path, prof: FittedProfile, use: str, model) -> tuple
     points, by iteration kind; without a points file, a normal spread with the fit's MAPE."""
     from calibration.fit import Observation, Roofline, predictor
     from calibration.points import read_points
-    from sim.modelspec import ModelSpec
+    from sim.api import ModelSpec
 
     csv = profile_path.parent / prof.provenance.points_csv if prof.provenance.points_csv else None
     if csv is not None and csv.exists():
@@ -327,7 +327,7 @@ def step_errors(detail: pd.DataFrame, plans: list, cost) -> dict:
 
 def _replayed_speculation(log: dict):
     """A Speculator class whose drafts and accepted counts are the replay's, request by request."""
-    from sim.schedulers.speculation import Speculator
+    from sim.api import Speculator
 
     class ReplayedSpeculation(Speculator):
         def __init__(self, cfg, rng, *args, **kw):
@@ -365,7 +365,7 @@ def plans_check(run, scenario, base_dir: Path) -> dict:
     """Simulate the same scenario with each iteration's measured duration (and, under speculation, the
     replay's drafts and accepted counts): the plans must be the replay's, iteration by iteration, and
     the latency metrics the measured ones."""
-    import sim.simulation as simmod
+    import sim.core.simulation as simmod
 
     durations = run.result.iterations["duration_s"].tolist()
     sim = Simulation(scenario, base_dir, lazy_decode=False)

@@ -1,4 +1,4 @@
-"""capsim's simulator package. Kept empty on purpose: `import sim.profile` must not pull in simpy.
+"""capsim's simulator package. Kept empty on purpose: `import sim.io.profiles` must not pull in simpy.
 
 The public API lives in :mod:`sim.api`.
 """

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from sim.api import run_scenario
-from sim.cli import main
+from capsim.cli import main
 
 REPO = Path(__file__).resolve().parent.parent
 SCENARIOS = sorted((REPO / "scenarios").rglob("*.yaml"))

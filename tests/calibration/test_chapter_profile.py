@@ -8,9 +8,9 @@ import pytest
 from calibration import chapter_profile
 from calibration import fit as fitmod
 from calibration.shapes import Shape
-from sim.cost import EfficiencyModel, LinearModel
-from sim.modelspec import ModelSpec
-from sim.profile import load_fitted, load_model
+from sim.models.step_time import EfficiencyModel, LinearModel
+from sim.models.spec import ModelSpec
+from sim.io.profiles import load_fitted, load_model
 
 PATH = chapter_profile.default_path()
 

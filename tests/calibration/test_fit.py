@@ -7,8 +7,8 @@ import pytest
 
 from calibration import fit as fitmod
 from calibration.shapes import Shape, grid_shapes, tiny_model_profile
-from sim.modelspec import ModelSpec
-from sim.profile import LinearStepTime, load_model
+from sim.models.spec import ModelSpec
+from sim.io.profiles import LinearStepTime, load_model
 
 TRUE = LinearStepTime(constant_s=5e-3, per_new_token_s=20e-6, per_pair_s=2e-9, per_kv_token_s=50e-9,
                       per_sequence_s=100e-6, per_decode_sequence_s=300e-6)
@@ -140,12 +140,12 @@ def test_efficiency_needs_a_peak_and_both_kinds():
 
 @pytest.mark.parametrize("key", ["prefill:2x16@8", "decode:3x1@32+2x1@4", "mixed:4x1@100+1x64@256"])
 def test_observation_plan_has_the_fields_of_a_scheduler_step_plan(key):
-    """calibration evaluates sim.cost on the StepPlan of a measured iteration: every field must
+    """calibration evaluates sim.models.step_time on the StepPlan of a measured iteration: every field must
     have the value a scheduler would set for the same iteration."""
     import dataclasses
 
-    from sim.request import Request
-    from sim.stepplan import StepPlan
+    from sim.core.request import Request
+    from sim.core.step import StepPlan
 
     shape = Shape.parse(key)
     real = StepPlan()

@@ -15,7 +15,7 @@ from calibration import fit as fitmod  # noqa: E402
 from calibration.harness import Runner, calibrate, plan_layers  # noqa: E402
 from calibration.points import COLUMNS, read_points  # noqa: E402
 from calibration.shapes import Shape, grid_shapes, tiny_model_profile  # noqa: E402
-from sim.profile import load_fitted  # noqa: E402
+from sim.io.profiles import load_fitted  # noqa: E402
 
 from .conftest import TINY_SHAPES, tiny_config  # noqa: E402
 
@@ -143,7 +143,7 @@ def test_plan_layers_fits_memory():
 
 
 def test_named_grids_are_sane():
-    from sim.profile import load_model
+    from sim.io.profiles import load_model
     m = load_model("qwen2.5-0.5b")
     for device in ("cpu", "cuda"):
         sizes = [len(grid_shapes(g, device, m)) for g in ("quick", "standard", "full")]
@@ -169,7 +169,7 @@ def test_profile_runs_in_the_simulator(tmp_path, monkeypatch):
     shutil.copy(res.profile_path, root / "fitted")
     monkeypatch.setenv("CAPSIM_PROFILES", str(root))
     from sim.api import run
-    from sim.config import Scenario
+    from sim.io.config import Scenario
 
     for use in ("linear", "efficiency"):
         sc = Scenario.model_validate({
@@ -190,7 +190,7 @@ def test_profile_runs_in_the_simulator(tmp_path, monkeypatch):
 
 
 def test_stated_error_is_what_the_simulator_makes(tiny_run):
-    """The YAML, read back and evaluated by sim.cost on the held-out CSV points, gives the stated MAPE."""
+    """The YAML, read back and evaluated by sim.models.step_time on the held-out CSV points, gives the stated MAPE."""
     cfg, res = tiny_run
     prof = load_fitted(res.profile_path)
     rows = [r for r in read_points(res.points_path).rows if r["status"] == "ok"]

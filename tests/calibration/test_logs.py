@@ -11,7 +11,7 @@ import pytest
 from calibration import fit as fitmod
 from calibration.logs import FitLogConfig, fit_log, iteration_observation
 from calibration.shapes import grid_shapes
-from sim.profile import load_fitted, load_hardware, load_model
+from sim.io.profiles import load_fitted, load_hardware, load_model
 
 from .test_fit import TRUE
 

@@ -58,6 +58,6 @@ def test_subset_of_layers_and_tied_head():
 
 
 def test_moe_is_refused():
-    from sim.profile import load_model
+    from sim.io.profiles import load_model
     with pytest.raises(ValueError, match="MoE and MLA are not implemented"):
         ReferenceModel(load_model("mixtral-8x7b"), "bf16", "meta")

@@ -15,9 +15,9 @@ from calibration.replay import (ReplayConfig, Replayer, check_replayable, ngram_
                                 prompt_token_ids, replay)
 from calibration.shapes import tiny_model_profile  # noqa: E402
 from calibration.validate import MeasuredSteps, plans_check  # noqa: E402
-from sim.config import load_scenario  # noqa: E402
-from sim.metrics import ITERATION_COLUMNS, REQUEST_COLUMNS  # noqa: E402
-from sim.simulation import Simulation  # noqa: E402
+from sim.io.config import load_scenario  # noqa: E402
+from sim.core.metrics import ITERATION_COLUMNS, REQUEST_COLUMNS  # noqa: E402
+from sim.core.simulation import Simulation  # noqa: E402
 
 
 def write_scenario(tmp_path, scheduler: dict, workload: dict | None = None, **over) -> tuple:

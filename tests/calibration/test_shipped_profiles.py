@@ -8,7 +8,7 @@ import pytest
 
 from calibration.logs import FitLogConfig, fit_log
 from calibration.points import read_points
-from sim.profile import load_fitted, load_hardware, load_model
+from sim.io.profiles import load_fitted, load_hardware, load_model
 
 FITTED = Path(__file__).resolve().parents[2] / "profiles" / "fitted"
 WITH_POINTS = [p for p in sorted(FITTED.glob("*.yaml")) if load_fitted(p).provenance.points_csv]

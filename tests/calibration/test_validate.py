@@ -14,8 +14,8 @@ import yaml
 
 from calibration.validate import (Perturbed, compare_summaries, interval, per_request_errors, rel_error, residuals,
                                   targets, uncertainty_block)
-from sim.cost import LinearModel
-from sim.profile import LinearStepTime
+from sim.models.step_time import LinearModel
+from sim.io.profiles import LinearStepTime
 
 
 def _summary(scale: float) -> dict:
@@ -96,7 +96,7 @@ def test_residuals_are_the_fit_errors_on_the_calibration_points(tiny_run):
     from calibration.fit import Observation, Roofline, predictor
     from calibration.points import read_points
     from calibration.shapes import tiny_model_profile
-    from sim.modelspec import ModelSpec
+    from sim.models.spec import ModelSpec
     cfg, res = tiny_run
     by_kind, source = residuals(res.profile_path, res.profile, "linear", tiny_model_profile())
     rows = read_points(res.points_path).ok_rows
@@ -125,7 +125,7 @@ def tiny_scenario(tmp_path, tiny_run):
 
 def test_validate_command_on_a_tiny_model(tmp_path, tiny_scenario, tiny_run, capsys):
     pytest.importorskip("torch", reason="the replay needs torch")
-    from sim.cli import main
+    from capsim.cli import main
     out = tmp_path / "val"
     rc = main(["validate", str(tiny_scenario), "--profile", str(tiny_run[1].profile_path), "--device", "cpu",
                "--out", str(out), "--rates", "200,2000", "--seeds", "2", "--model-draws", "3", "--threads", "1",
@@ -172,7 +172,7 @@ def test_validate_command_on_a_tiny_model(tmp_path, tiny_scenario, tiny_run, cap
 
 
 def test_validate_refuses_a_profile_of_another_model(tmp_path, tiny_scenario, capsys):
-    from sim.cli import main
+    from capsim.cli import main
     rc = main(["validate", str(tiny_scenario), "--profile", "cpu__qwen2.5-0.5b__bf16.yaml", "--out",
                str(tmp_path / "x"), "--quiet"])
     assert rc == 2

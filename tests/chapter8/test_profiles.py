@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from sim.errors import ConfigError
-from sim.profile import known_names, load_fitted, load_hardware, load_model, profiles_dir
+from sim.io.errors import ConfigError
+from sim.io.profiles import known_names, load_fitted, load_hardware, load_model, profiles_dir
 
 LOADERS = {"hardware": load_hardware, "models": load_model, "fitted": load_fitted}
 

@@ -1,7 +1,7 @@
 """Golden numbers of the reference chapter (tests/golden/reference.yaml), computed through capsim.
 
 Each entry names a calculator below. A calculator only glues project calls together (load a
-profile, call sim.modelspec / sim.memory / sim.roofline / sim.valuation, pick a field, add or
+profile, call sim.models.spec / sim.models.memory / sim.models.roofline / sim.planning.valuation, pick a field, add or
 divide project outputs); it never restates a formula with the chapter's constants. The test then
 converts the result from SI base units (B, s, FLOP, fraction) into the entry's printed `unit`
 and compares it with `expected` within `tol` (absolute, in that unit; 0 means exact).
@@ -16,14 +16,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sim import speculative as sp
-from sim import valuation as va
-from sim.formats import kv_bytes_per_element, weight_bytes_per_element
-from sim.memory import blocks_for, kv_plan, offload_plan, tokens_stored, unified_memory_free
-from sim.modelspec import ModelSpec
-from sim.profile import load_hardware, load_model
-from sim.roofline import b_kv, causal_pairs, decode_reads, iteration_bytes, mbu, mfu, sequence_flops, time_lower_bound_s
-from sim.units import GiB, KiB, MiB, parse_bytes
+from sim.models import speculative as sp
+from sim.planning import valuation as va
+from sim.models.formats import kv_bytes_per_element, weight_bytes_per_element
+from sim.models.memory import blocks_for, kv_footprint, offload_layout, tokens_stored, unified_memory_free
+from sim.models.spec import ModelSpec
+from sim.io.profiles import load_hardware, load_model
+from sim.models.roofline import b_kv, causal_pairs, decode_reads, iteration_bytes, mbu, mfu, sequence_flops, time_lower_bound_s
+from sim.io.units import GiB, KiB, MiB, parse_bytes
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "reference.yaml"
 
@@ -90,25 +90,25 @@ def c_kv_tokens(model, tokens, fmt="bf16", gqa=True, count=1):
     return count * va.kv_bytes_for_tokens(_spec(model), tokens, fmt, gqa)
 
 
-def _plan(model, prompt, output, requests=1, shared_prefix=0, fmt="bf16", block=16, budget=None):
-    return kv_plan(_spec(model), prompt, output, requests=requests, shared_prefix_tokens=shared_prefix,
+def _footprint(model, prompt, output, requests=1, shared_prefix=0, fmt="bf16", block=16, budget=None):
+    return kv_footprint(_spec(model), prompt, output, requests=requests, shared_prefix_tokens=shared_prefix,
                    kv_format=fmt, block_tokens=block, kv_budget_bytes=None if budget is None else _size(budget))
 
 
-def c_kv_plan(field, **kw):
-    return getattr(_plan(**kw), field)
+def c_kv_footprint(field, **kw):
+    return getattr(_footprint(**kw), field)
 
 
 def c_kv_sharing(field, **kw):
     """References held by block tables vs physical blocks, and the fraction saved."""
-    p = _plan(**kw)
+    p = _footprint(**kw)
     refs = p.requests * (p.shared_prefix_blocks + p.blocks_per_request)
     return {"references": refs, "physical": p.total_blocks, "reduction": 1 - p.total_blocks / refs}[field]
 
 
 def c_kv_saved(model, tokens, to_fmt, from_fmt="bf16", output=1):
-    return (_plan(model, tokens, output, fmt=from_fmt).kv_bytes_per_request
-            - _plan(model, tokens, output, fmt=to_fmt).kv_bytes_per_request)
+    return (_footprint(model, tokens, output, fmt=from_fmt).kv_bytes_per_request
+            - _footprint(model, tokens, output, fmt=to_fmt).kv_bytes_per_request)
 
 
 def c_tokens_stored(prompt, output):
@@ -227,7 +227,7 @@ def c_compressed_kv_net(model, context, to_fmt, conversion_s, bandwidth):
 def c_unified_free(hardware, reserve, weights=None, weights_gib=None, kv=None):
     w = 0 if weights is None and weights_gib is None else (_size(weights) if weights is not None else weights_gib * GiB)
     free = unified_memory_free(_hw(hardware), _size(reserve), w)
-    return free - (c_kv_plan("kv_bytes_per_request", **kv) if kv else 0)
+    return free - (c_kv_footprint("kv_bytes_per_request", **kv) if kv else 0)
 
 
 def c_ffn_bytes(model):
@@ -239,12 +239,12 @@ def c_ffn_copy(model, hardware=None, link_gbs=None):
 
 
 def c_offload(model, layers, buffers, field, hardware=None, link_gbs=None):
-    return getattr(offload_plan(_spec(model), layers, buffers, _link(hardware, link_gbs)), field)
+    return getattr(offload_layout(_spec(model), layers, buffers, _link(hardware, link_gbs)), field)
 
 
 def c_offload_extra_requests(model, layers, buffers, prompt, output):
-    freed = offload_plan(_spec(model), layers, buffers, None).net_freed_bytes
-    return freed // _plan(model, prompt, output).kv_bytes_per_request
+    freed = offload_layout(_spec(model), layers, buffers, None).net_freed_bytes
+    return freed // _footprint(model, prompt, output).kv_bytes_per_request
 
 
 def c_offload_decode(model, layers, buffers, compute_step_s, batch, steps, field, hardware=None, link_gbs=None):

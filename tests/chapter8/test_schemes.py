@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from sim.cli import main
+from capsim.cli import main
 from tests.sim.helpers import REPO_SCENARIOS
 
 MiB = 2**20

@@ -1,4 +1,4 @@
-"""Edge cases of sim.valuation that the reference's worked numbers do not reach."""
+"""Edge cases of sim.planning.valuation that the reference's worked numbers do not reach."""
 
 from __future__ import annotations
 
@@ -6,9 +6,9 @@ import math
 
 import pytest
 
-from sim import valuation as va
-from sim.modelspec import ModelSpec
-from sim.profile import load_hardware, load_model
+from sim.planning import valuation as va
+from sim.models.spec import ModelSpec
+from sim.io.profiles import load_hardware, load_model
 
 
 def test_no_host_link_on_unified_memory_names_the_card():

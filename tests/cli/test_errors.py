@@ -4,9 +4,9 @@ import textwrap
 
 import pytest
 
-from sim.cli import main
-from sim.config import load_scenario
-from sim.errors import ConfigError
+from capsim.cli import main
+from sim.io.config import load_scenario
+from sim.io.errors import ConfigError
 from tests.sim.helpers import REPO_SCENARIOS
 
 GOOD = (REPO_SCENARIOS / "chapter8" / "four-requests-chunked.yaml").read_text()

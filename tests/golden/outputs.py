@@ -17,7 +17,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 GOLDEN = Path(__file__).with_name("outputs.json")
-CLI = ["-m", "sim.cli"]
+CLI = ["-m", "capsim.cli"]
 OUTPUT_FILES = ("summary.json", "requests.csv", "iterations.csv")
 
 

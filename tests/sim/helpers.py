@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import copy
 
-from sim.config import Scenario
-from sim.simulation import Simulation
+from sim.io.config import Scenario
+from sim.core.simulation import Simulation
 
 CHAPTER_FIT = {"kind": "linear", "constant_s": 0.02622, "per_new_token_s": 30.4e-6, "per_pair_s": 3.0e-9}
 

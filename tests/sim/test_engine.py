@@ -7,9 +7,9 @@ import sys
 import numpy as np
 import pytest
 
-from sim.cli import main
-from sim.metrics import stats, weighted_stats
-from sim.schedulers import SCHEDULERS, AnySchedulerConfig
+from capsim.cli import main
+from sim.core.metrics import stats, weighted_stats
+from sim.core.schedulers import SCHEDULERS, AnySchedulerConfig
 from tests.sim.helpers import run, scenario
 
 POLICIES = {
@@ -141,14 +141,14 @@ def test_weighted_stats_equal_expanded_percentiles():
 
 
 def test_sim_never_imports_torch():
-    code = ("import sys, sim, sim.api, sim.cli, sim.simulation, sim.memory, sim.roofline\n"
-            "from sim.cli import main\n"
+    code = ("import sys, sim, sim.api, capsim.cli, sim.core.simulation, sim.models.memory, sim.models.roofline\n"
+            "from capsim.cli import main\n"
             "assert 'torch' not in sys.modules, 'sim imported torch'\n")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_sim_profile_does_not_pull_simpy():
-    code = "import sys, sim.profile, sim.roofline, sim.modelspec\nassert 'simpy' not in sys.modules\n"
+    code = "import sys, sim.io.profiles, sim.models.roofline, sim.models.spec\nassert 'simpy' not in sys.modules\n"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -166,8 +166,8 @@ def test_fitted_profile_range_is_enforced_or_warned_once(tmp_path, capsys):
     """The simulator refuses shapes beyond a fitted profile's valid_range unless allowed, then warns once."""
     import yaml
 
-    from sim.errors import ConfigError
-    from sim.simulation import Simulation
+    from sim.io.errors import ConfigError
+    from sim.core.simulation import Simulation
     prof = {"schema_version": 1, "model": "qwen3-8b", "dtype": "bf16",
             "linear": {"kind": "linear", "constant_s": 0.02, "per_new_token_s": 1e-5},
             "valid_range": {"max_batch": 4, "max_new_tokens": 4096, "max_context_tokens": 8192},

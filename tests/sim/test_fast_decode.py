@@ -2,8 +2,8 @@
 
 import pytest
 
-from sim.schedulers import SCHEDULERS
-from sim.simulation import Simulation
+from sim.core.schedulers import SCHEDULERS
+from sim.core.simulation import Simulation
 from tests.sim.helpers import scenario
 
 POLICIES = {

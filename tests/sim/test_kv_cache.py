@@ -5,10 +5,10 @@ import json
 
 import pytest
 
-from sim.cli import main
-from sim.kv import BlockManager
-from sim.request import Request
-from sim.workload import prefix_stream
+from capsim.cli import main
+from sim.core.kv import BlockManager
+from sim.core.request import Request
+from sim.workloads.workload import prefix_stream
 from tests.sim.helpers import REPO_SCENARIOS, run, scenario
 
 MiB = 2**20
@@ -228,7 +228,7 @@ def test_chain_hashes_walk_streams_like_block_pieces():
     """The cursor walk over many segments gives the per-block definition's hashes."""
     import random
 
-    from sim.kv import block_pieces, chain_hashes
+    from sim.core.kv import block_pieces, chain_hashes
     rng = random.Random(1)
     for _ in range(200):
         segs = tuple(((2, rng.randint(0, 5)), rng.randint(0, 3), rng.randint(1, 40)) for _ in range(rng.randint(1, 8)))

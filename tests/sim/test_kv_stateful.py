@@ -1,5 +1,5 @@
 """Hypothesis stateful test of the block manager: random admissions, chunks, tokens, preemptions
-and finishes against the invariants of its state model (sim/kv.py)."""
+and finishes against the invariants of its state model (sim/core/kv.py)."""
 
 import os
 from collections import Counter
@@ -7,9 +7,9 @@ from collections import Counter
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from sim.kv import BlockManager
-from sim.request import Request
-from sim.workload import prefix_stream
+from sim.core.kv import BlockManager
+from sim.core.request import Request
+from sim.workloads.workload import prefix_stream
 
 BS = 4
 PREFIXES = ["a", "b"]

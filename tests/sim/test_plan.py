@@ -10,9 +10,10 @@ import pytest
 import yaml
 from scipy.optimize import brentq
 
-from sim.cli import compare_rows, main
-from sim.errors import ConfigError
-from sim.plan import SLO, attainment, parse_slo, plane_rows, run_plan
+from capsim.cli import main
+from capsim.commands.run import compare_rows
+from sim.io.errors import ConfigError
+from sim.planning.capacity import SLO, attainment, parse_slo, plane_rows, run_plan
 from tests.sim.helpers import REPO_SCENARIOS
 
 # One server, one request at a time, every request exactly 1 s of service (a single 1-token

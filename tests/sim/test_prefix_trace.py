@@ -18,10 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from sim.config import Scenario
-from sim.modelspec import ModelSpec
-from sim.profile import load_model
-from sim.simulation import Simulation
+from sim.io.config import Scenario
+from sim.models.spec import ModelSpec
+from sim.io.profiles import load_model
+from sim.core.simulation import Simulation
 
 REPO = Path(__file__).resolve().parents[2]
 TRACE_REL = Path("traces") / "mooncake_fast25" / "conversation_trace.jsonl"
@@ -99,7 +99,7 @@ def test_count_matches_simulator_on_partial_trace_blocks(tmp_path):
 def conversations(shared_data) -> list[dict]:
     """The first 200 requests (trace order) of conversations with at least 3 requests in the whole trace,
     conversation = the second hash id (every prompt starts with the same first block), prompts up to
-    32k tokens (hashing a prompt's blocks costs blocks x trace blocks in sim.kv, so the 100k-token
+    32k tokens (hashing a prompt's blocks costs blocks x trace blocks in sim.core.kv, so the 100k-token
     prompts would make this test slow). 38 % of their prompt tokens are reusable, many deep in a prompt."""
     rows = sweep.read_rows(shared_data / TRACE_REL)
     second: dict = {}

@@ -1,7 +1,7 @@
-"""sim.speculative: exactness of the accept/resample rule, E[N] against Monte Carlo, draft length.
+"""sim.models.speculative: exactness of the accept/resample rule, E[N] against Monte Carlo, draft length.
 
 The chapter's section-8 numbers (and scheme D's speculative pieces in section 9) are goldens in
-tests/golden/reference.yaml, checked through sim.speculative by tests/chapter8/test_reference.py;
+tests/golden/reference.yaml, checked through sim.models.speculative by tests/chapter8/test_reference.py;
 `test_section_8_goldens_are_registered` below makes sure they stay there. This file checks the
 properties those closed forms rest on. Every random test has a fixed seed; tolerances are 5 sigma
 or a chi-square p-value above 1e-3, so a failure means a real bias, not bad luck.
@@ -19,8 +19,8 @@ import pytest
 import yaml
 from scipy.stats import chisquare
 
-from sim import speculative as sp
-from sim import valuation as va
+from sim.models import speculative as sp
+from sim.planning import valuation as va
 
 GOLDEN = Path(__file__).resolve().parent.parent / "golden" / "reference.yaml"
 
@@ -341,6 +341,6 @@ def test_section_8_goldens_are_registered():
 
 
 def test_module_imports_neither_simpy_nor_torch():
-    code = "import sys, sim.speculative; print(sorted({'simpy', 'torch'} & set(sys.modules)))"
+    code = "import sys, sim.models.speculative; print(sorted({'simpy', 'torch'} & set(sys.modules)))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

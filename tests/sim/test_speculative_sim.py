@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from sim.speculative import expected_outputs_constant
+from sim.models.speculative import expected_outputs_constant
 from tests.sim.helpers import run, scenario
 
 ONE = [{"arrival_s": 0.0, "prompt_tokens": 2048, "output_tokens": 4001}]

@@ -12,10 +12,10 @@ import pandas as pd
 import pytest
 import yaml
 
-import sim.sweep as sweep
-from sim.cli import main
-from sim.errors import ConfigError
-from sim.sweep import Axis, flatten, grid_points, parse_axis, point_key, run_sweep
+import sim.planning.sweep as sweep
+from capsim.cli import main
+from sim.io.errors import ConfigError
+from sim.planning.sweep import Axis, flatten, grid_points, parse_axis, point_key, run_sweep
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -129,7 +129,7 @@ def test_killed_sweep_resumes_without_recomputing_finished_points(tmp_path):
     path = write_scenario(tmp_path, workload={**SCENARIO["workload"], "num_requests": 700})
     out = tmp_path / "out"
     grid = ["scheduler.max_num_seqs=2,4,8,16,32,64", "kv.format=bf16,q8_0"]
-    cmd = [sys.executable, "-m", "sim.cli", "sweep", str(path), *sum((["--grid", g] for g in grid), []),
+    cmd = [sys.executable, "-m", "capsim.cli", "sweep", str(path), *sum((["--grid", g] for g in grid), []),
            "--out", str(out), "--workers", "1", "--no-progress"]
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             start_new_session=True)

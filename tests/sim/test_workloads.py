@@ -3,10 +3,10 @@
 import numpy as np
 import pytest
 
-from sim.config import Synthetic, Trace
-from sim.errors import ConfigError
-from sim.traces import read_trace
-from sim.workload import build_workload
+from sim.io.config import Synthetic, Trace
+from sim.io.errors import ConfigError
+from sim.workloads.traces import read_trace
+from sim.workloads.workload import build_workload
 from tests.sim.helpers import run, scenario
 
 

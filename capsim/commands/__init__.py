@@ -1,0 +1,1 @@
+"""One module per command group; each has `add_parsers(sub)` registering its commands with `func` set."""

@@ -1,0 +1,127 @@
+"""capsim memory: does this model fit, how many requests fit the KV budget, what each step reads."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from sim.io.errors import ConfigError
+from sim.io.units import fmt_bytes, parse_bytes
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,4,16,64, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_bytes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _add_memory(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("memory", help="does this model fit, how many requests fit the KV budget, what each step reads")
+    p.add_argument("--model", required=True, help="model profile name (profiles/models) or YAML path")
+    p.add_argument("--prompt", type=int, default=2048, help="prompt tokens per request")
+    p.add_argument("--output", type=int, default=256, help="output tokens per request")
+    p.add_argument("--requests", type=int, default=1, help="requests of this shape held at once")
+    p.add_argument("--shared-prefix", type=int, default=0, help="leading prompt tokens identical across requests")
+    p.add_argument("--kv-format", default="bf16", help="bf16 | fp16 | fp8 | q8_0 | q4_0")
+    p.add_argument("--weight-format", default="bf16", help="bf16 | fp8 | int4 | q2_k")
+    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    p.add_argument("--kv-budget", type=_size, help="KV budget: 12GiB, 12GB or bytes")
+    p.add_argument("--gpu-memory-utilization", type=float,
+                   help="instead of --kv-budget: fraction of --hardware memory, minus weights and --activation")
+    p.add_argument("--activation", type=_size, default=0, help="activation / CUDA-graph workspace (with utilization)")
+    p.add_argument("--hardware", help="hardware profile for the time bound and utilization budget")
+    p.add_argument("--batch", type=_int_list, help="reads view: batch sizes, e.g. 1,4,16,64")
+    p.add_argument("--context", type=int, help="reads view: context tokens per sequence (default: --prompt)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def cmd_memory(args) -> int:
+    from sim.models.memory import kv_budget_from_utilization, kv_footprint
+    from sim.models.spec import ModelSpec
+    from sim.io.profiles import load_hardware, load_model
+    from sim.models.roofline import b_kv, decode_reads
+
+    spec = ModelSpec(load_model(args.model))
+    hw = load_hardware(args.hardware) if args.hardware else None
+    budget = args.kv_budget
+    if args.gpu_memory_utilization is not None:
+        if hw is None:
+            raise ConfigError("--gpu-memory-utilization needs --hardware")
+        if budget is not None:
+            raise ConfigError("give either --kv-budget or --gpu-memory-utilization, not both")
+        budget = kv_budget_from_utilization(hw, spec.weight_bytes(args.weight_format), args.gpu_memory_utilization,
+                                            args.activation)
+    try:
+        plan = kv_footprint(spec, args.prompt, args.output, args.requests, args.shared_prefix, args.kv_format,
+                       args.block_size, budget)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    out = {"model": spec.profile.name, **plan.as_dict(),
+           "weight_format": args.weight_format,
+           "total_params": spec.total_params,
+           "weight_bytes": spec.weight_bytes(args.weight_format),
+           "weight_read_bytes_per_step": spec.weight_read_bytes(args.weight_format)}
+    if hw is not None:
+        out["hardware"] = hw.name
+        out["hardware_memory_bytes"] = hw.memory_bytes
+    if args.batch:
+        ctx = args.context or args.prompt
+        peak = hw.peak_flops_per_s("bf16") if hw else None
+        bw = hw.bandwidth_bytes_per_s if hw else None
+        reads = []
+        for b in args.batch:
+            r = decode_reads(spec, b, ctx, args.weight_format, args.kv_format, peak, bw)
+            reads.append({"batch": b, "context_tokens": ctx, "bytes_per_iteration": r.bytes_per_iteration,
+                          "bytes_per_output_token": r.bytes_per_output_token,
+                          "weight_bytes_per_output_token": r.weight_bytes_per_output_token,
+                          "kv_bytes_per_output_token": r.kv_bytes_per_output_token,
+                          "flops_per_iteration": r.flops, "time_bound_s": r.time_bound_s,
+                          "memory_bound": r.memory_bound})
+        out["reads"] = reads
+        out["b_kv"] = b_kv(spec.weight_read_bytes(args.weight_format), ctx, spec.kv_bytes_per_token(args.kv_format))
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    rows = [
+        ("model", spec.profile.name),
+        ("weights", f"{fmt_bytes(out['weight_bytes'])} ({args.weight_format}); read per step {fmt_bytes(out['weight_read_bytes_per_step'])}"),
+        ("KV per token", f"{plan.kv_bytes_per_token:g} B ({args.kv_format})"),
+        ("tokens stored per request", f"{plan.tokens_stored_per_request} -> {plan.blocks_per_request} blocks of {plan.block_tokens}"),
+        ("KV per request" + (" (private)" if plan.shared_prefix_blocks else ""), fmt_bytes(plan.kv_bytes_per_request)),
+        ("shared prefix", f"{plan.shared_prefix_blocks} blocks, {fmt_bytes(plan.shared_prefix_bytes)}"),
+        (f"total KV for {plan.requests}", fmt_bytes(plan.total_kv_bytes)),
+    ]
+    if budget is not None:
+        rows += [("KV budget", fmt_bytes(budget)), ("fits", "yes" if plan.fits else "NO"),
+                 ("max requests", str(plan.max_requests))]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+    if args.batch:
+        print()
+        print(f"{'batch':>6} {'bytes/iter':>12} {'bytes/token':>12} {'weights/tok':>12} {'KV/tok':>10} {'time bound':>11}")
+        for r in out["reads"]:
+            tb = f"{r['time_bound_s'] * 1e3:.2f} ms" if r["time_bound_s"] is not None else "-"
+            print(f"{r['batch']:>6} {fmt_bytes(r['bytes_per_iteration']):>12} {fmt_bytes(r['bytes_per_output_token']):>12} "
+                  f"{fmt_bytes(r['weight_bytes_per_output_token']):>12} {fmt_bytes(r['kv_bytes_per_output_token']):>10} {tb:>11}")
+        print(f"b_KV (KV reads reach weight reads) at {args.context or args.prompt} tokens: {out['b_kv']}")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    """Register this module's commands on the `capsim` subparsers."""
+    _add_memory(sub).set_defaults(func=cmd_memory)

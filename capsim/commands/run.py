@@ -1,0 +1,146 @@
+"""capsim run, validate-scenario and compare: simulate scenarios and print their summaries."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from sim.io.errors import ConfigError
+from sim.io.units import fmt_bytes, parse_bytes
+
+
+def _add_run(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("run", help="simulate a scenario and print its summary")
+    p.add_argument("scenario", help="scenario YAML")
+    p.add_argument("--out", help="write summary.json, requests.csv and iterations.csv here")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value",
+                   help="override a scenario field (repeatable), e.g. --set scheduler.max_num_seqs=32")
+    p.add_argument("--json", action="store_true", help="print summary.json instead of the table")
+    p.add_argument("--progress", action="store_true", help="show progress on stderr")
+    return p
+
+
+def _fmt_ms(x) -> str:
+    return "-" if x is None else f"{x * 1e3:.2f}"
+
+
+def print_summary(s: dict, file=None) -> None:
+    file = file or sys.stdout
+    def num(x, fmt="{:.3f}"):
+        return "-" if x is None else fmt.format(x)
+    print(f"scenario {s['scenario']}: {s['completed']}/{s['requests']} completed, {s['rejected']} rejected, "
+          f"{s['cancelled']} cancelled, {s['good']} good", file=file)
+    print(f"makespan {num(s['makespan_s'])} s   throughput {num(s['output_throughput_tok_s'], '{:.1f}')} tok/s, "
+          f"{num(s['request_throughput_rps'])} req/s   goodput {num(s['goodput_rps'])} req/s   "
+          f"SLO attainment {num(s['slo_attainment'])}", file=file)
+    print(f"{'ms':<6}{'mean':>10}{'median':>10}{'p90':>10}{'p99':>10}{'max':>10}", file=file)
+    for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s"):
+        st = s[key]
+        print(f"{key[:-2].upper():<6}" + "".join(f"{_fmt_ms(st[k]):>10}" for k in ("mean", "median", "p90", "p99", "max")),
+              file=file)
+    print(f"KV peak {fmt_bytes(s['peak_kv_bytes'])} of {fmt_bytes(s['kv_capacity_bytes'])}   memory fit "
+          f"{'yes' if s['memory_fit'] else 'NO'}   preemptions {s['preemptions']} ({s['recomputed_tokens']} tokens recomputed)",
+          file=file)
+    print(f"GPU-s per good {num(s['gpu_seconds_per_good'])}   energy per good "
+          f"{num(s['energy_j_per_good'], '{:.1f}')} J", file=file)
+
+
+class _Progress:
+    """A one-line progress indicator on stderr, redrawn at most every 1% of the requests."""
+
+    def __init__(self, stream=None):
+        self.stream, self.last = stream or sys.stderr, -1
+
+    def __call__(self, done: int, total: int) -> None:
+        pct = done * 100 // max(total, 1)
+        if pct != self.last:
+            self.last = pct
+            self.stream.write(f"\r{done}/{total} requests done ({pct}%)")
+            if done == total:
+                self.stream.write("\n")
+            self.stream.flush()
+
+
+def cmd_run(args) -> int:
+    from sim.api import run_scenario
+    result = run_scenario(args.scenario, args.overrides, progress=_Progress() if args.progress else None)
+    if args.out:
+        result.write(args.out)
+    if args.json:
+        print(json.dumps(result.summary, indent=2))
+    else:
+        print_summary(result.summary)
+        if args.out:
+            print(f"wrote {Path(args.out) / 'summary.json'}, requests.csv, iterations.csv")
+    return 0
+
+
+def _add_validate(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("validate-scenario", help="check scenario files and print every error of every file")
+    p.add_argument("files", nargs="+")
+    return p
+
+
+def cmd_validate(args) -> int:
+    from sim.io.config import load_scenario
+    errors = []
+    for f in args.files:
+        try:
+            load_scenario(f)
+        except ConfigError as exc:
+            errors.extend(exc.lines)
+    for line in errors:
+        print(line)
+    if not errors:
+        print(f"{len(args.files)} scenario file(s) valid")
+    return 2 if errors else 0
+
+
+def _add_compare(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("compare", help="run several scenarios and print one comparison table")
+    p.add_argument("scenarios", nargs="+")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value",
+                   help="override applied to every scenario (repeatable)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per scenario")
+    return p
+
+
+def compare_rows(paths: list[str], overrides: list[str]) -> list[dict]:
+    """One row per scenario: memory need against the budget, time, deadlines, cost per good result."""
+    from sim.api import run_scenario
+    rows = []
+    for path in paths:
+        s = run_scenario(path, overrides).summary
+        budget = s["kv_budget_bytes"]
+        on_time = s["good"] == s["requests"]
+        rows.append({"scenario": s["scenario"], "kv_need_bytes": s["kv_need_bytes"], "kv_budget_bytes": budget,
+                     "memory_fit": s["memory_fit"], "makespan_s": s["makespan_s"], "good": s["good"],
+                     "requests": s["requests"], "deadline_met": on_time,
+                     "feasible": bool(s["memory_fit"] and on_time),
+                     "gpu_seconds_per_good": s["gpu_seconds_per_good"], "energy_j_per_good": s["energy_j_per_good"]})
+    return rows
+
+
+def cmd_compare(args) -> int:
+    rows = compare_rows(args.scenarios, args.overrides)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    head = f"{'scenario':<22}{'KV need':>12}{'budget':>12}{'fits':>6}{'makespan':>10}{'on time':>9}{'feasible':>9}{'GPU-s/good':>11}{'J/good':>9}"
+    print(head)
+    for r in rows:
+        gpu = "-" if r["gpu_seconds_per_good"] is None else f"{r['gpu_seconds_per_good']:.3f}"
+        joule = "-" if r["energy_j_per_good"] is None else f"{r['energy_j_per_good']:.0f}"
+        print(f"{r['scenario']:<22}{r['kv_need_bytes'] / 2**20:>8.0f} MiB{r['kv_budget_bytes'] / 2**20:>8.0f} MiB"
+              f"{'yes' if r['memory_fit'] else 'no':>6}{r['makespan_s']:>9.2f}s{r['good']:>5}/{r['requests']:<3}"
+              f"{'yes' if r['feasible'] else 'no':>9}{gpu:>11}{joule:>9}")
+    return 0
+
+
+def add_parsers(sub) -> None:
+    """Register this module's commands on the `capsim` subparsers."""
+    _add_run(sub).set_defaults(func=cmd_run)
+    _add_validate(sub).set_defaults(func=cmd_validate)
+    _add_compare(sub).set_defaults(func=cmd_compare)

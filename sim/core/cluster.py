@@ -1,0 +1,132 @@
+"""Replicas behind a router: routing policies, health checks, and faults.
+
+Routers are small policies with one method, `choose(req, candidates) -> Replica | None`, over the
+replicas the router believes healthy (health checks mark a replica down `timeout` seconds after
+a check finds it down, and up at the first check that finds it up).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Literal
+
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+
+from sim.io.schema import StrictModel
+
+
+class RouterConfig(StrictModel):
+    kind: Literal["round_robin", "least_outstanding", "affinity"] = "least_outstanding"
+    health_check_interval_s: PositiveFloat = Field(5.0, description="Seconds between health checks")
+    health_check_timeout_s: NonNegativeFloat = Field(2.0, description="A down replica is marked down this long after a check")
+
+
+class Fault(StrictModel):
+    replica: NonNegativeInt
+    start_s: NonNegativeFloat
+    end_s: PositiveFloat
+
+    @model_validator(mode="after")
+    def _order(self):
+        if self.end_s <= self.start_s:
+            raise ValueError(f"end_s ({self.end_s}) must be after start_s ({self.start_s})")
+        return self
+
+
+class ClusterConfig(StrictModel):
+    replicas: PositiveInt = 1
+    router: RouterConfig = Field(default_factory=RouterConfig)
+    faults: list[Fault] = Field(default_factory=list, description="Replicas down for an interval (state lost)")
+    on_failure: Literal["fail", "retry"] = Field(
+        "retry", description="A request on a failed replica fails, or is routed again (not to a replica that failed it)")
+
+    @model_validator(mode="after")
+    def _faults(self):
+        for i, f in enumerate(self.faults):
+            if f.replica >= self.replicas:
+                raise ValueError(f"faults.{i}.replica ({f.replica}) must be < replicas ({self.replicas})")
+        return self
+
+
+class Router:
+    kind: ClassVar[str]
+
+    def choose(self, req, candidates: list):  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class RoundRobin(Router):
+    """Next replica in turn among the healthy ones."""
+
+    kind = "round_robin"
+
+    def __init__(self):
+        self._next = 0
+
+    def choose(self, req, candidates):
+        if not candidates:
+            return None
+        pick = min(candidates, key=lambda r: ((r.index - self._next) % (1 << 30)))
+        self._next = pick.index + 1
+        return pick
+
+
+class LeastOutstanding(Router):
+    """The healthy replica with the fewest requests in it (first one on ties)."""
+
+    kind = "least_outstanding"
+
+    def choose(self, req, candidates):
+        return min(candidates, key=lambda r: (r.outstanding, r.index), default=None)
+
+
+class PrefixAffinity(Router):
+    """Send a request where its prefix is cached: the replica with the longest cached match; when
+    nothing is cached yet, where the same first shared stream (system prompt, session) went last;
+    otherwise least outstanding."""
+
+    kind = "affinity"
+
+    def __init__(self):
+        self._sticky: dict = {}
+
+    def choose(self, req, candidates):
+        if not candidates:
+            return None
+        best = max(candidates, key=lambda r: (len(r.pool.match(req)), -r.outstanding, -r.index))
+        key = req.segments[0][0] if (req.segments and req.shareable_tokens) else None
+        if not best.pool.match(req):
+            sticky = self._sticky.get(key)
+            best = sticky if sticky in candidates else min(candidates, key=lambda r: (r.outstanding, r.index))
+        if key is not None:
+            self._sticky[key] = best
+        return best
+
+
+ROUTERS = {cls.kind: cls for cls in (RoundRobin, LeastOutstanding, PrefixAffinity)}
+
+
+class Replica:
+    """One serving instance: its KV pool, scheduler, inbox and iteration timeline."""
+
+    def __init__(self, index: int, pool, scheduler, inbox, timeline):
+        self.index = index
+        self.pool = pool
+        self.scheduler = scheduler
+        self.inbox = inbox
+        self.timeline = timeline
+        self.process = None
+        self.up = True
+        self.marked_up = True
+        self.incarnation = 0
+        self.retired: list[Replica] = []  # earlier incarnations (before a fault), for their stats
+
+    @property
+    def outstanding(self) -> int:
+        """Requests routed here and not done: queued at the door, waiting or running."""
+        s = self.scheduler
+        return len(self.inbox.items) + len(s.waiting) + len(s.running)
+
+    def requests(self) -> list:
+        """Everything this replica holds (for a fault): inbox, running (admission order), waiting."""
+        s = self.scheduler
+        return list(self.inbox.items) + list(s.running.values()) + list(s.waiting)

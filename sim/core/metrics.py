@@ -1,0 +1,225 @@
+"""Recorder (plain lists and arrays during the run) and summarize() (numpy at the end).
+
+Definitions follow `vllm bench serve` (docs/metrics.md): TTFT and E2E from the scheduled arrival,
+TPOT = (last token - first token) / (outputs - 1) per request, ITL pooled over every gap of every
+request, percentiles by linear interpolation.
+"""
+
+from __future__ import annotations
+
+from array import array
+
+import numpy as np
+
+from sim.core.request import Request, Status
+
+REQUEST_COLUMNS = ("id", "replica", "status", "arrival_s", "admitted_s", "first_token_s", "finish_s", "ttft_s", "e2e_s",
+                   "tpot_s", "max_itl_s", "prompt_tokens", "output_tokens", "cached_tokens", "prefix_hit_rate", "preemptions",
+                   "recomputed_tokens", "kv_waited", "attempts", "met_slo", "correct")
+ITERATION_COLUMNS = ("replica", "start_s", "duration_s", "prefill_tokens", "decode_sequences", "pairs", "kv_blocks_in_use",
+                     "cached_free_blocks", "host_blocks", "batch_size", "new_tokens", "swap_bytes",
+                     "output_tokens")
+STATUS_CODES = {s: i for i, s in enumerate(Status)}
+NAN = float("nan")
+
+
+class Recorder:
+    """Collects per-request rows and pooled inter-token gaps of the whole run (all replicas)."""
+
+    def __init__(self, slo, track_request_gaps: bool):
+        self.slo = slo
+        self._no_slo = slo.ttft_s is None and slo.itl_s is None and slo.e2e_s is None
+        self.rows = array("d")  # one flat row per request, REQUEST_COLUMNS in order (table() reshapes)
+        # pooled ITL: each iteration's gap, weighted by the requests whose previous token came from
+        # the iteration before (identical floats), plus every other gap on its own
+        self.itl_gap = array("d")
+        self.itl_weight = array("q")
+        self.track_request_gaps = track_request_gaps
+        self._gaps: dict[int, list[float]] = {}
+        # Little's law bookkeeping: time integral of the number of requests in the system
+        self.in_system = 0
+        self.area = 0.0
+        self._t_last = 0.0
+        self.first_arrival_s: float | None = None
+        self.reject_reasons: list[str] = []
+
+    # ---- population ---------------------------------------------------------------------
+    def _advance(self, now_s: float) -> None:
+        self.area += self.in_system * (now_s - self._t_last)
+        self._t_last = now_s
+
+    def on_enter(self, req: Request, now_s: float) -> None:
+        self._advance(now_s)
+        self.in_system += 1
+        if self.first_arrival_s is None or req.arrival_s < self.first_arrival_s:
+            self.first_arrival_s = req.arrival_s
+
+    def on_leave(self, req: Request, now_s: float) -> None:
+        self._advance(now_s)
+        if req.reject_reason:
+            self.reject_reasons.append(req.reject_reason)
+        self.in_system -= 1
+        self._row(req)
+
+    def add_gaps(self, req: Request, gaps) -> None:
+        if self.track_request_gaps:
+            self._gaps.setdefault(req.rid, []).extend(gaps)
+
+
+    # ---- per-request rows -------------------------------------------------------------------
+    def met_slo(self, req: Request) -> bool:
+        if req.status is not Status.FINISHED:
+            return False
+        s = self.slo
+        ttft = req.first_token_s - req.arrival_s
+        e2e = req.finish_s - req.arrival_s
+        if s.ttft_s is not None and ttft > s.ttft_s:
+            return False
+        if s.e2e_s is not None and e2e > s.e2e_s:
+            return False
+        if req.deadline_s is not None and e2e > req.deadline_s:
+            return False
+        if s.itl_s is not None:
+            if s.itl_stat == "max":
+                itl = req.max_itl_s
+            else:
+                gaps = self._gaps.get(req.rid, [])
+                itl = float(np.percentile(gaps, 99)) if gaps else 0.0
+            if itl > s.itl_s:
+                return False
+        return True
+
+    def _row(self, req: Request) -> None:
+        done = req.status is Status.FINISHED
+        first = req.first_token_s
+        self.rows.extend((
+            req.rid,
+            -1 if req.replica is None else req.replica,
+            STATUS_CODES[req.status],
+            req.arrival_s,
+            NAN if req.admitted_s is None else req.admitted_s,
+            NAN if first is None else first,
+            NAN if req.finish_s is None else req.finish_s,
+            NAN if first is None else first - req.arrival_s,
+            req.finish_s - req.arrival_s if done else NAN,
+            (req.finish_s - first) / (req.output_tokens - 1) if done and req.output_tokens > 1 else NAN,
+            req.max_itl_s if done and req.output_tokens > 1 else NAN,
+            req.prompt_tokens,
+            req.output_tokens,
+            req.cached_tokens,
+            req.cached_tokens / req.prompt_tokens,
+            req.preemptions,
+            req.recomputed_tokens,
+            1.0 if req.kv_waited else 0.0,
+            req.attempt,
+            (1.0 if done else 0.0) if (self._no_slo and req.deadline_s is None) else (1.0 if self.met_slo(req) else 0.0),
+            NAN if req.correct is None else float(req.correct),
+        ))
+        if self._gaps:
+            self._gaps.pop(req.rid, None)
+
+    def table(self) -> dict[str, np.ndarray]:
+        """The request rows as columns."""
+        flat = np.frombuffer(self.rows, dtype=float).reshape(-1, len(REQUEST_COLUMNS)).copy()
+        return {c: flat[:, k] for k, c in enumerate(REQUEST_COLUMNS)}
+
+
+class Timeline:
+    """One replica's iterations: their rows, end times, and the token times of their emitters."""
+
+    def __init__(self, recorder: Recorder, replica: int = 0):
+        self.rec = recorder
+        self.replica = replica
+        self.rows = array("d")       # one flat row per iteration, ITERATION_COLUMNS in order
+        self.durations = array("d")  # iteration durations again, sliced for decode-set members' gaps
+        self._ends = array("d")
+        self._prev_end_s: float | None = None
+        self.busy_s = 0.0
+
+    # ---- iterations and tokens --------------------------------------------------------------
+    def on_iteration(self, start_s: float, end_s: float, plan, blocks: tuple[int, int, int]) -> None:
+        """Record an iteration's timing and shape; called before its outcome is committed."""
+        duration = end_s - start_s
+        self._pending = (self.replica, start_s, duration, plan.prefill_tokens, plan.decode_seqs, plan.pairs,
+                         blocks[0], blocks[1], blocks[2], plan.num_seqs, plan.new_tokens, plan.swap_bytes)
+        self.durations.append(duration)
+        self._ends.append(end_s)
+        self.busy_s += duration
+
+    @property
+    def iterations(self) -> int:
+        return len(self._ends)
+
+    def table(self) -> dict[str, np.ndarray]:
+        flat = np.frombuffer(self.rows, dtype=float).reshape(-1, len(ITERATION_COLUMNS)).copy()
+        return {c: flat[:, k] for k, c in enumerate(ITERATION_COLUMNS)}
+
+    def end_s(self, index: int) -> float:
+        return self._ends[index]
+
+    def decode_gaps(self, req: Request, first: int, last: int) -> None:
+        """`req` emitted one token in each iteration first..last, each after the iteration before:
+        its gaps are those iterations' durations."""
+        gaps = self.durations[first:last + 1]  # a copy: never a view into the growing log
+        top = max(gaps)
+        if top > req.max_itl_s:
+            req.max_itl_s = top
+        if self.rec.track_request_gaps:
+            self.rec.add_gaps(req, gaps.tolist())
+
+    def on_tokens(self, index: int, start_s: float, end_s: float, outcome) -> None:
+        """Token times of an iteration's emitters; decode-set members count as regular gaps."""
+        regular = outcome.decode_tokens
+        gap_regular = end_s - start_s if self._prev_end_s == start_s else None
+        for req in outcome.emitted:
+            if req.first_token_s is None:
+                req.first_token_s = end_s
+            else:
+                if req.last_iteration == index - 1 and gap_regular is not None:
+                    gap = gap_regular
+                    regular += 1
+                else:
+                    gap = end_s - req.last_token_s
+                    self.rec.itl_gap.append(gap)
+                    self.rec.itl_weight.append(1)
+                if gap > req.max_itl_s:
+                    req.max_itl_s = gap
+                self.rec.add_gaps(req, (gap,))
+            req.last_token_s = end_s
+            req.last_iteration = index
+        if regular:
+            self.rec.itl_gap.append(end_s - start_s)
+            self.rec.itl_weight.append(regular)
+        self._prev_end_s = end_s
+        self.rows.extend(self._pending)
+        self.rows.append(outcome.output_tokens)
+
+def stats(values: np.ndarray) -> dict[str, float | None]:
+    """mean, median, p90, p99, max with numpy's linear interpolation; None when empty."""
+    v = values[~np.isnan(values)] if len(values) else values
+    if len(v) == 0:
+        return {"mean": None, "median": None, "p90": None, "p99": None, "max": None}
+    p = np.percentile(v, [50, 90, 99])
+    return {"mean": float(v.mean()), "median": float(p[0]), "p90": float(p[1]), "p99": float(p[2]), "max": float(v.max())}
+
+
+def weighted_stats(values: np.ndarray, weights: np.ndarray) -> dict[str, float | None]:
+    """Exactly `stats(np.repeat(values, weights))` without building the repeated array."""
+    if len(values) == 0 or weights.sum() == 0:
+        return stats(np.array([]))
+    v, inverse = np.unique(values, return_inverse=True)  # canonical: independent of entry order
+    w = np.bincount(inverse.ravel(), weights=weights).astype(np.int64)
+    cum = np.cumsum(w)
+    n = int(cum[-1])
+
+    def at(k: int) -> float:  # k-th element (0-based) of the expanded sorted array
+        return float(v[np.searchsorted(cum, k + 1)])
+
+    def pct(q: float) -> float:
+        pos = (q / 100.0) * (n - 1)
+        lo = int(np.floor(pos))
+        hi = min(lo + 1, n - 1)
+        a, b, t = at(lo), at(hi), pos - lo
+        return b - (b - a) * (1 - t) if t >= 0.5 else a + (b - a) * t  # numpy's lerp, bit for bit
+
+    return {"mean": float(np.dot(v, w) / n), "median": pct(50), "p90": pct(90), "p99": pct(99), "max": float(v[-1])}

@@ -1,0 +1,114 @@
+"""Request state: two counters (tokens that exist, tokens whose KV is computed), no phase flags.
+
+tokens that exist = prompt_tokens + output_tokens; computed_tokens = tokens whose KV is cached.
+Prefill, chunked prefill, decode and recompute after preemption are all "compute some of
+`tokens_to_compute`"; an iteration that computes all of them yields one new output token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+
+class Status(str, Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+    REJECTED = "rejected"
+    CANCELLED = "cancelled"
+    FAILED = "failed"
+
+
+@dataclass(slots=True, eq=False)
+class Request:
+    rid: int
+    arrival_s: float
+    """Scheduled arrival: every latency counts from here, including waits outside the engine."""
+    prompt_tokens: int
+    max_output_tokens: int
+    engine_arrival_s: float
+    """When the request reaches the engine (>= arrival_s; later on a retry or an outside wait)."""
+    deadline_s: float | None = None
+    """End-to-end deadline, relative to arrival_s."""
+    cancel_at_s: float | None = None
+    output_tokens: int = 0
+    computed_tokens: int = 0
+    cached_tokens: int = 0
+    status: Status = Status.WAITING
+    admitted_s: float | None = None
+    first_token_s: float | None = None
+    last_token_s: float | None = None
+    finish_s: float | None = None
+    max_itl_s: float = 0.0
+    last_iteration: int = -2
+    """Index of the iteration that produced the latest output token (for pooled ITL bookkeeping)."""
+    preemptions: int = 0
+    recomputed_tokens: int = 0
+    recompute_upto: int = 0
+    """After a preemption, tokens below this count had KV before and are recomputed."""
+    block_table: list = field(default_factory=list)
+    """Physical block ids holding this request's KV, in token order."""
+    block_hashes: list = field(default_factory=list)
+    """Chain hashes of its full blocks, computed lazily by the block manager."""
+    tail_shared: bool = False
+    """Branches forked from it share blocks past its indexed prefix (their references count)."""
+    indexed_blocks: int = 0
+    """Leading blocks of block_table already offered to the prefix index."""
+    segments: tuple = ()
+    """Token identity of the prompt: ((stream id, first token, length), ...); see sim.core.kv."""
+    shareable_tokens: int = 1 << 62
+    """Leading tokens whose content another request may share (only their blocks are indexed)."""
+    swapped_blocks: int = 0
+    """Blocks held in the host tier while swapped out (0 when not swapped)."""
+    admit_seq: int = -1
+    """Position in the running order (admission order; a re-admitted request goes to the back)."""
+    planned_iter: int = -1
+    """Last iteration that scheduled this request explicitly."""
+    base_iter: int = -1
+    """In the lazy decode set: counters are exact as of the start of this iteration."""
+    lazy_version: int = 0
+    """Bumped whenever the request joins or leaves the decode set (invalidates heap entries)."""
+    queued_blocks: int = 0
+    """Blocks it would reserve, counted in the waiting queue's KV demand."""
+    kv_waited: bool = False
+    """Its admission was held back at least once because KV blocks were short."""
+    adapter: int = -1
+    """LoRA adapter id (-1: the base model). KV is only shared between requests of one adapter."""
+    accept_rates: object = None
+    """Speculative decoding: this request's conditional acceptance per draft position (numpy)."""
+    draft_len: int = 0
+    replica: int | None = None
+    """Replica serving it (cluster runs)."""
+    avoid: tuple = ()
+    """Replicas that failed it; the router does not send it there again."""
+    attempt: int = 1
+    correct: bool | None = None
+    reject_reason: str | None = None
+
+    @property
+    def tokens_to_compute(self) -> int:
+        return self.prompt_tokens + self.output_tokens - self.computed_tokens
+
+    @property
+    def in_prefill(self) -> bool:
+        """Still computing prompt (or recomputing prompt + outputs): no output would follow 1 token."""
+        return self.tokens_to_compute > 1 or self.output_tokens == 0
+
+    def reset_for_retry(self) -> None:
+        """Lost with a failed replica: start over elsewhere (latency still counts from arrival_s)."""
+        self.status = Status.WAITING
+        self.output_tokens = self.computed_tokens = self.cached_tokens = 0
+        self.block_table, self.block_hashes, self.indexed_blocks = [], [], 0
+        self.first_token_s = self.last_token_s = None
+        self.max_itl_s, self.last_iteration, self.replica = 0.0, -2, None
+        self.recompute_upto = self.swapped_blocks = 0
+        self.accept_rates = None
+
+    @property
+    def num_blocks(self) -> int:
+        return len(self.block_table)
+
+    @property
+    def done(self) -> bool:
+        return self.output_tokens >= self.max_output_tokens

@@ -1,0 +1,56 @@
+"""Chunked prefill: running decodes first, then prefill chunks of at most chunk_tokens per request
+fill what is left of the iteration's token budget (decodes count against it)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, PositiveInt, model_validator
+
+from sim.core.schedulers.base import Scheduler, SchedulerConfig, StepPlan
+from sim.core.schedulers.speculation import SpeculativeConfig
+
+
+class ChunkedConfig(SchedulerConfig):
+    kind: Literal["chunked"] = "chunked"
+    max_num_batched_tokens: PositiveInt = Field(4096, description="Token budget per iteration, decodes included")
+    chunk_tokens: PositiveInt = Field(2048, description="Most prefill tokens one request gets per iteration")
+    speculative: SpeculativeConfig | None = Field(None, description="Speculative decoding for running decodes")
+
+    @model_validator(mode="after")
+    def _chunk_fits(self):
+        if self.chunk_tokens > self.max_num_batched_tokens:
+            raise ValueError(f"scheduler.chunk_tokens ({self.chunk_tokens}) exceeds "
+                             f"scheduler.max_num_batched_tokens ({self.max_num_batched_tokens})")
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(f"scheduler.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
+                             f"scheduler.max_num_seqs ({self.max_num_seqs}) so every running decode fits")
+        return self
+
+
+class ChunkedPrefill(Scheduler):
+    kind = "chunked"
+
+    def _first_chunk(self, tokens_to_compute: int, left: int) -> int:
+        return min(self.config.chunk_tokens, tokens_to_compute, left)
+
+    def _schedule(self, plan: StepPlan, now_s: float) -> None:
+        budget = self.config.max_num_batched_tokens
+        self._schedule_decodes(plan)  # 1. decodes
+        for req in self._prefilling():  # 2. prefills already under way, in admission order
+            left = budget - plan.new_tokens
+            if req.rid in self.running and left > 0:
+                n = min(self.config.chunk_tokens, req.tokens_to_compute, left)
+                if self._ensure_kv(req, n, plan):
+                    self._add(plan, req, n)
+        while self.waiting and len(self.running) < self.config.max_num_seqs:  # 3. new requests
+            left = budget - plan.new_tokens
+            if left <= 0:
+                break
+            head = self.waiting[0]
+            n = self._try_admit(head, now_s, left)
+            if n is None:
+                continue  # rejected by admission control
+            if n == 0:
+                break
+            self._add(plan, head, n)

@@ -1,0 +1,91 @@
+"""StepPlan: one iteration's work and the batch features step-time models read.
+
+Pure (no simpy): calibration builds StepPlans for measured iterations and evaluates sim.models.step_time on
+them, so a fitted profile's error is the simulator's own error.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from sim.core.request import Request
+
+
+@dataclass(slots=True)
+class StepPlan:
+    """One iteration's work: explicit (request, new tokens, cached tokens before) items plus the
+    decode set's aggregate, and the batch features step-time models read."""
+
+    items: list[tuple[Request, int, int]] = field(default_factory=list)
+    num_seqs: int = 0
+    new_tokens: int = 0
+    pairs: int = 0
+    prefill_tokens: int = 0
+    prefill_pairs: int = 0
+    prefill_logits: int = 0
+    prefill_seqs: int = 0
+    decode_seqs: int = 0
+    decode_kv_tokens: int = 0
+    kv_tokens_read: int = 0
+    max_context: int = 0
+    lazy_decodes: int = 0
+    decode_positions: int = 0
+    """Positions computed by decode sequences (1 each, 1 + drafts when verifying a speculative round)."""
+    decode_pairs: int = 0
+    decode_logits: int = 0
+    spec_items: list = field(default_factory=list)
+    """(request, drafts) of this iteration's speculative rounds."""
+    draft_s: float = 0.0
+    """Time the draft source needs for this round (added to, or hidden behind, the verify step)."""
+    draft_overlapped: bool = False
+    adapters: set = field(default_factory=set)
+    """Distinct LoRA adapters in the batch (only counted, never iterated)."""
+    swap_bytes: float = 0.0
+    """KV bytes moved between GPU and host memory before this iteration (swap-out and swap-in)."""
+
+    def add(self, req: Request, n: int, drafts: int = 0) -> None:
+        """`req` computes n positions; with `drafts`, a speculative round verifying n = 1 + drafts."""
+        h = req.computed_tokens
+        pairs = n * h + n * (n + 1) // 2
+        self.items.append((req, n, h))
+        if req.adapter >= 0:
+            self.adapters.add(req.adapter)
+        self.num_seqs += 1
+        self.new_tokens += n
+        self.pairs += pairs
+        self.kv_tokens_read += h
+        if h + n > self.max_context:
+            self.max_context = h + n
+        if drafts or (n == 1 and not req.in_prefill):
+            self.decode_seqs += 1
+            self.decode_kv_tokens += h
+            self.decode_positions += n
+            self.decode_pairs += pairs
+            self.decode_logits += n
+            if drafts:
+                self.spec_items.append((req, drafts))
+        else:
+            self.prefill_seqs += 1
+            self.prefill_tokens += n
+            self.prefill_pairs += pairs
+            if n == req.tokens_to_compute:
+                self.prefill_logits += 1
+
+    def add_decodes(self, count: int, kv_tokens: int, max_context: int) -> None:
+        """`count` decode sequences holding `kv_tokens` cached tokens in all (one new token each)."""
+        self.lazy_decodes += count
+        self.num_seqs += count
+        self.new_tokens += count
+        self.pairs += kv_tokens + count
+        self.kv_tokens_read += kv_tokens
+        self.decode_seqs += count
+        self.decode_kv_tokens += kv_tokens
+        self.decode_positions += count
+        self.decode_pairs += kv_tokens + count
+        self.decode_logits += count
+        if max_context > self.max_context:
+            self.max_context = max_context
+
+    @property
+    def is_empty(self) -> bool:
+        return self.num_seqs == 0

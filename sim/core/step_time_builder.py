@@ -1,0 +1,54 @@
+"""Builds the step-time model a scenario asks for: inline linear/efficiency, or a fitted profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sim.io.config import EfficiencyStepTime, LinearStepTime, ProfileStepTime, Scenario
+from sim.io.errors import ConfigError
+from sim.io.profiles import load_fitted, profiles_dir
+from sim.models import step_time as costmod
+from sim.models.spec import ModelSpec
+
+
+def resolve_profile_path(text: str, base_dir: Path) -> Path:
+    """A fitted profile named in a scenario: as given, next to the scenario, or under profiles/fitted."""
+    p = Path(text)
+    if p.is_absolute():
+        return p
+    for cand in (base_dir / p, profiles_dir() / "fitted" / p, profiles_dir().parent / p):
+        if cand.exists():
+            return cand
+    raise ConfigError(f"step_time.model.path: fitted profile {text!r} not found next to the scenario "
+                      f"or under {profiles_dir() / 'fitted'}")
+
+
+def build_step_time(scenario: Scenario, base_dir: Path, spec: ModelSpec, hw, stream=None):
+    """The scenario's step-time model (inline, or from a fitted profile), wrapped for graphs and valid range."""
+    st = scenario.step_time
+    cfg = st.model
+    valid = source = None
+    if isinstance(cfg, ProfileStepTime):
+        path = resolve_profile_path(cfg.path, base_dir)
+        prof = load_fitted(path)
+        if prof.model != scenario.model:
+            raise ConfigError(f"{path}: model: profile is for {prof.model!r} but the scenario runs {scenario.model!r}")
+        inner = getattr(prof, cfg.use)
+        if inner is None:
+            raise ConfigError(f"{path}: {cfg.use}: this profile has no {cfg.use} model "
+                              f"(step_time.model.use: {cfg.use})")
+        cfg, valid, source = inner, prof.valid_range, path
+    if isinstance(cfg, LinearStepTime):
+        model = costmod.LinearModel(cfg)
+    elif isinstance(cfg, EfficiencyStepTime):
+        model = costmod.EfficiencyModel(cfg, spec, spec.weight_read_bytes(scenario.weight_format),
+                                        spec.kv_bytes_per_token(scenario.kv.format),
+                                        hw.peak_flops_per_s("fp8" if scenario.weight_format == "fp8" else "bf16"),
+                                        st.allow_extrapolation)
+    else:
+        raise AssertionError(cfg)
+    if st.graph_sizes:
+        model = costmod.GraphPadded(model, st.graph_sizes)
+    if valid is not None:
+        model = costmod.RangeChecked(model, valid, source, st.allow_extrapolation, stream)
+    return model

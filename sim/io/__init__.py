@@ -1,0 +1,1 @@
+"""Inputs: the scenario schema, profile loaders, units and the configuration error type."""

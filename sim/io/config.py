@@ -1,0 +1,341 @@
+"""Scenario schema: what `capsim run` reads. Strict: unknown keys and wrong types are errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union
+
+import yaml
+from pydantic import (Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator,
+                      model_validator)
+
+from sim.io.errors import ConfigError
+from sim.core.cluster import ClusterConfig
+from sim.io.profiles import EfficiencyStepTime, LinearStepTime
+from sim.core.schedulers import AnySchedulerConfig
+from sim.io.schema import StrictModel, read_yaml_mapping, validate_mapping
+from sim.io.units import parse_bytes
+
+# ---- step time -------------------------------------------------------------------------------
+
+
+class ProfileStepTime(StrictModel):
+    kind: Literal["profile"] = "profile"
+    path: str = Field(description="Fitted profile YAML, relative to the scenario file or the repo's profiles/fitted/")
+    use: Literal["linear", "efficiency"] = Field("linear", description="Which of the profile's models to use")
+
+
+class StepTimeConfig(StrictModel):
+    model: Annotated[Union[LinearStepTime, EfficiencyStepTime, ProfileStepTime], Field(discriminator="kind")]
+    graph_sizes: list[PositiveInt] | None = Field(None, description="Captured CUDA-graph batch sizes; decode batches pad up")
+    allow_extrapolation: bool = Field(False, description="Allow shapes beyond a fitted profile's valid_range (warns once)")
+
+
+# ---- KV cache --------------------------------------------------------------------------------
+
+
+class UtilizationBudget(StrictModel):
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    activation_bytes: NonNegativeInt = Field(0, description="Activation / CUDA-graph workspace")
+    other_bytes: NonNegativeInt = 0
+
+    @field_validator("activation_bytes", "other_bytes", mode="before")
+    @classmethod
+    def _sizes(cls, v):
+        return parse_bytes(v)
+
+
+class KVConfig(StrictModel):
+    block_tokens: PositiveInt = 16
+    format: Literal["fp32", "bf16", "fp16", "fp8", "q8_0", "q4_0"] = "bf16"
+    budget: int | UtilizationBudget = Field(description="Bytes (12GiB, 12GB, 12884901888) or a utilization budget")
+    admission: Literal["reserve", "on_demand"] = Field(
+        "reserve", description="reserve prompt + max output at admission, or grow block by block and preempt")
+    prefix_caching: bool = Field(True, description="Reuse cached KV of identical token prefixes (vLLM's default)")
+    eviction: Literal["lru", "value"] = Field(
+        "lru", description="Which cached-free block to drop first: least recently used, or lowest value per byte")
+    preemption: Literal["recompute", "swap"] = Field(
+        "recompute", description="on_demand preemption: drop KV and recompute, or swap it to the host tier")
+    host_budget: int = Field(0, ge=0, description="Host-memory tier for swapped KV (bytes, e.g. 64GiB)")
+    snapshot_tokens: PositiveInt | None = Field(
+        None, description="Hybrid (recurrent) models: state snapshots every N tokens; reuse rounds down to one")
+    warm_prefixes: list["NamedPrefix"] = Field(default_factory=list, description="Prefixes cached before arrivals")
+    conversion_s_per_token: NonNegativeFloat = Field(
+        0.0, description="Time to convert (dequantise) one KV token read, per iteration (reference section 7)")
+
+    @field_validator("host_budget", mode="before")
+    @classmethod
+    def _host(cls, v):
+        return parse_bytes(v)
+
+    @model_validator(mode="after")
+    def _swap_needs_host(self):
+        if self.preemption == "swap" and self.host_budget == 0:
+            raise ValueError("kv.preemption swap needs kv.host_budget > 0 (the host tier's size)")
+        return self
+
+    @field_validator("budget", mode="before")
+    @classmethod
+    def _budget(cls, v):
+        if isinstance(v, dict):
+            return v
+        return parse_bytes(v)
+
+
+# ---- workloads -------------------------------------------------------------------------------
+
+
+class NamedPrefix(StrictModel):
+    """The first `tokens` tokens of every prompt naming it are identical (a system prompt)."""
+
+    name: str = Field(min_length=1)
+    tokens: PositiveInt
+
+
+class ExplicitRequest(StrictModel):
+    arrival_s: NonNegativeFloat
+    prompt_tokens: PositiveInt
+    output_tokens: PositiveInt
+    outside_wait_s: NonNegativeFloat = Field(0.0, description="Wait before reaching the engine (counted in latency)")
+    cancel_at_s: NonNegativeFloat | None = None
+    deadline_s: PositiveFloat | None = None
+    prefix: NamedPrefix | None = Field(None, description="A shared prefix the prompt starts with")
+    context_of: NonNegativeInt | None = Field(
+        None, description="Multi-turn: index of an earlier request whose prompt + outputs this prompt starts with")
+    n: PositiveInt = Field(1, description="Parallel sampling: branches over one prompt (each a request)")
+    adapter: NonNegativeInt | None = Field(None, description="LoRA adapter id (needs the scenario's lora)")
+
+    @model_validator(mode="after")
+    def _prefix_fits(self):
+        if self.prefix is not None and self.prefix.tokens > self.prompt_tokens:
+            raise ValueError(f"prefix.tokens ({self.prefix.tokens}) exceeds prompt_tokens ({self.prompt_tokens})")
+        if self.prefix is not None and self.context_of is not None:
+            raise ValueError("give either prefix or context_of, not both")
+        return self
+
+
+class RequestList(StrictModel):
+    kind: Literal["requests"] = "requests"
+    requests: list[ExplicitRequest] = Field(min_length=1)
+
+
+class Fixed(StrictModel):
+    kind: Literal["fixed"] = "fixed"
+    value: PositiveInt
+
+
+class Uniform(StrictModel):
+    kind: Literal["uniform"] = "uniform"
+    low: PositiveInt
+    high: PositiveInt
+
+    @model_validator(mode="after")
+    def _order(self):
+        if self.high < self.low:
+            raise ValueError(f"high ({self.high}) must be >= low ({self.low})")
+        return self
+
+
+class LogNormal(StrictModel):
+    """Rounded exp(N(log(median), sigma)), clipped to [min, max]."""
+
+    kind: Literal["lognormal"] = "lognormal"
+    median: PositiveFloat
+    sigma: NonNegativeFloat
+    min: PositiveInt = 1
+    max: PositiveInt = 1_000_000
+
+
+class Empirical(StrictModel):
+    """Draws with replacement from a column of a CSV file (path relative to the scenario)."""
+
+    kind: Literal["empirical"] = "empirical"
+    path: str
+    column: str
+
+
+LengthDist = Annotated[Union[Fixed, Uniform, LogNormal, Empirical], Field(discriminator="kind")]
+
+
+class Poisson(StrictModel):
+    kind: Literal["poisson"] = "poisson"
+    rate_rps: PositiveFloat
+
+
+class GammaArrivals(StrictModel):
+    """Gamma inter-arrival times with mean 1/rate; burstiness is the shape (1 = Poisson, < 1 burstier),
+    as in `vllm bench serve --burstiness`."""
+
+    kind: Literal["gamma"] = "gamma"
+    rate_rps: PositiveFloat
+    burstiness: PositiveFloat
+
+
+class ConstantRate(StrictModel):
+    kind: Literal["constant"] = "constant"
+    rate_rps: PositiveFloat
+
+
+class AllAtOnce(StrictModel):
+    kind: Literal["all_at_once"] = "all_at_once"
+
+
+ArrivalDist = Annotated[Union[Poisson, GammaArrivals, ConstantRate, AllAtOnce], Field(discriminator="kind")]
+
+
+class SharedPrefixes(StrictModel):
+    """Every prompt starts with one of `groups` shared prefixes of `tokens` tokens (drawn uniformly);
+    prompt_tokens then counts the private part after it."""
+
+    tokens: PositiveInt
+    groups: PositiveInt = 1
+
+
+class AdapterMix(StrictModel):
+    """Requests spread over `count` LoRA adapters: uniformly or Zipf-like (weight 1 / rank^s)."""
+
+    count: PositiveInt
+    distribution: Literal["uniform", "zipf"] = "uniform"
+    zipf_s: PositiveFloat = 1.0
+
+
+class Synthetic(StrictModel):
+    kind: Literal["synthetic"] = "synthetic"
+    num_requests: PositiveInt
+    arrival: ArrivalDist
+    prompt_tokens: LengthDist
+    output_tokens: LengthDist
+    start_s: NonNegativeFloat = 0.0
+    shared_prefix: SharedPrefixes | None = None
+    adapters: AdapterMix | None = None
+
+
+class Trace(StrictModel):
+    """A trace file: Azure LLM 2023 CSV, Mooncake JSONL, or plain CSV/JSONL
+    (arrival_s, prompt_tokens, output_tokens). Path relative to the scenario file."""
+
+    kind: Literal["trace"] = "trace"
+    path: str
+    format: Literal["azure", "mooncake", "csv", "jsonl"]
+    window_s: tuple[NonNegativeFloat, PositiveFloat] | None = Field(None, description="[start, end) in trace seconds")
+    rate_scale: PositiveFloat = Field(1.0, description="2.0 = arrivals twice as fast (timestamps / 2)")
+    max_requests: PositiveInt | None = None
+    trace_block_tokens: PositiveInt = Field(
+        512, description="Tokens per hash id in a Mooncake trace (512 in the FAST'25 release)")
+
+    @model_validator(mode="after")
+    def _window(self):
+        if self.window_s and self.window_s[1] <= self.window_s[0]:
+            raise ValueError(f"window_s end ({self.window_s[1]}) must be after its start ({self.window_s[0]})")
+        return self
+
+
+WorkloadConfig = Annotated[Union[RequestList, Synthetic, Trace], Field(discriminator="kind")]
+
+# ---- service objectives, accuracy, power ---------------------------------------------------------
+
+
+class SLOConfig(StrictModel):
+    ttft_s: PositiveFloat | None = None
+    itl_s: PositiveFloat | None = Field(None, description="Bound on each request's max (or p99) inter-token gap")
+    itl_stat: Literal["max", "p99"] = "max"
+    e2e_s: PositiveFloat | None = Field(None, description="End-to-end deadline from scheduled arrival")
+
+
+class AdmissionControl(StrictModel):
+    reject_late: bool = Field(False, description="Reject a request whose e2e deadline can no longer be met")
+
+
+class AccuracyConfig(StrictModel):
+    p_correct: Annotated[float, Field(ge=0, le=1)] = 1.0
+    max_retries: NonNegativeInt = Field(0, description="Re-enqueue a wrong answer up to this many times")
+
+
+class PowerConfig(StrictModel):
+    """cap: the card draws its power cap for the whole window; idle_busy: busy_w while iterating."""
+
+    model: Literal["cap", "idle_busy"] = "cap"
+    busy_w: PositiveFloat | None = None
+    idle_w: NonNegativeFloat | None = None
+
+    @model_validator(mode="after")
+    def _watts(self):
+        if self.model == "idle_busy" and (self.busy_w is None or self.idle_w is None):
+            raise ValueError("power.model idle_busy needs power.busy_w and power.idle_w")
+        return self
+
+
+class OffloadConfig(StrictModel):
+    """Keep the dense FFNs of `layers` layers in host memory and stream them in every step."""
+
+    layers: PositiveInt
+    prefetch_buffers: Literal[1, 2] = Field(2, description="1 serialises copy and compute; 2 overlap them")
+
+
+class LoRAConfig(StrictModel):
+    adapters: PositiveInt = Field(description="Adapters resident in GPU memory")
+    rank: PositiveInt = 16
+    targets: list[Literal["q", "k", "v", "o", "gate", "up", "down"]] = Field(default_factory=lambda: ["q", "v"])
+    per_adapter_s: NonNegativeFloat = Field(0.0, description="Cost per distinct adapter in an iteration")
+
+
+class Scenario(StrictModel):
+    name: str
+    description: str = ""
+    seed: NonNegativeInt = 0
+    model: str = Field(description="Model profile name (profiles/models) or YAML path")
+    hardware: str = Field(description="Hardware profile name (profiles/hardware) or YAML path")
+    weight_format: Literal["fp32", "bf16", "fp16", "fp8", "int4", "q2_k"] = "bf16"
+    kv: KVConfig
+    scheduler: AnySchedulerConfig
+    step_time: StepTimeConfig
+    workload: WorkloadConfig
+    slo: SLOConfig = Field(default_factory=SLOConfig)
+    admission_control: AdmissionControl = Field(default_factory=AdmissionControl)
+    accuracy: AccuracyConfig = Field(default_factory=AccuracyConfig)
+    power: PowerConfig = Field(default_factory=PowerConfig)
+    offload: OffloadConfig | None = None
+    lora: LoRAConfig | None = None
+    cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+
+
+# ---- loading ---------------------------------------------------------------------------------
+
+
+def set_dotted(data: dict[str, Any], dotted: str, value: Any, source: str) -> None:
+    keys = dotted.split(".")
+    node = data
+    for k in keys[:-1]:
+        nxt = node.get(k)
+        if nxt is None:
+            nxt = node[k] = {}
+        if not isinstance(nxt, dict):
+            raise ConfigError(f"{source}: --set {dotted}: {k!r} is not a mapping")
+        node = nxt
+    node[keys[-1]] = value
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'scheduler.max_num_seqs=32' -> ('scheduler.max_num_seqs', 32); the value is parsed as YAML."""
+    if "=" not in text:
+        raise ConfigError(f"--set {text!r}: expected dotted.key=value")
+    key, _, raw = text.partition("=")
+    try:
+        return key.strip(), yaml.safe_load(raw)
+    except yaml.YAMLError:
+        raise ConfigError(f"--set {text!r}: value is not valid YAML") from None
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str], source: str) -> dict[str, Any]:
+    """Apply `dotted.key=value` overrides (values parsed as YAML) to a parsed scenario mapping."""
+    for text in overrides:
+        key, value = parse_override(text)
+        set_dotted(data, key, value, source)
+    return data
+
+
+def load_scenario(path: str | Path, overrides: list[str] | None = None) -> tuple[Scenario, Path]:
+    """Parse, apply `--set` overrides, then validate once. Returns the scenario and its directory."""
+    path = Path(path)
+    data = apply_overrides(read_yaml_mapping(path), overrides or [], str(path))
+    return validate_mapping(Scenario, data, path), path.resolve().parent

@@ -1,0 +1,295 @@
+"""Schemas and loaders for profiles/: hardware cards, model architectures, fitted step-time models.
+
+Pure pydantic: calibration imports this module to write fitted profiles, so it must not import
+simpy or torch. The writer (calibration) and the reader (the simulator) share these classes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+
+from sim.io.errors import ConfigError
+from sim.io.schema import StrictModel, load_yaml_model
+
+# ---------------------------------------------------------------------------------------------
+# Hardware
+
+
+class Sourced(StrictModel):
+    """A number with where it came from."""
+
+    value: float = Field(description="The value, in the unit the field name gives")
+    source: str = Field(min_length=1, description="Where the number comes from (datasheet, page, measurement)")
+    note: str | None = None
+
+
+class OptionalSourced(StrictModel):
+    value: float | None = Field(description="The value, or null when the card has none / it is unpublished")
+    source: str = Field(min_length=1)
+    note: str | None = None
+
+
+class HostLink(StrictModel):
+    name: str = Field(description="e.g. 'PCIe 5.0 x16' or 'NVLink-C2C'")
+    bandwidth_gbs_per_direction: OptionalSourced = Field(
+        description="GB/s (1e9 B/s) in ONE direction; null for unified-memory SoCs")
+
+
+class MeasuredCeilings(StrictModel):
+    """What calibration measured on a real card (filled by `capsim calibrate`)."""
+
+    matmul_tflops: PositiveFloat | None = Field(None, description="Large dense matmul in the profile dtype, TFLOP/s")
+    copy_bandwidth_gbs: PositiveFloat | None = Field(None, description="Device-to-device copy, GB/s (read+write)")
+    dtype: str | None = None
+    source: str | None = Field(None, description="Calibration run that measured these numbers")
+
+
+class HardwareProfile(StrictModel):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]*$", description="Equals the file stem")
+    vendor: str
+    description: str
+    memory_gb: Sourced = Field(description="Device memory, GB (1e9 B)")
+    memory_bandwidth_gbs: Sourced = Field(description="Peak DRAM bandwidth, GB/s")
+    bf16_dense_tflops: Sourced = Field(description="Dense BF16/FP16 peak, TFLOP/s, no sparsity")
+    fp8_dense_tflops: OptionalSourced | None = None
+    tdp_w: OptionalSourced = Field(description="Board power cap, W (null when unpublished)")
+    idle_w: OptionalSourced | None = Field(None, description="Idle power, W, for the busy/idle energy model")
+    host_link: HostLink
+    unified_memory: bool = Field(False, description="CPU and accelerator share one memory (Apple, GH200's LPDDR side not counted)")
+    measured: MeasuredCeilings = Field(default_factory=MeasuredCeilings)
+
+    @property
+    def memory_bytes(self) -> int:
+        return int(round(self.memory_gb.value * 1e9))
+
+    @property
+    def bandwidth_bytes_per_s(self) -> float:
+        return self.memory_bandwidth_gbs.value * 1e9
+
+    def peak_flops_per_s(self, dtype: str = "bf16") -> float:
+        if dtype in ("bf16", "fp16"):
+            return self.bf16_dense_tflops.value * 1e12
+        if dtype == "fp8" and self.fp8_dense_tflops is not None and self.fp8_dense_tflops.value is not None:
+            return self.fp8_dense_tflops.value * 1e12
+        if dtype == "fp8":
+            raise ConfigError(f"hardware {self.name}: no FP8 dense peak in its profile (fp8_dense_tflops)")
+        raise ConfigError(f"hardware {self.name}: no peak for dtype {dtype!r}; known: bf16, fp16, fp8")
+
+    @property
+    def host_link_bytes_per_s(self) -> float | None:
+        v = self.host_link.bandwidth_gbs_per_direction.value
+        return None if v is None else v * 1e9
+
+
+# ---------------------------------------------------------------------------------------------
+# Models
+
+
+class MoESpec(StrictModel):
+    num_experts: PositiveInt = Field(description="Routed experts per MoE layer")
+    experts_per_token: PositiveInt = Field(description="Routed experts each token uses (top-k)")
+    expert_intermediate_size: PositiveInt = Field(description="FFN width of one routed expert")
+    num_shared_experts: NonNegativeInt = Field(0, description="Always-on experts per MoE layer")
+    num_dense_layers: NonNegativeInt = Field(0, description="Leading layers with a dense FFN (DeepSeek first_k_dense_replace)")
+
+    @model_validator(mode="after")
+    def _topk(self):
+        if self.experts_per_token > self.num_experts:
+            raise ValueError(f"moe.experts_per_token ({self.experts_per_token}) exceeds "
+                             f"moe.num_experts ({self.num_experts})")
+        return self
+
+
+class MLASpec(StrictModel):
+    """Multi-head latent attention (DeepSeek-V2/V3): KV cache holds a compressed latent."""
+
+    kv_lora_rank: PositiveInt
+    q_lora_rank: PositiveInt | None = None
+    qk_nope_head_dim: PositiveInt
+    qk_rope_head_dim: PositiveInt
+    v_head_dim: PositiveInt
+
+
+class ModelProfile(StrictModel):
+    name: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]*$", description="Equals the file stem")
+    hf_id: str
+    family: Literal["llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3"]
+    num_layers: PositiveInt
+    hidden_size: PositiveInt
+    intermediate_size: PositiveInt = Field(description="Dense FFN width (gated: gate, up, down)")
+    num_attention_heads: PositiveInt
+    num_kv_heads: PositiveInt
+    head_dim: PositiveInt
+    vocab_size: PositiveInt
+    tie_word_embeddings: bool
+    qkv_bias: bool = False
+    qk_norm: bool = Field(False, description="RMSNorm on q and k per head (Qwen3)")
+    max_position_embeddings: PositiveInt
+    moe: MoESpec | None = None
+    mla: MLASpec | None = None
+    source: str = Field(min_length=1, description="Where the architecture numbers come from")
+
+    @model_validator(mode="after")
+    def _heads(self):
+        if self.mla is None and self.num_attention_heads % self.num_kv_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                             f"num_kv_heads ({self.num_kv_heads})")
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# Step-time models (shared by scenarios and by fitted profiles)
+
+
+class LinearStepTime(StrictModel):
+    """T = constant + per_new_token * tokens + per_pair * causal pairs + per_kv_token * KV tokens read
+    + per_sequence * sequences + per_decode_sequence * decode sequences, all summed over the batch."""
+
+    kind: Literal["linear"] = "linear"
+    constant_s: NonNegativeFloat = 0.0
+    per_new_token_s: float = 0.0
+    per_pair_s: float = 0.0
+    per_kv_token_s: float = Field(0.0, description="Per context token read from KV by the iteration")
+    per_sequence_s: float = 0.0
+    per_decode_sequence_s: float = 0.0
+
+
+class TablePoint(StrictModel):
+    bytes: PositiveFloat = Field(description="Weights + KV bytes read by a decode iteration")
+    time_s: PositiveFloat
+
+
+class MFUPoint(StrictModel):
+    new_tokens: PositiveInt = Field(description="Prefill tokens in the iteration")
+    mfu: Annotated[float, Field(gt=0, le=1)]
+
+
+class PrefillOverride(StrictModel):
+    """A measured prefill iteration that replaces the FLOPs/MFU estimate when the shape matches."""
+
+    sequences: PositiveInt
+    new_tokens_per_sequence: PositiveInt
+    cached_tokens_per_sequence: NonNegativeInt = 0
+    time_s: PositiveFloat
+    source: str | None = None
+
+
+class EfficiencyStepTime(StrictModel):
+    """Roofline with measured efficiencies (reference section 9's schemes A-D).
+
+    decode part: interpolate `decode_table` on weight + KV bytes read by the decode sequences;
+    prefill part: prefill FLOPs / (peak FLOP/s x MFU), MFU constant or interpolated on new tokens,
+    unless a `prefill_overrides` entry matches the exact shape. A mixed iteration costs the sum.
+    """
+
+    kind: Literal["efficiency"] = "efficiency"
+    decode_table: list[TablePoint] = Field(min_length=1)
+    prefill_mfu: Annotated[float, Field(gt=0, le=1)] | list[MFUPoint]
+    prefill_overrides: list[PrefillOverride] = Field(default_factory=list)
+    peak_tflops: PositiveFloat | None = Field(None, description="Defaults to the scenario hardware's dense peak")
+
+    @model_validator(mode="after")
+    def _sorted(self):
+        xs = [p.bytes for p in self.decode_table]
+        if xs != sorted(xs) or len(set(xs)) != len(xs):
+            raise ValueError("decode_table: bytes must be strictly increasing")
+        if isinstance(self.prefill_mfu, list):
+            ns = [p.new_tokens for p in self.prefill_mfu]
+            if ns != sorted(ns) or len(set(ns)) != len(ns):
+                raise ValueError("prefill_mfu: new_tokens must be strictly increasing")
+        return self
+
+
+class ValidRange(StrictModel):
+    """Shapes a fitted model was calibrated on; outside them the simulator refuses to extrapolate."""
+
+    max_batch: PositiveInt
+    max_new_tokens: PositiveInt = Field(description="Most new tokens in one iteration")
+    max_context_tokens: PositiveInt = Field(description="Longest context of any sequence")
+
+
+class FitSummary(StrictModel):
+    n_points: PositiveInt
+    n_heldout: NonNegativeInt
+    mape: NonNegativeFloat = Field(description="Held-out mean absolute percentage error, fraction (0.05 = 5%)")
+    max_abs_rel_err: NonNegativeFloat
+    r2: float | None = None
+
+
+class Provenance(StrictModel):
+    source: str = Field(min_length=1, description="What produced the numbers")
+    date: str | None = None
+    device_name: str | None = None
+    torch_version: str | None = None
+    driver_version: str | None = None
+    git_commit: str | None = None
+    grid: str | None = None
+    points_csv: str | None = Field(None, description="Raw points, relative to the profile file")
+    notes: str | None = None
+
+
+class FittedProfile(StrictModel):
+    """profiles/fitted/<device>__<model>__<dtype>[__graphs].yaml: written by calibration, read by sim."""
+
+    schema_version: Literal[1] = 1
+    model: str
+    hardware: str | None = Field(None, description="Hardware profile name, when the card has one")
+    dtype: Literal["bf16", "fp16", "fp32"]
+    cuda_graphs: bool = False
+    layers_timed: PositiveInt | None = Field(None, description="Layers actually run when the model did not fit; times scaled")
+    linear: LinearStepTime | None = None
+    efficiency: EfficiencyStepTime | None = None
+    valid_range: ValidRange
+    fit: FitSummary | None = None
+    provenance: Provenance
+
+    @model_validator(mode="after")
+    def _some_model(self):
+        if self.linear is None and self.efficiency is None:
+            raise ValueError("a fitted profile needs `linear`, `efficiency` or both")
+        return self
+
+
+# ---------------------------------------------------------------------------------------------
+# Locating and loading
+
+
+def profiles_dir() -> Path:
+    """profiles/ of this checkout, or $CAPSIM_PROFILES."""
+    env = os.environ.get("CAPSIM_PROFILES")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "profiles"
+
+
+def known_names(kind: str) -> list[str]:
+    return sorted(p.stem for p in (profiles_dir() / kind).glob("*.yaml"))
+
+
+def _load_named(kind: str, cls, name_or_path: str | os.PathLike):
+    text = str(name_or_path)
+    if text.endswith((".yaml", ".yml")) or os.sep in text:
+        path = Path(text)
+    else:
+        path = profiles_dir() / kind / f"{text}.yaml"
+        if not path.exists():
+            known = ", ".join(known_names(kind))
+            raise ConfigError(f"unknown {kind[:-1] if kind != 'hardware' else kind} {text!r}; known: {known}")
+    obj = load_yaml_model(cls, path)
+    if hasattr(obj, "name") and obj.name != path.stem:
+        raise ConfigError(f"{path}: name: {obj.name!r} must equal the file stem {path.stem!r}")
+    return obj
+
+
+def load_hardware(name_or_path: str | os.PathLike) -> HardwareProfile:
+    return _load_named("hardware", HardwareProfile, name_or_path)
+
+
+def load_model(name_or_path: str | os.PathLike) -> ModelProfile:
+    return _load_named("models", ModelProfile, name_or_path)
+
+
+def load_fitted(path: str | os.PathLike) -> FittedProfile:
+    return load_yaml_model(FittedProfile, path)

@@ -1,0 +1,171 @@
+"""What a model profile implies: parameter counts, weight bytes, bytes read per step, KV per token.
+
+Pure arithmetic over :class:`sim.io.profiles.ModelProfile`; shared by the memory model, the roofline,
+the step-time models and calibration (so measurement and simulation count the same bytes).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import cached_property
+
+from sim.models.formats import kv_bytes_per_element, weight_bytes_per_element
+from sim.io.profiles import ModelProfile
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Derived quantities of one model. Parameter counts are exact integers."""
+
+    profile: ModelProfile
+
+    # --- per-layer pieces ------------------------------------------------------------------
+    @cached_property
+    def attention_matrix_params(self) -> int:
+        """Matrix parameters of one layer's attention (biases excluded)."""
+        p, h = self.profile, self.profile.hidden_size
+        if p.mla is not None:
+            m = p.mla
+            qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+            q = (h * m.q_lora_rank + m.q_lora_rank * p.num_attention_heads * qk) if m.q_lora_rank else h * p.num_attention_heads * qk
+            kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * p.num_attention_heads * (m.qk_nope_head_dim + m.v_head_dim)
+            o = p.num_attention_heads * m.v_head_dim * h
+            return q + kv + o
+        q = h * p.num_attention_heads * p.head_dim
+        kv = 2 * h * p.num_kv_heads * p.head_dim
+        o = p.num_attention_heads * p.head_dim * h
+        return q + kv + o
+
+    @cached_property
+    def attention_vector_params(self) -> int:
+        """Norms and biases of one layer's attention block (incl. the input norm)."""
+        p, h = self.profile, self.profile.hidden_size
+        n = h  # input_layernorm
+        if p.qkv_bias:
+            n += (p.num_attention_heads + 2 * p.num_kv_heads) * p.head_dim
+        if p.qk_norm:
+            n += 2 * p.head_dim
+        if p.mla is not None:
+            n += p.mla.kv_lora_rank + (p.mla.q_lora_rank or 0)
+        return n
+
+    def _ffn_params(self, layer: int) -> tuple[int, int]:
+        """(total, active per token) matrix parameters of one layer's FFN."""
+        p, h = self.profile, self.profile.hidden_size
+        if p.moe is None or layer < p.moe.num_dense_layers:
+            dense = 3 * h * p.intermediate_size
+            return dense, dense
+        m = p.moe
+        expert = 3 * h * m.expert_intermediate_size
+        router = h * m.num_experts
+        shared = m.num_shared_experts * expert
+        return router + m.num_experts * expert + shared, router + m.experts_per_token * expert + shared
+
+    # --- whole model -----------------------------------------------------------------------
+    @cached_property
+    def embedding_params(self) -> int:
+        return self.profile.vocab_size * self.profile.hidden_size
+
+    @cached_property
+    def lm_head_params(self) -> int:
+        """lm_head matrix (the same tensor as the embedding when tied; its FLOPs count either way)."""
+        return self.profile.vocab_size * self.profile.hidden_size
+
+    @cached_property
+    def layer_matrix_params(self) -> int:
+        """All layers' matrix parameters (every expert counted)."""
+        p = self.profile
+        return sum(self.attention_matrix_params + self._ffn_params(i)[0] for i in range(p.num_layers))
+
+    @cached_property
+    def active_matrix_params(self) -> int:
+        """Layer matrix parameters one token passes through (for FLOPs): 2 FLOPs each per token."""
+        p = self.profile
+        return sum(self.attention_matrix_params + self._ffn_params(i)[1] for i in range(p.num_layers))
+
+    @cached_property
+    def vector_params(self) -> int:
+        """Norms and biases of all layers plus the final norm."""
+        p = self.profile
+        return p.num_layers * (self.attention_vector_params + p.hidden_size) + p.hidden_size
+
+    @cached_property
+    def total_params(self) -> int:
+        lm = 0 if self.profile.tie_word_embeddings else self.lm_head_params
+        return self.layer_matrix_params + self.vector_params + self.embedding_params + lm
+
+    @cached_property
+    def active_params(self) -> int:
+        lm = 0 if self.profile.tie_word_embeddings else self.lm_head_params
+        return self.active_matrix_params + self.vector_params + self.embedding_params + lm
+
+    def weight_bytes(self, fmt: str = "bf16") -> int:
+        """Bytes of all weights. Float formats (fp32/fp16/bf16) store every tensor at their width;
+        quantised formats (fp8, int4, q2_k) apply to layer matrices while embeddings, lm_head and
+        norms stay BF16 (what vLLM-style fp8/int4 checkpoints do)."""
+        return self._bytes(self.layer_matrix_params, fmt, include_embedding=True)
+
+    def weight_read_bytes(self, fmt: str = "bf16") -> int:
+        """Bytes one iteration reads: all weights except the embedding table (a per-row lookup).
+        With tied embeddings the lm_head *is* that table and is read in full. For MoE this is the
+        upper bound with every expert touched (large batches)."""
+        return self._bytes(self.layer_matrix_params, fmt, include_embedding=False)
+
+    def _bytes(self, matrices: int, fmt: str, include_embedding: bool) -> int:
+        b = weight_bytes_per_element(fmt)
+        other = b if fmt in ("fp32", "fp16", "bf16") else 2
+        vectors = self.vector_params * other
+        lm_table = self.lm_head_params * other  # lm_head (== embedding when tied)
+        emb = self.embedding_params * other if (include_embedding and not self.profile.tie_word_embeddings) else 0
+        return int(math.ceil(matrices * b + vectors + lm_table + emb))
+
+    # --- KV cache --------------------------------------------------------------------------
+    @cached_property
+    def kv_elements_per_token(self) -> int:
+        p = self.profile
+        if p.mla is not None:
+            return p.num_layers * (p.mla.kv_lora_rank + p.mla.qk_rope_head_dim)
+        return 2 * p.num_layers * p.num_kv_heads * p.head_dim
+
+    def kv_bytes_per_token(self, fmt: str = "bf16") -> float:
+        """K and V of every layer for one token, in `fmt` (q8_0 and q4_0 include group scales)."""
+        v = self.kv_elements_per_token * kv_bytes_per_element(fmt)
+        return int(v) if v.denominator == 1 else float(v)
+
+    def kv_bytes_per_token_without_gqa(self, fmt: str = "bf16") -> float:
+        p = self.profile
+        return float(2 * p.num_layers * p.num_attention_heads * p.head_dim * kv_bytes_per_element(fmt))
+
+    # --- attention FLOPs -------------------------------------------------------------------
+    @cached_property
+    def attention_flops_per_pair(self) -> int:
+        """FLOPs of one causal query-key pair over all layers: QK^T and PV, 2 FLOPs per MAC."""
+        p = self.profile
+        if p.mla is not None:
+            qk = p.mla.qk_nope_head_dim + p.mla.qk_rope_head_dim
+            return 2 * p.num_layers * p.num_attention_heads * (qk + p.mla.v_head_dim)
+        return 4 * p.num_layers * p.num_attention_heads * p.head_dim
+
+    def lora_adapter_bytes(self, rank: int, targets: tuple[str, ...] = ("q", "v"), fmt: str = "bf16") -> int:
+        """One LoRA adapter: rank x (in + out) per targeted projection per layer."""
+        p, h = self.profile, self.profile.hidden_size
+        shapes = {
+            "q": (h, p.num_attention_heads * p.head_dim),
+            "k": (h, p.num_kv_heads * p.head_dim),
+            "v": (h, p.num_kv_heads * p.head_dim),
+            "o": (p.num_attention_heads * p.head_dim, h),
+            "gate": (h, p.intermediate_size),
+            "up": (h, p.intermediate_size),
+            "down": (p.intermediate_size, h),
+        }
+        unknown = [t for t in targets if t not in shapes]
+        if unknown:
+            raise ValueError(f"unknown LoRA target(s) {unknown}; known: {', '.join(shapes)}")
+        per_layer = sum(rank * (shapes[t][0] + shapes[t][1]) for t in targets)
+        return int(p.num_layers * per_layer * weight_bytes_per_element(fmt))
+
+    def ffn_bytes_per_layer(self, fmt: str = "bf16") -> int:
+        """One dense FFN (gate, up, down), the unit offloaded in reference section 7."""
+        p = self.profile
+        return int(3 * p.hidden_size * p.intermediate_size * weight_bytes_per_element(fmt))

@@ -1,0 +1,224 @@
+"""Step-time models: how long one iteration (a StepPlan) takes. Pure Python, no simpy.
+
+Three kinds, chosen by the scenario's `step_time`: `linear` (iteration features), `efficiency`
+(roofline with measured efficiencies) and `profile` (a fitted profile file, either of the two).
+"""
+
+from __future__ import annotations
+
+import bisect
+import dataclasses
+import sys
+from pathlib import Path
+
+from sim.io.errors import ConfigError
+from sim.models.spec import ModelSpec
+from sim.io.profiles import EfficiencyStepTime, LinearStepTime, ValidRange
+from sim.models.memory import offload_step_s
+from sim.models.roofline import forward_flops
+
+
+class LinearModel:
+    """T = c + a x tokens + p x pairs + r x KV tokens read + s x sequences + d x decode sequences."""
+
+    def __init__(self, cfg: LinearStepTime):
+        self.cfg = cfg
+
+    def prefill_part_s(self, plan) -> float:
+        c = self.cfg
+        return c.per_new_token_s * plan.prefill_tokens + c.per_pair_s * plan.prefill_pairs + c.per_sequence_s * plan.prefill_seqs
+
+    def step_s(self, plan) -> float:
+        c = self.cfg
+        return (c.constant_s + c.per_new_token_s * plan.new_tokens + c.per_pair_s * plan.pairs
+                + c.per_kv_token_s * plan.kv_tokens_read + c.per_sequence_s * plan.num_seqs
+                + c.per_decode_sequence_s * plan.decode_seqs)
+
+
+def _interp(xs: list[float], ys: list[float], x: float, allow: bool, what: str) -> float:
+    """Linear interpolation; outside [xs[0], xs[-1]] extrapolate linearly only when allowed."""
+    if xs[0] <= x <= xs[-1]:
+        if len(xs) == 1:
+            return ys[0]
+        i = min(max(bisect.bisect_right(xs, x), 1), len(xs) - 1)
+    elif not allow:
+        raise ExtrapolationError(f"{what} {x:.6g} is outside the measured range [{xs[0]:.6g}, {xs[-1]:.6g}]")
+    elif len(xs) == 1:
+        return ys[0]
+    else:
+        i = 1 if x < xs[0] else len(xs) - 1
+    x0, x1, y0, y1 = xs[i - 1], xs[i], ys[i - 1], ys[i]
+    # extrapolating a falling line below its first point can cross zero: a step never takes < 0 s
+    return max(y0 + (y1 - y0) * (x - x0) / (x1 - x0), 0.0)
+
+
+class ExtrapolationError(ConfigError):
+    pass
+
+
+class EfficiencyModel:
+    """Decode: time interpolated on bytes read; prefill: FLOPs / (peak x MFU) or a measured override.
+    A mixed iteration costs the sum of both parts (reference section 9's arithmetic)."""
+
+    def __init__(self, cfg: EfficiencyStepTime, spec: ModelSpec, weight_read_bytes: float,
+                 kv_bytes_per_token: float, peak_flops_per_s: float, allow_extrapolation: bool):
+        self.cfg, self.spec = cfg, spec
+        self.weight_read_bytes = weight_read_bytes
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self.peak = cfg.peak_tflops * 1e12 if cfg.peak_tflops else peak_flops_per_s
+        self.allow = allow_extrapolation
+        self._xs = [p.bytes for p in cfg.decode_table]
+        self._ys = [p.time_s for p in cfg.decode_table]
+        self._overrides = {(o.sequences, o.new_tokens_per_sequence, o.cached_tokens_per_sequence): o.time_s
+                           for o in cfg.prefill_overrides}
+
+    def decode_s(self, plan) -> float:
+        """Decode (and speculative verify) part: the measured time for the bytes read, but never
+        less than its FLOPs at the prefill efficiency (verifying many positions can be compute bound)."""
+        if plan.decode_seqs == 0:
+            return 0.0
+        read = self.weight_read_bytes + self.kv_bytes_per_token * plan.decode_kv_tokens
+        t = _interp(self._xs, self._ys, read, self.allow, "decode bytes read")
+        flops = forward_flops(self.spec, plan.decode_positions, plan.decode_pairs, plan.decode_logits)
+        return max(t, flops / (self.peak * self._mfu_clamped(plan.decode_positions)))
+
+    def _mfu_clamped(self, new_tokens: int) -> float:
+        m = self.cfg.prefill_mfu
+        if isinstance(m, float):
+            return m
+        n = min(max(new_tokens, m[0].new_tokens), m[-1].new_tokens)
+        return _interp([p.new_tokens for p in m], [p.mfu for p in m], n, True, "")
+
+    def prefill_mfu(self, new_tokens: int) -> float:
+        m = self.cfg.prefill_mfu
+        if isinstance(m, float):
+            return m
+        return _interp([p.new_tokens for p in m], [p.mfu for p in m], new_tokens, self.allow, "prefill new tokens")
+
+    def prefill_s(self, plan) -> float:
+        if plan.prefill_seqs == 0:
+            return 0.0
+        if self._overrides:
+            shapes = {(n, h) for req, n, h in plan.items if n > 1 or req.in_prefill}
+            if len(shapes) == 1:
+                (n, h), = shapes
+                hit = self._overrides.get((plan.prefill_seqs, n, h))
+                if hit is not None:
+                    return hit
+        flops = forward_flops(self.spec, plan.prefill_tokens, plan.prefill_pairs, plan.prefill_logits)
+        return flops / (self.peak * self.prefill_mfu(plan.prefill_tokens))
+
+    def prefill_part_s(self, plan) -> float:
+        return self.prefill_s(plan)
+
+    def step_s(self, plan) -> float:
+        return self.decode_s(plan) + self.prefill_s(plan)
+
+
+class GraphPadded:
+    """Decode-only iterations run the smallest captured CUDA-graph size >= their token rows
+    (reference section 5): 17..32 rows all cost the 32-row graph; a speculative round of one
+    sequence verifying 9 positions runs the 16-row graph. Larger batches and prefills run eagerly."""
+
+    def __init__(self, inner, graph_sizes: list[int]):
+        self.inner = inner
+        self.sizes = sorted(graph_sizes)
+
+    def prefill_part_s(self, plan) -> float:
+        return self.inner.prefill_part_s(plan)
+
+    def step_s(self, plan) -> float:
+        if plan.prefill_seqs or plan.new_tokens > self.sizes[-1]:
+            return self.inner.step_s(plan)
+        rows = self.sizes[bisect.bisect_left(self.sizes, plan.new_tokens)]
+        pad = rows - plan.new_tokens
+        if pad == 0:
+            return self.inner.step_s(plan)
+        padded = dataclasses.replace(plan, new_tokens=rows, pairs=plan.pairs + pad,
+                                     num_seqs=plan.num_seqs + pad, decode_seqs=plan.decode_seqs + pad,
+                                     decode_positions=plan.decode_positions + pad, decode_pairs=plan.decode_pairs + pad,
+                                     decode_logits=plan.decode_logits + pad)
+        return self.inner.step_s(padded)
+
+
+class RangeChecked:
+    """Refuses shapes outside a fitted profile's calibrated range, or warns once when allowed."""
+
+    def __init__(self, inner, valid: ValidRange, source: str | Path, allow: bool, stream=None):
+        self.inner, self.valid, self.source, self.allow = inner, valid, str(source), allow
+        self._warned = False
+        self._stream = stream or sys.stderr
+
+    def prefill_part_s(self, plan) -> float:
+        return self.inner.prefill_part_s(plan)
+
+    def step_s(self, plan) -> float:
+        v = self.valid
+        bad = None
+        if plan.num_seqs > v.max_batch:
+            bad = f"batch {plan.num_seqs} > max_batch {v.max_batch}"
+        elif plan.new_tokens > v.max_new_tokens:
+            bad = f"{plan.new_tokens} new tokens > max_new_tokens {v.max_new_tokens}"
+        elif plan.max_context > v.max_context_tokens:
+            bad = f"context {plan.max_context} > max_context_tokens {v.max_context_tokens}"
+        if bad:
+            if not self.allow:
+                raise ExtrapolationError(
+                    f"{self.source}: valid_range: iteration with {bad}; re-run `capsim calibrate` with a larger "
+                    "grid or set step_time.allow_extrapolation: true in the scenario")
+            if not self._warned:
+                self._warned = True
+                print(f"warning: {self.source}: extrapolating beyond valid_range ({bad}); "
+                      "further extrapolations are not reported", file=self._stream)
+        return self.inner.step_s(plan)
+
+
+class Overheads:
+    """Costs outside the model's forward pass, added around the step-time model:
+
+    - KV conversion: dequantising compressed KV costs time per KV token read (reference section 7:
+      the net gain of a compressed format is dD / beta - T_c);
+    - weight offload: offloaded layers stream in over the host link every step; one prefetch
+      buffer serialises copy and compute, two overlap them (step >= the copy time);
+    - multi-LoRA: a cost per distinct adapter in the batch (grouped low-rank work);
+    - swaps: KV moved between GPU and host memory before the iteration, over the host link.
+    """
+
+    def __init__(self, inner, host_link_bytes_per_s: float | None = None, kv_conversion_s_per_token: float = 0.0,
+                 offload_copy_s: float = 0.0, prefetch_buffers: int = 2, per_adapter_s: float = 0.0):
+        self.inner, self.link = inner, host_link_bytes_per_s
+        self.conversion = kv_conversion_s_per_token
+        self.copy_s, self.buffers = offload_copy_s, prefetch_buffers
+        self.per_adapter_s = per_adapter_s
+
+    def prefill_part_s(self, plan) -> float:
+        return self.inner.prefill_part_s(plan)
+
+    def step_s(self, plan) -> float:
+        t = self.inner.step_s(plan) + self.conversion * plan.kv_tokens_read
+        if self.copy_s:
+            t = offload_step_s(t, self.copy_s, self.buffers, 1)
+        if self.per_adapter_s and plan.adapters:
+            t += self.per_adapter_s * len(plan.adapters)
+        if plan.swap_bytes:
+            t += plan.swap_bytes / self.link
+        return t
+
+
+class WithDrafts:
+    """Speculative rounds: the draft source's time is added to the verify step (or hidden behind it
+    when overlapped), and a drafter that must prefill too stretches prefill by `prefill_overhead`."""
+
+    def __init__(self, inner, prefill_overhead: float):
+        self.inner, self.prefill_overhead = inner, prefill_overhead
+
+    def prefill_part_s(self, plan) -> float:
+        return self.inner.prefill_part_s(plan) * (1 + self.prefill_overhead)
+
+    def step_s(self, plan) -> float:
+        t = self.inner.step_s(plan)
+        if self.prefill_overhead and plan.prefill_seqs:
+            t += self.prefill_overhead * self.inner.prefill_part_s(plan)
+        if plan.draft_s:
+            t = max(t, plan.draft_s) if plan.draft_overlapped else t + plan.draft_s
+        return t

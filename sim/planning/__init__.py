@@ -1,0 +1,1 @@
+"""Capacity questions answered with many simulations: sweeps, the capacity planner, valuation."""

@@ -1,0 +1,1 @@
+"""Arrival processes, request shapes and trace readers."""

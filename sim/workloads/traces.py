@@ -1,0 +1,113 @@
+"""Trace readers: Azure LLM inference 2023 CSV, Mooncake JSONL, plain CSV / JSONL.
+
+Each returns (arrival_s, prompt_tokens, output_tokens) as numpy arrays with arrivals relative to
+the trace's first request. A malformed row is a ConfigError naming the file and line.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from sim.io.errors import ConfigError
+
+
+def _positive_int(value, path: Path, line: int, field: str) -> int:
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{path}: line {line}: {field}: expected a positive integer, got {value!r}") from None
+    if f != int(f) or f < 1:
+        raise ConfigError(f"{path}: line {line}: {field}: expected a positive integer, got {value!r}")
+    return int(f)
+
+
+def _number(value, path: Path, line: int, field: str) -> float:
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{path}: line {line}: {field}: expected a number, got {value!r}") from None
+    if not np.isfinite(f) or f < 0:
+        raise ConfigError(f"{path}: line {line}: {field}: expected a finite number >= 0, got {value!r}")
+    return f
+
+
+def _azure_time(text: str, path: Path, line: int, field: str = "TIMESTAMP") -> float:
+    """'2023-11-16 18:15:46.6805900' (7 fractional digits) -> POSIX seconds, no zone (naive)."""
+    head, _, frac = str(text).strip().partition(".")
+    try:
+        t = datetime.strptime(head, "%Y-%m-%d %H:%M:%S")
+        f = float("0." + frac) if frac else 0.0
+    except ValueError:
+        raise ConfigError(f"{path}: line {line}: {field}: expected 'YYYY-MM-DD HH:MM:SS.fffffff', got {text!r}") from None
+    return (t - datetime(1970, 1, 1)).total_seconds() + f
+
+
+def _read_csv(path: Path, columns: tuple[str, str, str], time_parser) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    t, p, o = [], [], []
+    with open(path, newline="") as fh:
+        reader = csv.DictReader(fh)
+        missing = [c for c in columns if c not in (reader.fieldnames or [])]
+        if missing:
+            raise ConfigError(f"{path}: line 1: missing column(s) {missing}; header is {reader.fieldnames}")
+        for i, row in enumerate(reader, start=2):
+            t.append(time_parser(row[columns[0]], path, i, columns[0]))
+            p.append(_positive_int(row[columns[1]], path, i, columns[1]))
+            o.append(_positive_int(row[columns[2]], path, i, columns[2]))
+    return np.array(t, dtype=float), np.array(p, dtype=np.int64), np.array(o, dtype=np.int64)
+
+
+def _read_jsonl(path: Path, keys: tuple[str, str, str], time_scale: float):
+    t, p, o, hashes = [], [], [], []
+    with open(path) as fh:
+        for i, text in enumerate(fh, start=1):
+            if not text.strip():
+                continue
+            try:
+                row = json.loads(text)
+            except json.JSONDecodeError as exc:
+                raise ConfigError(f"{path}: line {i}: invalid JSON ({exc.msg})") from None
+            if not isinstance(row, dict):
+                raise ConfigError(f"{path}: line {i}: expected a JSON object")
+            for k in keys:
+                if k not in row:
+                    raise ConfigError(f"{path}: line {i}: missing key {k!r}")
+            t.append(_number(row[keys[0]], path, i, keys[0]) * time_scale)
+            p.append(_positive_int(row[keys[1]], path, i, keys[1]))
+            o.append(_positive_int(row[keys[2]], path, i, keys[2]))
+            hashes.append(row.get("hash_ids"))
+    return np.array(t, dtype=float), np.array(p, dtype=np.int64), np.array(o, dtype=np.int64), hashes
+
+
+def read_trace(path: str | Path, fmt: str):
+    """Returns arrival_s (relative to the first row), prompt_tokens, output_tokens."""
+    t, p, o, _ = read_trace_with_blocks(path, fmt)
+    return t, p, o
+
+
+def read_trace_with_blocks(path: str | Path, fmt: str):
+    """Like read_trace, plus the per-request block hash ids of a Mooncake trace (None otherwise)."""
+    path = Path(path)
+    hashes = None
+    if not path.exists():
+        raise ConfigError(f"{path}: trace file not found")
+    if fmt == "azure":
+        t, p, o = _read_csv(path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"), _azure_time)
+    elif fmt == "csv":
+        t, p, o = _read_csv(path, ("arrival_s", "prompt_tokens", "output_tokens"), _number)
+    elif fmt == "mooncake":
+        t, p, o, hashes = _read_jsonl(path, ("timestamp", "input_length", "output_length"), 1e-3)
+    elif fmt == "jsonl":
+        t, p, o, _ = _read_jsonl(path, ("arrival_s", "prompt_tokens", "output_tokens"), 1.0)
+    else:
+        raise ConfigError(f"{path}: unknown trace format {fmt!r}; known: azure, mooncake, csv, jsonl")
+    if len(t) == 0:
+        raise ConfigError(f"{path}: trace has no rows")
+    if np.any(np.diff(t) < 0):
+        line = int(np.argmax(np.diff(t) < 0)) + (3 if fmt in ("azure", "csv") else 2)
+        raise ConfigError(f"{path}: line {line}: arrival time goes backwards; traces must be sorted by time")
+    return t - t[0], p, o, hashes
