@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.io.config import EfficiencyStepTime, LinearStepTime, ProfileStepTime, Scenario
+from sim.io.config import EfficiencyStepTime, LinearStepTime, OpsStepTime, ProfileStepTime, Scenario
 from sim.io.errors import ConfigError
 from sim.io.profiles import load_fitted, profiles_dir
 from sim.models import step_time as costmod
@@ -45,6 +45,9 @@ def build_step_time(scenario: Scenario, base_dir: Path, spec: ModelSpec, hw, str
                                         spec.kv_bytes_per_token(scenario.kv.format),
                                         hw.peak_flops_per_s("fp8" if scenario.weight_format == "fp8" else "bf16"),
                                         st.allow_extrapolation)
+    elif isinstance(cfg, OpsStepTime):
+        from sim.models.ops import build_ops_model
+        model = build_ops_model(cfg, spec, hw, scenario.weight_format, scenario.kv.format, st.allow_extrapolation, stream)
     else:
         raise AssertionError(cfg)
     if st.graph_sizes:

@@ -12,6 +12,7 @@ from pydantic import (Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, Po
 from sim.io.errors import ConfigError
 from sim.core.cluster import ClusterConfig
 from sim.io.profiles import EfficiencyStepTime, LinearStepTime
+from sim.io.ops_schema import OpsStepTime
 from sim.core.schedulers import AnySchedulerConfig
 from sim.io.schema import StrictModel, read_yaml_mapping, validate_mapping
 from sim.io.units import parse_bytes
@@ -26,7 +27,8 @@ class ProfileStepTime(StrictModel):
 
 
 class StepTimeConfig(StrictModel):
-    model: Annotated[Union[LinearStepTime, EfficiencyStepTime, ProfileStepTime], Field(discriminator="kind")]
+    model: Annotated[Union[LinearStepTime, EfficiencyStepTime, ProfileStepTime, OpsStepTime],
+                     Field(discriminator="kind")]
     graph_sizes: list[PositiveInt] | None = Field(None, description="Captured CUDA-graph batch sizes; decode batches pad up")
     allow_extrapolation: bool = Field(False, description="Allow shapes beyond a fitted profile's valid_range (warns once)")
 

@@ -1,0 +1,35 @@
+"""Scenario schema of the operator-level step-time model (`step_time.model: {kind: ops}`).
+
+Kept apart from sim.models.ops so that sim.io.config can validate scenarios without loading tables.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, NonNegativeFloat, PositiveInt
+
+from sim.io.schema import StrictModel
+
+DEFAULT_HOST_OVERHEAD_S = 0.0
+"""Per-iteration host time (scheduling, sampling, launches not hidden by CUDA graphs), seconds."""
+
+
+class OpsStepTime(StrictModel):
+    """Iteration time composed from measured kernel tables (profiles/ops/<tables>/):
+    per layer the GEMMs (QKV, O, gate/up, down) at M = the iteration's tokens, context attention for the
+    prefill chunks, generation attention for the decodes, two all-reduces under tensor parallelism and
+    the small element-wise ops; plus lm_head over the sampled positions and a per-iteration host time."""
+
+    kind: Literal["ops"] = "ops"
+    tables: str | None = Field(None, description="Kernel table set: a folder name under profiles/ops or a path; "
+                                                 "defaults to the scenario's hardware name")
+    dtype: Literal["bf16", "fp8"] | None = Field(
+        None, description="GEMM precision; defaults to the scenario's weight_format (bf16/fp16 -> bf16, fp8 -> fp8)")
+    tp: PositiveInt = Field(1, description="Tensor-parallel GPUs of the replica (shards GEMMs and heads, adds "
+                                           "all-reduces)")
+    mixed: Literal["one_pass", "sum"] = Field(
+        "one_pass", description="A chunked iteration (decodes + prefill chunks): one forward pass over all tokens "
+                                "(weights read once), or a decode iteration plus a prefill iteration")
+    host_overhead_s: NonNegativeFloat | None = Field(
+        None, description=f"Per-iteration host time; default {DEFAULT_HOST_OVERHEAD_S} s (see sim.models.ops)")

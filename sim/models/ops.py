@@ -1,0 +1,210 @@
+"""Operator-level step times: an iteration composed from measured kernel tables (issue [gpu-fidelity]).
+
+Per transformer layer, on one GPU of a tensor-parallel group of `tp`:
+
+- GEMMs at M = tokens of the pass: QKV (N = (heads + 2 kv_heads) x head_dim / tp, K = hidden),
+  O (N = hidden, K = heads x head_dim / tp), gate+up fused (N = 2 x intermediate / tp, K = hidden),
+  down (N = hidden, K = intermediate / tp); KV heads are replicated when tp exceeds them;
+- attention: the prefill chunks as one context-attention call over an equivalent uniform batch
+  (b = prefill sequences, length s with b s (s + 1) / 2 = the chunks' causal pairs, so a chunk over a
+  cached prefix costs its real work), the decodes as one generation-attention call (batch = decode
+  sequences, KV length = their mean cached tokens; speculative verification positions share their
+  sequence's KV read);
+- tp > 1: two all-reduces of M x hidden BF16 values (after O and after down), from the NCCL table;
+- small element-wise ops (two RMSNorms with the residual add fused, RoPE, SiLU-and-mul): per op
+  a + b x M x width, fitted on Vidur's H100 kernel measurements (SMALL_OPS below), b scaled by the
+  card's memory bandwidth relative to the H100's 3.35 TB/s.
+Per iteration: lm_head at M = sampled positions (N = vocab / tp) plus, under tp, an all-gather of the
+logits, and `host_overhead_s`.
+
+Mixed iterations: `one_pass` runs all tokens through one forward pass (GEMMs at M = all tokens, weights
+read once, one host overhead); `sum` costs the decode part and the prefill part as two iterations.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+
+from sim.io.errors import ConfigError
+from sim.io.ops_schema import DEFAULT_HOST_OVERHEAD_S, OpsStepTime
+from sim.models.ops_tables import MCurve, OutOfRange, TableSet, load_table_set
+from sim.models.spec import ModelSpec
+
+REFERENCE_BANDWIDTH_GBS = 3350.0
+"""H100 SXM memory bandwidth, the card SMALL_OPS was fitted on."""
+
+SMALL_OPS = {
+    # op: (count per layer, seconds at M = 1, seconds per element of M x width, width)
+    "rms_norm": (2, 5.0e-6, 3.2e-12, "hidden"),
+    "rope": (1, 2.5e-6, 2.4e-12, "qk"),
+    "silu_and_mul": (1, 3.5e-6, 3.0e-12, "intermediate"),
+}
+"""Fitted on ../shared/data/profiling/vidur/compute/h100/meta-llama/Llama-2-{7b,70b}-hf/mlp.csv (2,088
+rows, TP 1-8, 1-4096 tokens): the constant is the median time at 1 token, the slope a least-squares fit
+through it (median abs. error: norms 30%, RoPE 12%, SiLU 7%). A100 rows of the same files give slopes
+1.8x the H100's (bandwidth ratio 1.64x): the bandwidth scaling is approximate. vLLM fuses the residual
+add into the norm, so adds are not counted separately."""
+
+
+class OpsModel:
+    """`step_s(plan)` for a StepPlan from kernel tables; see the module docstring."""
+
+    def __init__(self, cfg: OpsStepTime, spec: ModelSpec, tables: TableSet, dtype: str,
+                 memory_bandwidth_gbs: float, allow_extrapolation: bool = False, stream=None):
+        p = spec.profile
+        if p.moe is not None or p.mla is not None:
+            raise ConfigError(f"step_time.model: kind ops does not model {'MoE' if p.moe else 'MLA'} layers yet "
+                              f"(model {p.name}); use kind efficiency or profile")
+        tp = cfg.tp
+        if p.num_attention_heads % tp:
+            raise ConfigError(f"step_time.model.tp: {tp} does not divide {p.name}'s {p.num_attention_heads} attention "
+                              f"heads (allowed: {[d for d in range(1, p.num_attention_heads + 1) if p.num_attention_heads % d == 0]})")
+        if p.num_kv_heads % tp and tp % p.num_kv_heads:
+            raise ConfigError(f"step_time.model.tp: {tp} and {p.name}'s {p.num_kv_heads} KV heads: one must divide "
+                              "the other")
+        self.cfg, self.spec, self.tables, self.dtype, self.tp = cfg, spec, tables, dtype, tp
+        self.layers = p.num_layers
+        self.heads = p.num_attention_heads // tp
+        self.kv_heads = max(p.num_kv_heads // tp, 1)
+        self.allow = allow_extrapolation
+        self.stream = stream or sys.stderr
+        self._warned = False
+        self.host_s = DEFAULT_HOST_OVERHEAD_S if cfg.host_overhead_s is None else cfg.host_overhead_s
+        self.mixed = cfg.mixed
+        self._build_gemms(tables, dtype)
+        self.context = tables.context().shape(self.heads, self.kv_heads, p.head_dim)
+        self.generation = tables.generation().shape(self.heads, self.kv_heads, p.head_dim)
+        self.nccl = tables.nccl() if tp > 1 else None
+        if self.nccl is not None and tp not in self.nccl.gpus("all_reduce"):
+            raise ConfigError(f"{self.nccl.path}: no all_reduce measurement on {tp} GPUs "
+                              f"(measured: {self.nccl.gpus('all_reduce')}); step_time.model.tp must be one of them")
+        self._small = self._small_ops(memory_bandwidth_gbs)
+        self._layer_cache: dict[int, float] = {}
+
+    def _build_gemms(self, tables: TableSet, dtype: str) -> None:
+        p, tp = self.spec.profile, self.tp
+        g = tables.gemm(dtype)
+        hd, h = p.head_dim, p.hidden_size
+        shapes = {
+            "qkv": ((self.heads + 2 * self.kv_heads) * hd, h),
+            "o": (h, self.heads * hd),
+            "gate_up": (2 * p.intermediate_size // tp, h),
+            "down": (h, p.intermediate_size // tp),
+        }
+        self.gemm_shapes = shapes
+        self.gemms = {name: MCurve(g.ms, g.curve(n, k), f"{g.path.name}: {name} GEMM m (tokens)")
+                      for name, (n, k) in shapes.items()}
+        # lm_head stays BF16 in fp8 checkpoints (sim.models.spec counts its bytes that way)
+        lm = tables.gemm("bf16")
+        self.lm_head = MCurve(lm.ms, lm.curve(p.vocab_size / tp, h), f"{lm.path.name}: lm_head GEMM m (sequences)")
+
+    def _small_ops(self, bandwidth_gbs: float) -> tuple[float, float]:
+        """(seconds per layer at M = 0, seconds per layer per token)."""
+        p = self.spec.profile
+        widths = {"hidden": p.hidden_size, "qk": (self.heads + self.kv_heads) * p.head_dim,
+                  "intermediate": p.intermediate_size / self.tp}
+        scale = REFERENCE_BANDWIDTH_GBS / bandwidth_gbs
+        const = sum(c * a for c, a, _, _ in SMALL_OPS.values())
+        per_token = sum(c * b * widths[w] * scale for c, _, b, w in SMALL_OPS.values())
+        return const, per_token
+
+    # ---- lookups with the extrapolation policy -------------------------------------------
+    def _look(self, fn, *args) -> float:
+        try:
+            return fn(*args)
+        except OutOfRange as exc:
+            if not self.allow:
+                raise ConfigError(f"step_time.model (kind ops, tables {self.tables.name}): {exc}; widen the "
+                                  "scheduler's limits or set step_time.allow_extrapolation: true to extrapolate "
+                                  "in proportion to the work") from None
+            if not self._warned:
+                self._warned = True
+                print(f"warning: step_time.model (kind ops, tables {self.tables.name}): {exc}; extrapolating in "
+                      "proportion to the work; further extrapolations are not reported", file=self.stream)
+            return exc.extrapolated_s
+
+    # ---- pieces -----------------------------------------------------------------------------
+    def layer_linear_s(self, tokens: int) -> float:
+        """One layer's GEMMs, all-reduces and small ops for a pass over `tokens` tokens."""
+        t = self._layer_cache.get(tokens)
+        if t is None:
+            t = sum(self._look(c.at, tokens) for c in self.gemms.values())
+            if self.nccl is not None:
+                t += 2 * self._look(self.nccl.at, "all_reduce", self.tp, tokens * self.spec.profile.hidden_size * 2)
+            t += self._small[0] + self._small[1] * tokens
+            if len(self._layer_cache) < 65536:
+                self._layer_cache[tokens] = t
+        return t
+
+    def context_attention_s(self, seqs: int, pairs: int) -> float:
+        """One layer's prefill attention for `seqs` chunks holding `pairs` causal pairs in all."""
+        if seqs == 0:
+            return 0.0
+        s = (math.sqrt(1.0 + 8.0 * pairs / seqs) - 1.0) / 2.0
+        return self._look(self.context.at, seqs, max(s, 1.0))
+
+    def generation_attention_s(self, seqs: int, kv_tokens: int) -> float:
+        """One layer's decode attention for `seqs` sequences holding `kv_tokens` cached tokens in all."""
+        if seqs == 0:
+            return 0.0
+        return self._look(self.generation.at, seqs, max(kv_tokens / seqs, 1.0))
+
+    def head_s(self, logits: int) -> float:
+        """lm_head over the sampled positions (plus the logits' all-gather under tp)."""
+        if logits == 0:
+            return 0.0
+        t = self._look(self.lm_head.at, logits)
+        if self.nccl is not None:
+            t += self._look(self.nccl.at, "all_gather", self.tp, logits * self.spec.profile.vocab_size * 2)
+        return t
+
+    def pass_s(self, tokens: int, pre_seqs: int, pre_pairs: int, dec_seqs: int, dec_kv: int, logits: int) -> float:
+        """One forward pass: host overhead, every layer, lm_head."""
+        if tokens == 0:
+            return 0.0
+        layer = (self.layer_linear_s(tokens) + self.context_attention_s(pre_seqs, pre_pairs)
+                 + self.generation_attention_s(dec_seqs, dec_kv))
+        return self.host_s + self.layers * layer + self.head_s(logits)
+
+    # ---- the step-time model interface ----------------------------------------------------------
+    def decode_part_s(self, plan) -> float:
+        """The decode (and speculative verify) sequences alone, as their own iteration."""
+        return self.pass_s(plan.decode_positions, 0, 0, plan.decode_seqs, plan.decode_kv_tokens, plan.decode_logits)
+
+    def prefill_part_s(self, plan) -> float:
+        """The prefill chunks alone, as their own iteration."""
+        return self.pass_s(plan.prefill_tokens, plan.prefill_seqs, plan.prefill_pairs, 0, 0, plan.prefill_logits)
+
+    def step_s(self, plan) -> float:
+        """Seconds for the iteration `plan` (sim.core.step.StepPlan)."""
+        if plan.prefill_seqs == 0 or plan.decode_seqs == 0 or self.mixed == "sum":
+            if plan.prefill_seqs == 0:
+                return self.decode_part_s(plan)
+            if plan.decode_seqs == 0:
+                return self.prefill_part_s(plan)
+            return self.decode_part_s(plan) + self.prefill_part_s(plan)
+        return self.pass_s(plan.decode_positions + plan.prefill_tokens, plan.prefill_seqs, plan.prefill_pairs,
+                           plan.decode_seqs, plan.decode_kv_tokens, plan.decode_logits + plan.prefill_logits)
+
+
+def ops_dtype(cfg: OpsStepTime, weight_format: str) -> str:
+    """The GEMM dtype: the configured one, else the scenario's weight format."""
+    if cfg.dtype is not None:
+        return cfg.dtype
+    if weight_format in ("bf16", "fp16"):
+        return "bf16"
+    if weight_format == "fp8":
+        return "fp8"
+    raise ConfigError(f"step_time.model: kind ops has GEMM tables for bf16 and fp8; weight_format {weight_format!r} "
+                      "needs step_time.model.dtype set explicitly (bf16 or fp8)")
+
+
+def build_ops_model(cfg: OpsStepTime, spec: ModelSpec, hw, weight_format: str, kv_format: str,
+                    allow_extrapolation: bool, stream=None) -> OpsModel:
+    """The ops model for a scenario: tables default to the hardware's name, dtype to the weight format."""
+    if kv_format not in ("bf16", "fp16"):
+        raise ConfigError(f"kv.format: kind ops has attention tables for a BF16 KV cache only, got {kv_format!r}")
+    tables = load_table_set(cfg.tables or hw.name)
+    return OpsModel(cfg, spec, tables, ops_dtype(cfg, weight_format), hw.memory_bandwidth_gbs.value,
+                    allow_extrapolation, stream)
