@@ -1,0 +1,83 @@
+"""Closed-loop clients: N users, each sending its next request when its previous one leaves."""
+
+import numpy as np
+import pytest
+import yaml
+
+from sim.io.config import load_scenario
+from sim.io.errors import ConfigError
+from sim.core.simulation import Simulation
+from sim.workloads.closed_loop import think_times
+from tests.sim.helpers import run, scenario
+
+
+def closed(users=4, n=40, think=0.0, dist="fixed", prompt=300, output=20, **extra):
+    wl = {"kind": "closed_loop", "users": users, "num_requests": n, "think_time_s": think,
+          "think_distribution": dist, "prompt_tokens": {"kind": "fixed", "value": prompt},
+          "output_tokens": {"kind": "fixed", "value": output}}
+    return scenario(workload=wl, **extra)
+
+
+def in_system(req, t):
+    """Requests sent at or before t that have not left by t."""
+    return int(((req["arrival_s"] <= t) & (req["finish_s"] > t)).sum())
+
+
+def test_never_more_than_n_users_and_the_first_wave_starts_together():
+    res = run(closed(users=4, n=40))
+    req = res.requests
+    assert res.summary["completed"] == 40
+    assert (req["arrival_s"].nsmallest(4) == 0.0).all()
+    assert (req["arrival_s"] > 0).sum() == 36
+    events = np.concatenate([req["arrival_s"].to_numpy(), req["finish_s"].to_numpy()])
+    assert max(in_system(req, t) for t in events) == 4
+    # while requests remain to be sent, every user always has one in the system
+    last_send = req["arrival_s"].max()
+    assert all(in_system(req, t) == 4 for t in req["finish_s"] if t < last_send)
+
+
+def test_each_request_is_sent_when_an_earlier_one_leaves_plus_think_time():
+    for think in (0.0, 0.25):
+        req = run(closed(users=3, n=30, think=think)).requests.sort_values("arrival_s", kind="stable")
+        finishes = np.sort(req["finish_s"].to_numpy())
+        later = req["arrival_s"].to_numpy()[3:]
+        # the k-th send after the first wave follows the k-th departure by the think time
+        assert later == pytest.approx(finishes[:len(later)] + think, abs=1e-12)
+
+
+def test_exponential_think_time_is_seeded_and_has_its_mean():
+    sim_a = Simulation(closed(users=2, n=400, think=0.5, dist="exponential", output=5), ".")
+    a = sim_a.run()
+    assert a.digest() == run(closed(users=2, n=400, think=0.5, dist="exponential", output=5)).digest()
+    req = a.requests.sort_values("id")
+    # request i >= users is claimed by the (i - users)-th departure and sent its think time later
+    gaps = req["arrival_s"].to_numpy()[2:] - np.sort(req["finish_s"].to_numpy())[:398]
+    assert gaps == pytest.approx(sim_a.workload.think_s[2:], abs=1e-9)
+    assert gaps.min() > 0
+    many = think_times(40000, 10, 0.5, "exponential", np.random.default_rng(1))
+    assert (many[:10] == 0).all() and many[10:].mean() == pytest.approx(0.5, rel=0.02)
+    assert (think_times(50, 10, 0.5, "fixed", np.random.default_rng(1))[10:] == 0.5).all()
+
+
+def test_one_user_is_sequential_and_more_users_than_requests_all_start_at_once():
+    req = run(closed(users=1, n=5)).requests.sort_values("arrival_s")
+    assert (req["arrival_s"].to_numpy()[1:] == req["finish_s"].to_numpy()[:-1]).all()
+    req = run(closed(users=10, n=3)).requests
+    assert (req["arrival_s"] == 0).all()
+
+
+def test_rejected_requests_free_their_user():
+    # prompts over the continuous scheduler's token budget are refused at the door: the loop goes on
+    res = run(closed(users=2, n=6, prompt=9000))
+    assert res.summary["rejected"] == 6
+
+
+def test_closed_loop_config_errors(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(closed().model_dump(mode="json") | {
+        "workload": {"kind": "closed_loop", "users": 0, "num_requests": 5, "think_distribution": "gamma",
+                     "prompt_tokens": {"kind": "fixed", "value": 5}, "output_tokens": {"kind": "fixed", "value": 5}}}))
+    with pytest.raises(ConfigError) as err:
+        load_scenario(path)
+    text = str(err.value)
+    assert "workload.closed_loop.users" in text and "workload.closed_loop.think_distribution" in text
