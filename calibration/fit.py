@@ -82,7 +82,7 @@ class Observation:
         if self.prefill_seqs:
             n = self.prefill_tokens // self.prefill_seqs
             h = self.prefill_cached_tokens // self.prefill_seqs
-            plan.items = [(SimpleNamespace(in_prefill=True, adapter=-1), n, h)] * self.prefill_seqs
+            plan.items = [(SimpleNamespace(in_prefill=True, adapter=None), n, h)] * self.prefill_seqs
         if self.decode_seqs:
             plan.add_decodes(self.decode_seqs, self.decode_kv_tokens, self.max_context)
         return plan

@@ -93,7 +93,7 @@ class PrefixAffinity(Router):
         if not candidates:
             return None
         best = max(candidates, key=lambda r: (len(r.pool.match(req)), -r.outstanding, -r.index))
-        key = req.segments[0][0] if (req.segments and req.shareable_tokens) else None
+        key = req.segments[0][0] if (req.segments and req.shareable_tokens != 0) else None
         if not best.pool.match(req):
             sticky = self._sticky.get(key)
             best = sticky if sticky in candidates else min(candidates, key=lambda r: (r.outstanding, r.index))

@@ -52,6 +52,11 @@ class KVStats:
     cow_copies: int = 0
 
 
+def _adapter_seed(req: Request) -> int:
+    """Hash seed of a request's blocks: KV is only shared between requests of one adapter."""
+    return 0 if req.adapter is None else req.adapter + 1
+
+
 def request_streams(req: Request) -> tuple:
     """The token streams a request's tokens come from: its prompt segments, then its outputs."""
     return req.segments + (((OUTPUT_STREAM, req.rid), 0, 1 << 62),)
@@ -164,7 +169,7 @@ class BlockManager:
         hits = []
         for b in range(limit):  # hash block by block: stop at the first miss
             if b >= len(hashes):
-                chain_hashes(streams, bs, b + 1, hashes, seed=req.adapter + 1)
+                chain_hashes(streams, bs, b + 1, hashes, seed=_adapter_seed(req))
             bid = self.index.get(hashes[b])
             if bid is None:
                 break
@@ -248,11 +253,12 @@ class BlockManager:
         if not self.prefix_caching:
             return
         if not own_reuse:
-            tokens = min(tokens, req.shareable_tokens)
+            if req.shareable_tokens is not None:
+                tokens = min(tokens, req.shareable_tokens)
         full = min(tokens // self.block_tokens, len(req.block_table))
         if full <= req.indexed_blocks:
             return
-        hashes = chain_hashes(request_streams(req), self.block_tokens, full, req.block_hashes, seed=req.adapter + 1)
+        hashes = chain_hashes(request_streams(req), self.block_tokens, full, req.block_hashes, seed=_adapter_seed(req))
         for b in range(req.indexed_blocks, full):
             blk = self.blocks[req.block_table[b]]
             if blk.content_hash is not None or blk.dup_of is not None:

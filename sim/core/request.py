@@ -41,7 +41,7 @@ class Request:
     last_token_s: float | None = None
     finish_s: float | None = None
     max_itl_s: float = 0.0
-    last_iteration: int = -2
+    last_iteration: int | None = None
     """Index of the iteration that produced the latest output token (for pooled ITL bookkeeping)."""
     preemptions: int = 0
     recomputed_tokens: int = 0
@@ -57,15 +57,15 @@ class Request:
     """Leading blocks of block_table already offered to the prefix index."""
     segments: tuple = ()
     """Token identity of the prompt: ((stream id, first token, length), ...); see sim.core.kv."""
-    shareable_tokens: int = 1 << 62
-    """Leading tokens whose content another request may share (only their blocks are indexed)."""
+    shareable_tokens: int | None = None
+    """Leading tokens whose content another request may share (only their blocks are indexed); None: all of them."""
     swapped_blocks: int = 0
     """Blocks held in the host tier while swapped out (0 when not swapped)."""
-    admit_seq: int = -1
+    admit_seq: int | None = None
     """Position in the running order (admission order; a re-admitted request goes to the back)."""
-    planned_iter: int = -1
+    planned_iter: int | None = None
     """Last iteration that scheduled this request explicitly."""
-    base_iter: int = -1
+    base_iter: int | None = None
     """In the lazy decode set: counters are exact as of the start of this iteration."""
     lazy_version: int = 0
     """Bumped whenever the request joins or leaves the decode set (invalidates heap entries)."""
@@ -73,8 +73,8 @@ class Request:
     """Blocks it would reserve, counted in the waiting queue's KV demand."""
     kv_waited: bool = False
     """Its admission was held back at least once because KV blocks were short."""
-    adapter: int = -1
-    """LoRA adapter id (-1: the base model). KV is only shared between requests of one adapter."""
+    adapter: int | None = None
+    """LoRA adapter id (None: the base model). KV is only shared between requests of one adapter."""
     accept_rates: object = None
     """Speculative decoding: this request's conditional acceptance per draft position (numpy)."""
     draft_len: int = 0
@@ -101,7 +101,7 @@ class Request:
         self.output_tokens = self.computed_tokens = self.cached_tokens = 0
         self.block_table, self.block_hashes, self.indexed_blocks = [], [], 0
         self.first_token_s = self.last_token_s = None
-        self.max_itl_s, self.last_iteration, self.replica = 0.0, -2, None
+        self.max_itl_s, self.last_iteration, self.replica = 0.0, None, None
         self.recompute_upto = self.swapped_blocks = 0
         self.accept_rates = None
 

@@ -48,7 +48,7 @@ class StepPlan:
         h = req.computed_tokens
         pairs = n * h + n * (n + 1) // 2
         self.items.append((req, n, h))
-        if req.adapter >= 0:
+        if req.adapter is not None:
             self.adapters.add(req.adapter)
         self.num_seqs += 1
         self.new_tokens += n

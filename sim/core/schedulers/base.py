@@ -369,7 +369,7 @@ class Scheduler:
         v, seq = req.lazy_version, req.admit_seq
         self.decoding[req.rid] = req
         self._dec_computed += req.computed_tokens
-        if req.adapter >= 0:
+        if req.adapter is not None:
             self._dec_adapters[req.adapter] = self._dec_adapters.get(req.adapter, 0) + 1
         heapq.heappush(self._finish_heap, (i + req.max_output_tokens - req.output_tokens - 1, seq, v, req))
         heapq.heappush(self._ctx_heap, (-(req.computed_tokens - i), seq, v, req))
@@ -392,7 +392,7 @@ class Scheduler:
         self._materialize(req, self.iteration if i is None else i)
         del self.decoding[req.rid]
         self._dec_computed -= req.computed_tokens
-        if req.adapter >= 0:
+        if req.adapter is not None:
             left = self._dec_adapters[req.adapter] - 1
             if left:
                 self._dec_adapters[req.adapter] = left
