@@ -26,6 +26,7 @@ from sim.io.profiles import load_fitted, load_hardware, load_model, profiles_dir
 from sim.core.request import Request
 from sim.core.schedulers import SCHEDULERS
 from sim.core.schedulers.speculation import Speculator
+from sim.workloads.closed_loop import closed_loop_clients
 from sim.workloads.workload import build_workload, prefix_stream
 from sim.core import engine
 
@@ -248,11 +249,11 @@ class Simulation:
             # a retried request re-sends its prompt: all of it may be hit again
             return int(wl.prompt_tokens[i]) if retried else wl.shareable_tokens(i, warm)
 
-        def make_request(i: int) -> Request:
-            a = float(wl.arrival_s[i])
+        def make_request(i: int, sent_s: float | None = None) -> Request:
+            a = float(wl.arrival_s[i]) if sent_s is None else sent_s  # closed loop: sent when a user frees up
             cancel = float(wl.cancel_at_s[i])
             dl = float(wl.deadline_s[i])
-            adapter = int(wl.adapter[i]) if wl.adapter is not None else -1
+            adapter = int(wl.adapter[i]) if wl.adapter is not None and wl.adapter[i] >= 0 else None
             return Request(i, a, int(wl.prompt_tokens[i]), int(wl.output_tokens[i]), a + float(wl.outside_wait_s[i]),
                            adapter=adapter,
                            deadline_s=None if math.isnan(dl) else dl, cancel_at_s=None if math.isnan(cancel) else cancel,
@@ -261,6 +262,8 @@ class Simulation:
         def leave(req: Request, now_s: float) -> None:
             rec.on_leave(req, now_s)
             state["finished"] += 1
+            if clients is not None:
+                clients.on_leave(req)
             if self.progress is not None:
                 self.progress(state["finished"], n_total)
 
@@ -403,7 +406,9 @@ class Simulation:
 
         for r in replicas:
             start(r)
-        env.process(engine.arrivals(env, wl, make_request, deliver, cancel))
+        clients = closed_loop_clients(env, wl, make_request, deliver)  # None: open loop, arrivals from the workload
+        if clients is None:
+            env.process(engine.arrivals(env, wl, make_request, deliver, cancel))
         if cl.faults:
             for f in cl.faults:
                 env.process(fault(f))
