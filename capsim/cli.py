@@ -18,6 +18,7 @@ COMMAND_MODULES = [
     "capsim.commands.capacity",
     "capsim.commands.figures",
     "capsim.commands.calibration",
+    "capsim.commands.report",
 ]
 
 

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from capsim.commands.report import add_report_flag, report_after
 from sim.io.errors import ConfigError
 from sim.io.units import fmt_bytes, parse_bytes
 
@@ -41,12 +42,16 @@ def _add_real_validate(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("validate", help="replay a scenario for real on this device and measure the simulator's error")
     if add_validate_args:
         add_validate_args(p)
+        add_report_flag(p)
     return p
 
 
 def cmd_real_validate(args) -> int:
     from calibration.validate import validate_main
-    return validate_main(args)
+    rc = validate_main(args)
+    if rc == 0 and args.report:
+        report_after(args, "validation")
+    return rc
 
 
 def cmd_calibrate(args) -> int:

@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from capsim.commands.report import add_report_flag, report_after
 from sim.io.errors import ConfigError
 from sim.io.units import fmt_bytes, parse_bytes
 
@@ -70,6 +71,7 @@ def _add_plan(sub) -> argparse.ArgumentParser:
     _add_fanout(p)
     p.add_argument("--json", action="store_true", help="print plan.json instead of the tables")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    add_report_flag(p)
     return p
 
 
@@ -89,6 +91,8 @@ def cmd_plan(args) -> int:
     else:
         print_plan(res)
         print("wrote " + ", ".join(str(f) for f in res.files))
+    if args.report:
+        report_after(args, "plan")
     return 0
 
 

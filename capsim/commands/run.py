@@ -7,6 +7,7 @@ import json
 import sys
 from pathlib import Path
 
+from capsim.commands.report import add_report_flag, check_report_args, report_after
 from sim.io.errors import ConfigError
 from sim.io.units import fmt_bytes, parse_bytes
 
@@ -19,6 +20,7 @@ def _add_run(sub) -> argparse.ArgumentParser:
                    help="override a scenario field (repeatable), e.g. --set scheduler.max_num_seqs=32")
     p.add_argument("--json", action="store_true", help="print summary.json instead of the table")
     p.add_argument("--progress", action="store_true", help="show progress on stderr")
+    add_report_flag(p)
     return p
 
 
@@ -65,6 +67,7 @@ class _Progress:
 
 def cmd_run(args) -> int:
     from sim.api import run_scenario
+    check_report_args(args)
     result = run_scenario(args.scenario, args.overrides, progress=_Progress() if args.progress else None)
     if args.out:
         result.write(args.out)
@@ -74,6 +77,8 @@ def cmd_run(args) -> int:
         print_summary(result.summary)
         if args.out:
             print(f"wrote {Path(args.out) / 'summary.json'}, requests.csv, iterations.csv")
+    if args.report:
+        report_after(args, "run")
     return 0
 
 
