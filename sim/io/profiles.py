@@ -183,7 +183,8 @@ class EfficiencyStepTime(StrictModel):
 
     decode part: interpolate `decode_table` on weight + KV bytes read by the decode sequences;
     prefill part: prefill FLOPs / (peak FLOP/s x MFU), MFU constant or interpolated on new tokens,
-    unless a `prefill_overrides` entry matches the exact shape. A mixed iteration costs the sum.
+    unless a `prefill_overrides` entry matches the exact shape. A mixed iteration costs the sum, or with
+    `mixed: one_pass` one forward pass (sim.models.step_time.EfficiencyModel.one_pass_s).
     """
 
     kind: Literal["efficiency"] = "efficiency"
@@ -191,6 +192,8 @@ class EfficiencyStepTime(StrictModel):
     prefill_mfu: Annotated[float, Field(gt=0, le=1)] | list[MFUPoint]
     prefill_overrides: list[PrefillOverride] = Field(default_factory=list)
     peak_tflops: PositiveFloat | None = Field(None, description="Defaults to the scenario hardware's dense peak")
+    mixed: Literal["sum", "one_pass"] | None = Field(
+        None, description="Decodes + prefill chunks in one iteration: sum of both parts (default, null) or one pass")
 
     @model_validator(mode="after")
     def _sorted(self):

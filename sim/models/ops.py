@@ -115,9 +115,9 @@ class OpsModel:
             return fn(*args)
         except OutOfRange as exc:
             if not self.allow:
-                raise ConfigError(f"step_time.model (kind ops, tables {self.tables.name}): {exc}; widen the "
-                                  "scheduler's limits or set step_time.allow_extrapolation: true to extrapolate "
-                                  "in proportion to the work") from None
+                raise ConfigError(f"step_time.model (kind ops, tables {self.tables.name}): {exc}; keep iterations "
+                                  "inside the measured shapes (e.g. scheduler.max_num_batched_tokens) or set "
+                                  "step_time.allow_extrapolation: true to extrapolate in proportion to the work") from None
             if not self._warned:
                 self._warned = True
                 print(f"warning: step_time.model (kind ops, tables {self.tables.name}): {exc}; extrapolating in "
@@ -184,8 +184,10 @@ class OpsModel:
             if plan.decode_seqs == 0:
                 return self.prefill_part_s(plan)
             return self.decode_part_s(plan) + self.prefill_part_s(plan)
-        return self.pass_s(plan.decode_positions + plan.prefill_tokens, plan.prefill_seqs, plan.prefill_pairs,
-                           plan.decode_seqs, plan.decode_kv_tokens, plan.decode_logits + plan.prefill_logits)
+        one = self.pass_s(plan.decode_positions + plan.prefill_tokens, plan.prefill_seqs, plan.prefill_pairs,
+                          plan.decode_seqs, plan.decode_kv_tokens, plan.decode_logits + plan.prefill_logits)
+        # an engine could always run the two parts apart: interpolation never makes one pass dearer
+        return min(one, self.decode_part_s(plan) + self.prefill_part_s(plan))
 
 
 def ops_dtype(cfg: OpsStepTime, weight_format: str) -> str:

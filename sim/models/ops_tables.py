@@ -169,7 +169,10 @@ def _bracket(xs: list[float], x: float) -> tuple[int, float]:
 
 
 def _loglog(y0: float, y1: float, w: float) -> float:
-    return math.exp(math.log(y0) + w * (math.log(y1) - math.log(y0)))
+    if y0 == y1:
+        return y0
+    y = math.exp(math.log(y0) + w * (math.log(y1) - math.log(y0)))
+    return min(max(y, min(y0, y1)), max(y0, y1))  # rounding never leaves the bracket
 
 
 def _bilinear(xs, ys, grid, x, y) -> float:

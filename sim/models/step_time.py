@@ -58,7 +58,8 @@ class ExtrapolationError(ConfigError):
 
 class EfficiencyModel:
     """Decode: time interpolated on bytes read; prefill: FLOPs / (peak x MFU) or a measured override.
-    A mixed iteration costs the sum of both parts (reference section 9's arithmetic)."""
+    A mixed iteration costs the sum of both parts (reference section 9's arithmetic), or with
+    `mixed: one_pass` one forward pass (`one_pass_s`)."""
 
     def __init__(self, cfg: EfficiencyStepTime, spec: ModelSpec, weight_read_bytes: float,
                  kv_bytes_per_token: float, peak_flops_per_s: float, allow_extrapolation: bool):
@@ -112,7 +113,22 @@ class EfficiencyModel:
         return self.prefill_s(plan)
 
     def step_s(self, plan) -> float:
+        if self.cfg.mixed == "one_pass" and plan.decode_seqs and plan.prefill_seqs:
+            return self.one_pass_s(plan)
         return self.decode_s(plan) + self.prefill_s(plan)
+
+    def one_pass_s(self, plan) -> float:
+        """Decodes and prefill chunks in one forward pass: the weights are read once and the GEMMs see
+        all tokens. Time = all tokens' FLOPs at the prefill MFU of that many tokens, plus the decodes' KV
+        read (the table's time for weights + KV minus its time for the weights alone: attention is a
+        kernel of its own, not hidden under the GEMMs), never below the decode part (a memory-bound
+        pass) nor the prefill part, never above their sum."""
+        dec, pre = self.decode_s(plan), self.prefill_s(plan)
+        w = max(self.weight_read_bytes, self._xs[0])
+        kv_read = max(dec - _interp(self._xs, self._ys, w, True, ""), 0.0)
+        flops = forward_flops(self.spec, plan.new_tokens, plan.prefill_pairs, plan.prefill_logits + plan.decode_logits)
+        compute = flops / (self.peak * self._mfu_clamped(plan.new_tokens))
+        return min(dec + pre, max(dec, pre, compute + kv_read))
 
 
 class GraphPadded:

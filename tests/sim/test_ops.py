@@ -1,0 +1,233 @@
+"""The operator-level step-time model (kind: ops) and one-pass mixed iterations."""
+
+from __future__ import annotations
+
+import io
+import math
+import random
+
+import pytest
+import yaml
+
+from sim.core.request import Request
+from sim.core.step import StepPlan
+from sim.io.errors import ConfigError
+from sim.io.ops_schema import OpsStepTime
+from sim.io.profiles import EfficiencyStepTime, ModelProfile, load_fitted, load_hardware, load_model, profiles_dir
+from sim.models.ops import SMALL_OPS, REFERENCE_BANDWIDTH_GBS, OpsModel, build_ops_model
+from sim.models.ops_tables import load_table_set
+from sim.models.spec import ModelSpec
+from sim.models.step_time import EfficiencyModel
+from tests.sim.helpers import run, scenario
+
+TINY = {"name": "tiny", "hf_id": "none/tiny", "family": "llama", "num_layers": 2, "hidden_size": 256,
+        "intermediate_size": 256, "num_attention_heads": 2, "num_kv_heads": 1, "head_dim": 128,
+        "vocab_size": 512, "tie_word_embeddings": False, "max_position_embeddings": 4096, "source": "test"}
+
+
+def gemm_us(m, n, k):
+    """The tiny table's GEMM: 1 us per 65536 weights at m = 1, twice that at m = 16."""
+    return n * k / 65536 * (1 if m == 1 else 2)
+
+
+def write_tiny_tables(folder):
+    folder.mkdir()
+    rows = ["m,n,k,latency_us"] + [f"{m},{n},{k},{gemm_us(m, n, k):g}" for m in (1, 16) for n in (256, 512)
+                                   for k in (256, 512)]
+    (folder / "gemm_bf16.csv").write_text("\n".join(rows) + "\n")
+    ctx = ["batch,seq_len,heads,kv_heads,head_dim,latency_us"]
+    gen = ["batch,kv_len,heads,kv_heads,head_dim,latency_us"]
+    for heads in (1, 2):
+        for b in (1, 2):
+            for n in (1, 16):
+                ctx.append(f"{b},{n},{heads},1,128,{heads * b * (3 if n == 16 else 1)}")
+                gen.append(f"{b},{n},{heads},1,128,{heads * b * (2 if n == 16 else 1)}")
+    (folder / "context_attention.csv").write_text("\n".join(ctx) + "\n")
+    (folder / "generation_attention.csv").write_text("\n".join(gen) + "\n")
+    nccl = ["op,gpus,bytes,latency_us"] + [f"{op},2,{b},{5 if b == 512 else 10}" for op in ("all_reduce", "all_gather")
+                                           for b in (512, 1048576)]
+    (folder / "nccl.csv").write_text("\n".join(nccl) + "\n")
+    return folder
+
+
+@pytest.fixture
+def tiny(tmp_path):
+    return ModelSpec(ModelProfile.model_validate(TINY)), load_table_set(str(write_tiny_tables(tmp_path / "tiny")))
+
+
+def tiny_model(tiny, **cfg):
+    spec, tables = tiny
+    return OpsModel(OpsStepTime(tables=str(tables.folder), host_overhead_s=1e-4, **cfg), spec, tables, "bf16",
+                    REFERENCE_BANDWIDTH_GBS, allow_extrapolation=cfg.pop("allow", False) if "allow" in cfg else False)
+
+
+def decode_plan(batch: int, context: int) -> StepPlan:
+    p = StepPlan()
+    p.add_decodes(batch, batch * context, context + 1)
+    return p
+
+
+def prefill_plan(seqs: int, new: int, cached: int = 0, plan: StepPlan | None = None) -> StepPlan:
+    p = plan or StepPlan()
+    for i in range(seqs):
+        r = Request(i, 0.0, cached + new, 8, 0.0)
+        r.computed_tokens = cached
+        p.add(r, new)
+    return p
+
+
+def small_s(tokens, hidden=256, qk=3 * 128, inter=256):
+    widths = {"hidden": hidden, "qk": qk, "intermediate": inter}
+    return sum(c * (a + b * widths[w] * tokens) for c, a, b, w in SMALL_OPS.values())
+
+
+def test_composition_on_a_hand_built_table(tiny):
+    m = tiny_model(tiny)
+    # decode, batch 1 at 16 cached tokens: every lookup lands on a measured point (m = 1)
+    gemms = gemm_us(1, 512, 256) + gemm_us(1, 256, 256) + gemm_us(1, 512, 256) + gemm_us(1, 256, 256)
+    layer = gemms * 1e-6 + 2 * 2e-6 + small_s(1)  # generation attention (b 1, kv 16, 2 heads) = 2 x 1 x 2 us
+    want = 1e-4 + 2 * layer + gemm_us(1, 512, 256) * 1e-6
+    assert m.step_s(decode_plan(1, 16)) == pytest.approx(want, rel=1e-9)
+    # prefill of one 16-token prompt: m = 16, context attention (b 1, s 16) = 2 x 3 us, lm_head at m = 1
+    gemms16 = 2 * gemms
+    layer = gemms16 * 1e-6 + 2 * 3e-6 + small_s(16)
+    want = 1e-4 + 2 * layer + gemm_us(1, 512, 256) * 1e-6
+    assert m.step_s(prefill_plan(1, 16)) == pytest.approx(want, rel=1e-9)
+
+
+def test_tensor_parallel_shards_and_adds_all_reduces(tiny):
+    spec, tables = tiny
+    m = OpsModel(OpsStepTime(tables=str(tables.folder), tp=2, host_overhead_s=0.0), spec, tables, "bf16",
+                 REFERENCE_BANDWIDTH_GBS)
+    # per GPU: 1 head, 1 KV head (replicated); QKV n = 3 x 128 = 384 (bilinear between 256 and 512)
+    assert m.gemm_shapes == {"qkv": (384, 256), "o": (256, 128), "gate_up": (256, 256), "down": (256, 128)}
+    t1 = gemm_us(1, 384, 256) + gemm_us(1, 256, 256) + gemm_us(1, 256, 256) + gemm_us(1, 256, 256)  # k 128 -> 256
+    layer = t1 * 1e-6 + 2e-6 + small_s(1, qk=256, inter=128) + 2 * 5e-6  # attention 1 head; 2 all-reduces of 512 B
+    # lm_head: vocab 512 / 2 = 256; all-gather of 1 x 512 x 2 = 1024 B: log-log between 512 B (5 us) and 1 MiB (10 us)
+    lm = gemm_us(1, 256, 256) * 1e-6 + 5e-6 * 2 ** (1 / 11)
+    assert m.step_s(decode_plan(1, 16)) == pytest.approx(2 * layer + lm, rel=1e-9)
+    with pytest.raises(ConfigError, match="tp"):
+        OpsModel(OpsStepTime(tables=str(tables.folder), tp=4), spec, tables, "bf16", REFERENCE_BANDWIDTH_GBS)
+
+
+def test_interpolation_is_monotone_on_the_shipped_tables():
+    tables = load_table_set("h100-sxm")
+    g = tables.gemm("bf16")
+    ms = list(range(1, 300)) + [int(1.07 ** i) for i in range(85, 154)]
+    for n, k in [(6144, 4096), (28672, 4096), (4096, 14336), (128256, 4096), (1000, 300)]:
+        ts = [g.at(x, n, k) for x in ms]
+        assert all(b >= a for a, b in zip(ts, ts[1:])), (n, k)
+        assert g.at(64, n + 100, k) >= g.at(64, n, k) and g.at(64, n, k + 100) >= g.at(64, n, k)
+    gen = tables.generation().shape(32, 8, 128)
+    ctx = tables.context().shape(32, 8, 128)
+    lengths = [1.0 + 1.13 ** i for i in range(90)]
+    for b in (1, 3, 8, 50, 256):
+        ts = [gen.at(b, x) for x in lengths]
+        assert all(y >= x for x, y in zip(ts, ts[1:]))
+        ts = [ctx.at(min(b, 256), x) for x in lengths if x <= 16384]
+        assert all(y >= x for x, y in zip(ts, ts[1:]))
+    for x in (100.0, 3000.0):
+        ts = [gen.at(b, x) for b in range(1, 2049, 7)]
+        assert all(y >= x for x, y in zip(ts, ts[1:]))
+    nccl = tables.nccl()
+    ts = [nccl.at("all_reduce", 4, 2 ** (i / 4)) for i in range(0, 116)]
+    assert all(y >= x for x, y in zip(ts, ts[1:]))
+
+
+def random_mixed_plans(rng, count):
+    for _ in range(count):
+        p = decode_plan(rng.randint(1, 200), rng.randint(1, 6000))
+        yield prefill_plan(rng.randint(1, 3), rng.choice([1, 16, 100, 512, 2048]), rng.randint(0, 4000), p)
+
+
+def split(plan: StepPlan) -> tuple[StepPlan, StepPlan]:
+    dec = decode_plan(plan.decode_seqs, plan.decode_kv_tokens // plan.decode_seqs)
+    pre = StepPlan()
+    for r, n, h in plan.items:
+        r.computed_tokens = h
+        pre.add(r, n)
+    return dec, pre
+
+
+@pytest.mark.parametrize("card", ["h100-sxm", "b200", "a100-80g-sxm"])
+def test_ops_mixed_iteration_between_larger_part_and_sum(card):
+    spec, hw = ModelSpec(load_model("llama-3.1-8b")), load_hardware(card)
+    one = build_ops_model(OpsStepTime(), spec, hw, "bf16", "bf16", False)
+    both = build_ops_model(OpsStepTime(mixed="sum"), spec, hw, "bf16", "bf16", False)
+    for plan in random_mixed_plans(random.Random(3), 60):
+        dec, pre = split(plan)
+        td, tp = one.step_s(dec), one.step_s(pre)
+        t = one.step_s(plan)
+        assert max(td, tp) <= t + 1e-12 and t <= td + tp + 1e-12
+        assert both.step_s(plan) == pytest.approx(td + tp, rel=1e-12)
+
+
+def test_efficiency_one_pass_between_larger_part_and_sum():
+    prof = load_fitted(profiles_dir() / "fitted" / "rtx-pro-6000-bw-ws__qwen3-8b__bf16__chapter.yaml")
+    spec, hw = ModelSpec(load_model("qwen3-8b")), load_hardware("rtx-pro-6000-bw-ws")
+    args = (spec, spec.weight_read_bytes("bf16"), spec.kv_bytes_per_token("bf16"), hw.peak_flops_per_s("bf16"), True)
+    summed = EfficiencyModel(prof.efficiency, *args)
+    one = EfficiencyModel(prof.efficiency.model_copy(update={"mixed": "one_pass"}), *args)
+    assert EfficiencyStepTime.model_validate(prof.efficiency.model_dump()).mixed is None  # default: the sum
+    saved = 0
+    for plan in random_mixed_plans(random.Random(5), 60):
+        td, tp = summed.decode_s(plan), summed.prefill_s(plan)
+        assert summed.step_s(plan) == td + tp
+        t = one.step_s(plan)
+        assert max(td, tp) <= t <= td + tp
+        saved += t < td + tp
+    assert saved > 30  # one pass reads the weights once: it is cheaper in most mixed iterations
+
+
+def test_out_of_range_refused_or_warned(tiny):
+    m = tiny_model(tiny)
+    with pytest.raises(ConfigError, match="allow_extrapolation") as exc:
+        m.step_s(prefill_plan(1, 40))  # GEMM m = 40 > 16 measured
+    assert "GEMM m" in str(exc.value)
+    spec, tables = tiny
+    err = io.StringIO()
+    m = OpsModel(OpsStepTime(tables=str(tables.folder), host_overhead_s=0.0), spec, tables, "bf16",
+                 REFERENCE_BANDWIDTH_GBS, allow_extrapolation=True, stream=err)
+    t40, t16 = m.step_s(prefill_plan(1, 40)), m.step_s(prefill_plan(1, 16))
+    m.step_s(prefill_plan(1, 64))
+    assert t40 > t16
+    assert err.getvalue().count("warning") == 1 and "extrapolating" in err.getvalue()
+
+
+@pytest.mark.parametrize("text, where", [
+    ("m,n,k,latency_us\n1,256,256,1\n1,256,x,2\n", "line 3, column k"),
+    ("m,n,k,latency_us\n1,256,256,1\n1,256,512,-2\n", "line 3, column latency_us"),
+    ("m,n,k,latency_us\n1,256,256\n", "line 2: expected 4 columns"),
+    ("m,n,latency_us\n1,256,1\n", "line 1: header must be m,n,k,latency_us"),
+])
+def test_malformed_table_names_file_line_and_column(tmp_path, text, where):
+    folder = write_tiny_tables(tmp_path / "bad")
+    (folder / "gemm_bf16.csv").write_text(text)
+    with pytest.raises(ConfigError) as exc:
+        load_table_set(str(folder)).gemm("bf16")
+    assert "gemm_bf16.csv" in str(exc.value) and where in str(exc.value)
+
+
+def test_unknown_table_set_and_models_it_cannot_express():
+    spec, hw = ModelSpec(load_model("llama-3.1-8b")), load_hardware("h100-sxm")
+    with pytest.raises(ConfigError, match="known: .*h100-sxm"):
+        build_ops_model(OpsStepTime(tables="no-such-card"), spec, hw, "bf16", "bf16", False)
+    with pytest.raises(ConfigError, match="MoE"):
+        build_ops_model(OpsStepTime(), ModelSpec(load_model("mixtral-8x7b")), hw, "bf16", "bf16", False)
+    with pytest.raises(ConfigError, match="BF16 KV"):
+        build_ops_model(OpsStepTime(), spec, hw, "bf16", "fp8", False)
+    with pytest.raises(ConfigError, match="gemm_fp8"):
+        build_ops_model(OpsStepTime(dtype="fp8"), spec, load_hardware("b200"), "fp8", "bf16", False)
+
+
+def test_scenario_runs_with_kind_ops_deterministically():
+    kw = dict(model="llama-3.1-8b", hardware="h100-sxm", step_time={"model": {"kind": "ops"}},
+              scheduler={"kind": "chunked", "max_num_seqs": 64, "max_num_batched_tokens": 2048, "chunk_tokens": 2048},
+              workload__num_requests=60)
+    a, b = run(scenario(**kw)), run(scenario(**kw))
+    assert a.summary == b.summary and len(a.requests) == 60
+    ttft = a.requests["ttft_s"].dropna()
+    assert len(ttft) == 60 and math.isfinite(ttft.max())
+    bad = yaml.safe_load("{kind: ops, dtype: int4}")
+    with pytest.raises(Exception, match="dtype"):
+        scenario(step_time={"model": bad})
