@@ -62,7 +62,8 @@ def _log_if_wide(ax, values) -> None:
 
 def latency_cdfs(series: dict[str, object], slo: dict[str, float | None], title: str = "") -> bytes:
     """CDFs of TTFT, TPOT, each request's largest ITL and E2E (ms). `series` maps a legend label to a
-    requests table (finished rows are used); dashed verticals mark the SLO bounds given in `slo`."""
+    requests table (finished rows are used); dashed verticals mark the SLO bounds given in `slo`; an axis
+    turns logarithmic when its values (bound included) span more than 100x."""
     fig, axes = _figure(10, 6.2, 2, 2)
     styles = [dict(color="C0"), dict(color="black", linestyle="--"), dict(color="C1", linestyle=":")]
     for ax, (col, name, slo_key) in zip(axes.flat, LATENCY_PANELS):
@@ -76,6 +77,7 @@ def latency_cdfs(series: dict[str, object], slo: dict[str, float | None], title:
         bound = slo.get(slo_key) if slo_key else None
         if bound:
             ax.axvline(bound * 1e3, color="C3", linestyle="--", linewidth=1, label=f"SLO {bound * 1e3:g} ms")
+            everything.append(bound * 1e3)   # a bound far from the data calls for a log axis too
         _log_if_wide(ax, everything)
         ax.set_xlabel(f"{name} (ms)")
         ax.set_ylabel("fraction of finished requests")

@@ -29,6 +29,7 @@ table { border-collapse: collapse; margin: .4rem 0 1rem; font-size: .92rem; }
 caption { text-align: left; font-weight: 600; padding: .2rem 0 .4rem; }
 th, td { border: 1px solid #d0d7de; padding: .28rem .6rem; vertical-align: top; }
 th { background: #f6f8fa; text-align: left; font-weight: 600; }
+th[scope="row"] { white-space: nowrap; }
 td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
 td.num { white-space: nowrap; }
 tr.bad td { background: #fff1f0; }

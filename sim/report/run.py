@@ -133,27 +133,24 @@ def totals_table(summary: dict, scenario, hw, src: str = "summary.json") -> str:
     s = summary
     fit, reason = memory_reason(s, scenario, hw)
     rows = [
-        ["requests", Cell(f"{s['completed']:,} of {s['requests']:,} finished; {s.get('rejected', 0):,} rejected, "
-                          f"{s.get('cancelled', 0):,} cancelled, {s.get('failed', 0):,} failed")],
-        ["window (first arrival to last completion)", number(s["makespan_s"], 1, 2, "makespan_s", src), "s"],
+        ["requests finished", number(s["completed"], 1, 0, "completed", src),
+         f"of {s['requests']:,}; {s.get('rejected', 0):,} rejected, {s.get('cancelled', 0):,} cancelled, "
+         f"{s.get('failed', 0):,} failed"],
+        ["window", number(s["makespan_s"], 1, 2, "makespan_s", src), "s, first arrival to last completion"],
         ["output throughput", number(s["output_throughput_tok_s"], 1, 1, "output_throughput_tok_s", src), "tokens/s"],
         ["request throughput", number(s["request_throughput_rps"], 1, 3, "request_throughput_rps", src), "requests/s"],
-        ["goodput (requests meeting every SLO / window)", number(s["goodput_rps"], 1, 3, "goodput_rps", src),
-         "requests/s"],
-        ["SLO attainment (good / all requests)", number(s["slo_attainment"], 0.01, 1, "slo_attainment", src),
-         f"% of requests; SLOs: {slo_text(scenario)}"],
+        ["goodput", number(s["goodput_rps"], 1, 3, "goodput_rps", src), "requests/s meeting every SLO"],
+        ["SLO attainment", number(s["slo_attainment"], 0.01, 1, "slo_attainment", src),
+         f"% of all requests meeting every SLO: {slo_text(scenario)}"],
         ["good requests", number(s["good"], 1, 0, "good", src), "requests"],
         ["memory fit", Cell("yes" if fit else "NO", "memory_fit", s["memory_fit"], source=src), reason],
         ["peak KV in use", number(s["peak_kv_bytes"], 2**30, 2, "peak_kv_bytes", src),
          f"GiB of {s['kv_capacity_bytes'] / 2**30:.2f} GiB"],
-        ["GPU-seconds per good result", number(s.get("gpu_seconds_per_good"), 1, 3, "gpu_seconds_per_good", src),
-         f"GPU-s ({s.get('replicas', 1)} replica(s) x the window, divided by good requests)"],
+        ["GPU-s per good result", number(s.get("gpu_seconds_per_good"), 1, 3, "gpu_seconds_per_good", src),
+         f"GPU-seconds: {s.get('replicas', 1)} replica(s) x the window / good requests"],
         ["energy per good result", number(s.get("energy_j_per_good"), 1, 1, "energy_j_per_good", src),
-         "J (" + ("power cap x window" if scenario.power.model == "cap" else "busy/idle power model") + ")"],
+         "J, " + ("the power cap over the window" if scenario.power.model == "cap" else "busy/idle power model")],
     ]
-    for row in rows:
-        if len(row) == 2:
-            row.append("")
     return table(["quantity", "value", "unit / note"], rows, "Throughput, goodput, memory and cost",
                  row_classes=["bad" if r[0] == "memory fit" and not fit else "" for r in rows],
                  numeric_columns={1})
@@ -177,8 +174,8 @@ def warnings(summary: dict, scenario, step: steptime.StepTimeInfo, hw) -> list[s
         out.append("The scenario sets no SLO: goodput counts every finished request.")
     if step.extrapolated in ("yes", "possibly"):
         out.append(f"Step-time model extrapolated ({step.extrapolated}): {step.verdict}.")
-    if any(label == "fit error" for label, _ in step.fit):
-        out.append("The step-time model has no recorded fit error: " + dict(step.fit)["fit error"] + ".")
+    if step.fit_unknown:
+        out.append(f"The step-time model's fit error is unknown: {step.fit_unknown}.")
     if s.get("energy_j") is None:
         out.append(f"No energy figure: the card {hw.name} has no published power cap.")
     return out

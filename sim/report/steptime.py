@@ -26,6 +26,7 @@ class StepTimeInfo:
     facts: list[tuple[str, str]] = field(default_factory=list)
     fit: list[tuple[str, str]] = field(default_factory=list)
     notes: str | None = None
+    fit_unknown: str = ""                                     # why no fit error is known ("" when one is)
     checks: list[list[str]] = field(default_factory=list)   # (what, calibrated, this run, verdict)
     extrapolated: str = "no"                                  # "no", "yes", "possibly", "unchecked"
     verdict: str = ""
@@ -43,7 +44,7 @@ def _fit_rows(prof) -> list[tuple[str, str]]:
     f = prof.fit
     if f is None:
         return [("fit error", "none recorded in the profile: its numbers are not a fit by capsim "
-                              "(see the provenance notes)")]
+                              "(see the profile notes below)")]
     rows = [("held-out MAPE", f"{f.mape:.2%} (mean |predicted / measured - 1| on {f.n_heldout} held-out points)"),
             ("largest |relative error|", f"{f.max_abs_rel_err:.2%}"),
             ("points", f"{f.n_points} timed, {f.n_heldout} held out")]
@@ -123,13 +124,17 @@ def step_time_info(scenario, base_dir: Path, run) -> StepTimeInfo:
         info = StepTimeInfo(f"profile ({use})", _provenance_rows(path, prof, use), _fit_rows(prof),
                             prof.provenance.notes)
         cfg, valid = getattr(prof, use), prof.valid_range
+        if prof.fit is None:
+            info.fit_unknown = "the profile records none (its numbers are not a fit by capsim)"
     elif cfg.kind in ("linear", "efficiency"):
         info = StepTimeInfo(cfg.kind, [("kind", f"{cfg.kind} model written in the scenario")],
                             [("fit error", "none: the coefficients are typed into the scenario, not fitted")])
+        info.fit_unknown = "its coefficients are typed into the scenario"
     else:
         fields = ", ".join(f"{k} {v}" for k, v in cfg.model_dump(mode="json").items() if k != "kind" and v is not None)
         info = StepTimeInfo(cfg.kind, [("kind", f"{cfg.kind} model" + (f": {fields}" if fields else ""))],
                             [("fit error", f"none recorded for a {cfg.kind} model")])
+        info.fit_unknown = f"none is recorded for a {cfg.kind} model"
     if st.graph_sizes:
         info.facts.append(("CUDA graphs", "decode batches pad up to " + ", ".join(map(str, st.graph_sizes))))
     info.facts.append(("allow_extrapolation", str(st.allow_extrapolation).lower()))
