@@ -19,6 +19,7 @@ COMMAND_MODULES = [
     "capsim.commands.figures",
     "capsim.commands.calibration",
     "capsim.commands.report",
+    "capsim.commands.profile",
 ]
 
 

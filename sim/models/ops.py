@@ -167,6 +167,19 @@ class OpsModel:
                  + self.generation_attention_s(dec_seqs, dec_kv))
         return self.host_s + self.layers * layer + self.head_s(logits)
 
+    def breakdown_s(self, tokens: int, pre_seqs: int, pre_pairs: int, dec_seqs: int, dec_kv: int,
+                    logits: int) -> dict[str, float]:
+        """One pass's time by component (seconds, all layers): what `pass_s` adds up."""
+        L = self.layers
+        gemms = {f"gemm_{name}": L * self._look(c.at, tokens) for name, c in self.gemms.items()}
+        ar = 0.0
+        if self.nccl is not None:
+            ar = 2 * L * self._look(self.nccl.at, "all_reduce", self.tp, tokens * self.spec.profile.hidden_size * 2)
+        return {**gemms, "context_attention": L * self.context_attention_s(pre_seqs, pre_pairs),
+                "generation_attention": L * self.generation_attention_s(dec_seqs, dec_kv), "all_reduce": ar,
+                "small_ops": L * (self._small[0] + self._small[1] * tokens), "lm_head": self.head_s(logits),
+                "host": self.host_s}
+
     # ---- the step-time model interface ----------------------------------------------------------
     def decode_part_s(self, plan) -> float:
         """The decode (and speculative verify) sequences alone, as their own iteration."""

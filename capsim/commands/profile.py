@@ -1,0 +1,141 @@
+"""capsim profile: step-time profiles from measured kernel tables (the `ops` model, issue [gpu-fidelity]).
+
+- `capsim profile compose --model M --hardware H [--tp N] [--dtype bf16|fp8] --out FILE.yaml`: a fitted
+  profile for `step_time.model: {kind: profile, path: FILE.yaml}`;
+- `capsim profile step --model M --hardware H [--tp N] --batch B --context C [--prefill N]`: one composed
+  iteration, by component;
+- `capsim profile import-ops SRC --out profiles/ops`: rebuild the shipped kernel tables from the
+  aiconfigurator CSVs (../shared/data/profiling/aiconfigurator).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True, help="model profile name (profiles/models) or YAML path")
+    p.add_argument("--hardware", required=True, help="hardware profile name (profiles/hardware)")
+    p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs of the replica (default 1)")
+    p.add_argument("--dtype", choices=["bf16", "fp8"], help="GEMM precision (default bf16)")
+    p.add_argument("--tables", help="kernel table set under profiles/ops (default: the hardware's name)")
+    p.add_argument("--mixed", choices=["one_pass", "sum"], default="one_pass",
+                   help="decodes + prefill chunks as one forward pass (default) or as two iterations")
+    p.add_argument("--host-overhead-ms", type=float, help="per-iteration host time (default: sim.io.ops_schema)")
+
+
+def _add_compose(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("compose", help="write a fitted profile composed from measured kernel tables")
+    _common(p)
+    p.add_argument("--max-batch", type=int, default=256, help="largest decode batch of the profile (default 256)")
+    p.add_argument("--max-new-tokens", type=int, default=8192, help="largest tokens per iteration (default 8192)")
+    p.add_argument("--max-context", type=int, help="longest context (default min(model's, 32768))")
+    p.add_argument("--out", required=True, help="profile YAML to write")
+    p.add_argument("--json", action="store_true", help="print the composition's report as JSON")
+    return p
+
+
+def _add_step(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("step", help="one composed iteration's time, by component")
+    _common(p)
+    p.add_argument("--batch", type=int, default=0, help="decode sequences")
+    p.add_argument("--context", type=int, default=1024, help="cached tokens per decode sequence")
+    p.add_argument("--prefill", type=int, default=0, help="prompt tokens of one prefill in the same iteration")
+    p.add_argument("--prefill-seqs", type=int, default=1, help="prompts of --prefill tokens (default 1)")
+    p.add_argument("--cached", type=int, default=0, help="tokens already cached before each prefill chunk")
+    p.add_argument("--allow-extrapolation", action="store_true", help="extrapolate beyond the tables (warns)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    return p
+
+
+def _add_import(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser("import-ops", help="rebuild profiles/ops/<card>/ from aiconfigurator's kernel CSVs")
+    p.add_argument("src", help="folder with gemm_bf16.csv, gemm_fp8.csv, context/generation_attention_bf16.csv, nccl.csv")
+    p.add_argument("--out", required=True, help="output folder (profiles/ops)")
+    p.add_argument("--cards", help="comma-separated card folders to write (default: all)")
+    return p
+
+
+def _ops_cfg(args):
+    from sim.io.ops_schema import OpsStepTime
+    host = None if args.host_overhead_ms is None else args.host_overhead_ms / 1e3
+    return OpsStepTime(tables=args.tables, dtype=args.dtype, tp=args.tp, mixed=args.mixed, host_overhead_s=host)
+
+
+def _check(args) -> None:
+    from sim.io.errors import ConfigError
+    if args.tp < 1:
+        raise ConfigError(f"--tp: expected a positive GPU count, got {args.tp}")
+    if args.host_overhead_ms is not None and args.host_overhead_ms < 0:
+        raise ConfigError(f"--host-overhead-ms: expected >= 0, got {args.host_overhead_ms}")
+
+
+def cmd_compose(args) -> int:
+    """Write the composed profile and print where, with its errors against the composition."""
+    from sim.models.ops_compose import compose_profile, write_composed
+    _check(args)
+    profile, report = compose_profile(args.model, args.hardware, args.tp, args.dtype, args.tables, args.mixed,
+                                      None if args.host_overhead_ms is None else args.host_overhead_ms / 1e3,
+                                      args.max_batch, args.max_new_tokens, args.max_context)
+    command = "capsim profile " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else \
+        f"capsim profile compose --model {args.model} --hardware {args.hardware} --tp {args.tp}"
+    write_composed(profile, args.out, command)
+    if args.json:
+        print(json.dumps({"out": str(args.out), **report}, indent=2))
+    else:
+        e, lin = report["errors"]["efficiency"], report["errors"]["linear"]
+        print(f"wrote {args.out}: {profile.model} on {args.tp} x {profile.hardware}, {profile.dtype}; "
+              f"{report['grid_points']} composed iterations; efficiency error median {e[0]:.1%} (max {e[1]:.1%}), "
+              f"linear median {lin[0]:.1%} (max {lin[1]:.1%})")
+    return 0
+
+
+def cmd_step(args) -> int:
+    """Print one composed iteration by component."""
+    from sim.io.profiles import load_hardware, load_model
+    from sim.models.ops import build_ops_model
+    from sim.models.ops_compose import decode_plan, prefill_plan
+    from sim.models.spec import ModelSpec
+    _check(args)
+    spec, hw = ModelSpec(load_model(args.model)), load_hardware(args.hardware)
+    model = build_ops_model(_ops_cfg(args), spec, hw, args.dtype or "bf16", "bf16", args.allow_extrapolation)
+    plan = decode_plan(args.batch, args.context) if args.batch else None
+    if args.prefill:
+        plan = prefill_plan(args.prefill_seqs, args.prefill, args.cached, plan)
+    if plan is None:
+        from sim.io.errors import ConfigError
+        raise ConfigError("give --batch (decodes) and/or --prefill (prompt tokens)")
+    parts = model.breakdown_s(plan.new_tokens, plan.prefill_seqs, plan.prefill_pairs, plan.decode_seqs,
+                              plan.decode_kv_tokens, plan.decode_logits + plan.prefill_logits)
+    out = {"step_ms": model.step_s(plan) * 1e3, "one_pass_ms": sum(parts.values()) * 1e3,
+           "components_ms": {k: v * 1e3 for k, v in parts.items()}, "tables": model.tables.name,
+           "dtype": model.dtype, "tp": model.tp}
+    if args.json:
+        print(json.dumps(out, indent=2))
+        return 0
+    print(f"{spec.profile.name} on {model.tp} x {hw.name} ({model.dtype}, tables {model.tables.name}): "
+          f"{out['step_ms']:.3f} ms ({args.mixed})")
+    for k, v in out["components_ms"].items():
+        print(f"  {k:22s} {v:9.3f} ms")
+    return 0
+
+
+def cmd_import(args) -> int:
+    """Rebuild the kernel tables."""
+    from capsim.ops_import import import_ops
+    cards = [c.strip() for c in args.cards.split(",")] if args.cards else None
+    import_ops(Path(args.src), Path(args.out), cards)
+    return 0
+
+
+def add_parsers(sub) -> None:
+    """Register `capsim profile ...` on the `capsim` subparsers."""
+    p = sub.add_parser("profile", help="step-time profiles from measured kernel tables (compose, step, import-ops)")
+    inner = p.add_subparsers(dest="profile_command", required=True)
+    _add_compose(inner).set_defaults(func=cmd_compose)
+    _add_step(inner).set_defaults(func=cmd_step)
+    _add_import(inner).set_defaults(func=cmd_import)
