@@ -17,18 +17,72 @@ class ConfigError(ValueError):
         super().__init__("\n".join(self.lines))
 
 
-def format_validation_error(source: str | Path, exc) -> list[str]:
-    """Turn a pydantic ValidationError into `file: dotted.loc: message (got value)` lines."""
+_TYPE_ERRORS = {"int_type", "int_parsing", "float_type", "float_parsing", "string_type", "bool_type", "list_type",
+                "tuple_type", "dict_type", "model_type", "model_attributes_type", "none_required", "is_instance_of",
+                "int_from_float", "literal_error"}
+
+
+def _yaml_path(loc: tuple, data, missing: bool = False) -> tuple[list[str], int | None, object]:
+    """The YAML path of a pydantic error location (as `--set` takes it), without the union variant tags
+    pydantic inserts (`scheduler.chunked.x` -> `scheduler.x`, `kv.budget.int` -> `kv.budget`).
+
+    Returns the path, the index in `loc` of the first variant tag (None if none) and the input found
+    at the path's end."""
+    parts, first_tag, node = [], None, data
+    for i, key in enumerate(loc):
+        if isinstance(node, dict) and key in node:
+            parts.append(str(key))
+            node = node[key]
+        elif isinstance(node, (list, tuple)) and isinstance(key, int) and -len(node) <= key < len(node):
+            parts.append(str(key))
+            node = node[key]
+        elif missing and i == len(loc) - 1:
+            parts.append(str(key))  # a missing key: name it
+            node = None
+        elif first_tag is None:
+            first_tag = i
+    return parts, first_tag, node
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def format_validation_error(source: str | Path, exc, data=None) -> list[str]:
+    """Turn a pydantic ValidationError into `file: yaml.path: message (got value)` lines.
+
+    With the validated `data`, paths are the file's own (usable by `--set`): union variant tags are
+    dropped, and where one branch of a union got past the type check, the other branches' bare type
+    mismatches (`kv.budget: Input should be a valid integer` for a mapping) are not reported."""
+    errors = list(exc.errors())
+    located = []
+    for err in errors:
+        loc = tuple(err.get("loc", ()))
+        if data is None:
+            parts, tag, node = [str(p) for p in loc], None, err.get("input")
+        else:
+            parts, tag, node = _yaml_path(loc, data, err.get("type") == "missing")
+        located.append((err, parts, tag, loc))
+    # union branches: drop pure type mismatches at a union when another branch got further
+    deeper: dict[tuple, set] = {}
+    for err, _, tag, loc in located:
+        if tag is not None and err.get("type") not in _TYPE_ERRORS:
+            deeper.setdefault(tuple(loc[:tag]), set()).add(loc[tag])
     lines = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err.get("loc", ())) or "<root>"
+    for err, parts, tag, loc in located:
+        if tag is not None and err.get("type") in _TYPE_ERRORS and deeper.get(tuple(loc[:tag]), set()) - {loc[tag]}:
+            continue
+        where = ".".join(parts) or "<root>"
         msg = err.get("msg", "invalid")
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, "):]
         got = ""
-        if ("input" in err and err.get("type") not in ("missing",) and not isinstance(err["input"], dict)
-                and "got " not in msg):
-            text = repr(err["input"])
-            got = f" (got {text if len(text) <= 60 else text[:57] + '...'})"
-        lines.append(f"{source}: {loc}: {msg}{got}")
+        value = err.get("input")
+        if ("input" in err and err.get("type") != "missing" and "got " not in msg
+                and (not isinstance(value, dict) or err.get("type") in _TYPE_ERRORS)):
+            got = f" (got {_short(value)})"
+        line = f"{source}: {where}: {msg}{got}"
+        if line not in lines:
+            lines.append(line)
     return lines

@@ -10,7 +10,8 @@ import os
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
+from pydantic import (Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, ValidationInfo,
+                      model_validator)
 
 from sim.io.errors import ConfigError
 from sim.io.schema import StrictModel, load_yaml_model
@@ -156,6 +157,30 @@ class LinearStepTime(StrictModel):
     per_kv_token_s: float = Field(0.0, description="Per context token read from KV by the iteration")
     per_sequence_s: float = 0.0
     per_decode_sequence_s: float = 0.0
+
+    @model_validator(mode="before")
+    @classmethod
+    def _stated(cls, data, info: ValidationInfo):
+        """In a file, the three coefficients every fit has must be written out: a missing one would
+        silently be 0 (and a profile without them prints 0.00 ms latencies)."""
+        if info.context and info.context.get("from_file") and isinstance(data, dict):
+            missing = [k for k in _REQUIRED_LINEAR if k not in data]
+            if missing:
+                raise ValueError(f"a linear step-time model needs {', '.join(_REQUIRED_LINEAR)}; missing "
+                                 f"{', '.join(missing)} (write 0.0 for a term that is really zero)")
+        return data
+
+    @model_validator(mode="after")
+    def _takes_time(self):
+        one = (self.constant_s + self.per_new_token_s + self.per_pair_s + self.per_kv_token_s + self.per_sequence_s
+               + self.per_decode_sequence_s)
+        if not one > 0:
+            raise ValueError(f"a one-token step would take {one:g} s: at least one coefficient must make a step "
+                             "take time (constant_s, per_new_token_s, ...)")
+        return self
+
+
+_REQUIRED_LINEAR = ("constant_s", "per_new_token_s", "per_pair_s")
 
 
 class TablePoint(StrictModel):

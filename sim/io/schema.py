@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -14,38 +15,91 @@ M = TypeVar("M", bound=BaseModel)
 
 
 class StrictModel(BaseModel):
-    """Unknown keys are errors; objects are immutable once validated."""
+    """Unknown keys are errors; objects are immutable once validated; NaN and infinities are refused.
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    Files are validated strictly (`validate_mapping`): `true` is no integer, `2.0` and `'2'` are no
+    integers either, so a typo never turns into a silent 1 or a string parsed behind the user's back.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error (PyYAML keeps
+    the last one silently). Merge keys (`<<: *anchor`) may still be overridden, as YAML intends."""
+
+
+def _construct_unique_mapping(loader: _UniqueKeyLoader, node, deep: bool = False):
+    seen: dict = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(key_node, yaml.ScalarNode):
+            continue
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            first = seen.setdefault(key, key_node.start_mark.line)
+        except TypeError:  # an unhashable key: PyYAML reports it itself
+            continue
+        if first != key_node.start_mark.line:
+            raise yaml.constructor.ConstructorError(
+                "while constructing a mapping", node.start_mark,
+                f"duplicate key {key!r} (first given on line {first + 1})", key_node.start_mark)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+# YAML 1.2 floats: PyYAML (YAML 1.1) reads 1e9 and 1.0e9 as strings, since its exponent needs a sign
+_UniqueKeyLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+
+
+def parse_yaml(text: str, source: str | Path) -> Any:
+    """Parse YAML text with unique keys; errors name `source`, the line and column."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ConfigError(f"{source}: {where}invalid YAML: {problem}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: invalid YAML: nested too deeply") from None
 
 
 def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     """Parse a YAML file whose top level must be a mapping."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: file not found") from None
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise ConfigError(f"{path}: {where}invalid YAML: {problem}") from None
+    text = read_text_file(path, "a YAML file")
+    data = parse_yaml(text, path)
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     return data
 
 
+def read_text_file(path: str | Path, what: str = "a text file") -> str:
+    """The UTF-8 text of `path`; a missing, unreadable or binary file is a ConfigError naming it."""
+    path = Path(path)
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, expected {what}") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start}: {raw[exc.start:exc.start + 1]!r}); "
+                          f"expected {what}") from None
+
+
 def validate_mapping(cls: type[M], data: dict[str, Any], source: str | Path) -> M:
     """Validate `data` against `cls`, turning every problem into a `source: field: msg` line."""
     try:
-        return cls.model_validate(data)
+        return cls.model_validate(data, strict=True, context={"from_file": True})
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(source, exc)) from None
+        raise ConfigError(format_validation_error(source, exc, data)) from None
 
 
 def load_yaml_model(cls: type[M], path: str | Path) -> M:

@@ -23,8 +23,8 @@ def test_unknown_key_and_wrong_type_name_file_and_field(tmp_path, capsys):
     p = write(tmp_path, "bad.yaml", bad)
     assert main(["validate-scenario", str(p)]) == 2
     lines = capsys.readouterr().out.splitlines()
-    assert f"{p}: scheduler.chunked.max_num_seqs: Input should be a valid integer, unable to parse string as an integer (got 'two')" in lines
-    assert f"{p}: scheduler.chunked.chunk_size: Extra inputs are not permitted (got 2048)" in lines
+    assert f"{p}: scheduler.max_num_seqs: Input should be a valid integer (got 'two')" in lines
+    assert f"{p}: scheduler.chunk_size: Extra inputs are not permitted (got 2048)" in lines
 
 
 def test_validate_prints_every_error_of_every_file(tmp_path, capsys):
@@ -43,7 +43,7 @@ def test_cross_field_rule(tmp_path):
     p = write(tmp_path, "x.yaml", GOOD.replace("chunk_tokens: 2048", "chunk_tokens: 8192"))
     with pytest.raises(ConfigError) as exc:
         load_scenario(p)
-    assert exc.value.lines == [f"{p}: scheduler.chunked: scheduler.chunk_tokens (8192) exceeds "
+    assert exc.value.lines == [f"{p}: scheduler: scheduler.chunk_tokens (8192) exceeds "
                                "scheduler.max_num_batched_tokens (4096)"]
 
 
@@ -64,7 +64,7 @@ def test_unknown_model_lists_known(tmp_path, capsys):
 def test_set_override_is_validated_with_the_file(tmp_path, capsys):
     p = write(tmp_path, "ok.yaml", GOOD)
     assert main(["run", str(p), "--set", "scheduler.max_num_seqs=0"]) == 2
-    assert f"{p}: scheduler.chunked.max_num_seqs: Input should be greater than 0 (got 0)" in capsys.readouterr().err
+    assert f"{p}: scheduler.max_num_seqs: Input should be greater than 0 (got 0)" in capsys.readouterr().err
 
 
 def test_memory_json_contract(capsys):

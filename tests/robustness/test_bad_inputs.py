@@ -1,0 +1,96 @@
+"""Issue 16's bad inputs, one test each: a clear `file: yaml.path: message (got value)` error, never a
+traceback, never a silent default."""
+
+from __future__ import annotations
+
+import pytest
+
+from capsim.cli import main
+from sim.io.config import load_scenario
+from sim.io.errors import ConfigError
+from sim.io.profiles import LinearStepTime
+from sim.io.schema import read_yaml_mapping
+from tests.sim.helpers import REPO_SCENARIOS
+
+EXAMPLE = REPO_SCENARIOS / "capacity-example.yaml"
+SMALL = ["--set", "workload.num_requests=5"]
+
+
+def errors_of(capsys, argv) -> list[str]:
+    assert main(argv) == 2
+    return [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("workload.arrival.rate_rps=.inf", "workload.arrival.rate_rps: Input should be a finite number (got inf)"),
+    ("workload.prompt_tokens.median=.inf", "workload.prompt_tokens.median: Input should be a finite number (got inf)"),
+    ("step_time.model.constant_s=.nan", "step_time.model.constant_s: Input should be a finite number (got nan)"),
+    ("scheduler.max_num_seqs=true", "scheduler.max_num_seqs: Input should be a valid integer (got True)"),
+    ("scheduler.max_num_seqs=2.0", "scheduler.max_num_seqs: Input should be a valid integer (got 2.0)"),
+    ("workload.prompt_tokens={kind: fixed, value: 1.0e+30}", "workload.prompt_tokens.value: Input should be a valid integer (got 1e+30)"),
+    ("workload.prompt_tokens={kind: fixed, value: 1000000000000000000000000000000}",
+     "workload.prompt_tokens.value: Input should be less than or equal to 100000000 (got 1000000000000000000000000000000)"),
+    ("workload.num_requests=1e30", "workload.num_requests: Input should be a valid integer (got 1e+30)"),
+    ("kv.block_tokens=100000000", "kv.block_tokens: Input should be less than or equal to 65536 (got 100000000)"),
+    ("name=''", "name: String should have at least 1 character (got '')"),
+    ("step_time.model={kind: linear}", "step_time.model: a linear step-time model needs constant_s, per_new_token_s, "
+     "per_pair_s; missing constant_s, per_new_token_s, per_pair_s (write 0.0 for a term that is really zero)"),
+    ("step_time.model={kind: linear, constant_s: 0, per_new_token_s: 0, per_pair_s: 0}",
+     "step_time.model: a one-token step would take 0 s: at least one coefficient must make a step take time "
+     "(constant_s, per_new_token_s, ...)"),
+])
+def test_silent_accepts_are_refused_with_yaml_path_and_value(capsys, override, expected):
+    assert f"error: {EXAMPLE}: {expected}" in errors_of(capsys, ["run", str(EXAMPLE), *SMALL, "--set", override])
+
+
+def test_min_above_max_is_refused(capsys):
+    lines = errors_of(capsys, ["run", str(EXAMPLE), "--set", "workload.prompt_tokens.min=9000", *SMALL])
+    assert lines == [f"error: {EXAMPLE}: workload.prompt_tokens: max (8000) must be >= min (9000)"]
+
+
+def test_union_paths_are_yaml_paths_without_variant_tags(capsys):
+    lines = errors_of(capsys, ["run", str(EXAMPLE), "--set", "kv.budget={gpu_memory_utilization: 1.5}", *SMALL])
+    # one error, at the path --set takes, and no spurious `kv.budget.int` from the other branch
+    assert lines == [f"error: {EXAMPLE}: kv.budget.gpu_memory_utilization: Input should be less than or equal to 1 "
+                     "(got 1.5)"]
+    lines = errors_of(capsys, ["run", str(EXAMPLE), "--set", "workload.arrival.rate_rps=-1", *SMALL])
+    assert lines == [f"error: {EXAMPLE}: workload.arrival.rate_rps: Input should be greater than 0 (got -1)"]
+
+
+def test_duplicate_yaml_key_is_an_error(tmp_path):
+    p = tmp_path / "dup.yaml"
+    p.write_text(EXAMPLE.read_text().replace("seed: 0\n", "seed: 0\nseed: 1\n"))
+    with pytest.raises(ConfigError) as exc:
+        load_scenario(p)
+    assert str(exc.value) == f"{p}: line 8, column 1: invalid YAML: duplicate key 'seed' (first given on line 7)"
+
+
+def test_merge_keys_may_still_override(tmp_path):
+    p = tmp_path / "merge.yaml"
+    p.write_text("base: &b {x: 1, y: 2}\nderived:\n  <<: *b\n  y: 3\n")
+    assert read_yaml_mapping(p)["derived"] == {"x": 1, "y": 3}
+
+
+def test_yaml_12_floats_are_numbers(tmp_path):
+    p = tmp_path / "f.yaml"
+    p.write_text("a: 1e9\nb: 2.5e-3\nc: v1e3\n")
+    assert read_yaml_mapping(p) == {"a": 1e9, "b": 2.5e-3, "c": "v1e3"}
+
+
+def test_binary_file_and_directory_are_named(capsys, tmp_path):
+    binary = tmp_path / "ls"
+    binary.write_bytes(b"\x7fELF\x02\x01\x01\x00" + bytes(range(128, 256)))
+    assert errors_of(capsys, ["run", str(binary)]) == [
+        f"error: {binary}: not a UTF-8 text file (byte 8: b'\\x80'); expected a YAML file"]
+    assert errors_of(capsys, ["run", str(tmp_path)]) == [f"error: {tmp_path}: is a directory, expected a YAML file"]
+
+
+def test_linear_coefficients_may_default_in_code_but_not_in_files():
+    assert LinearStepTime(constant_s=1.0).per_pair_s == 0.0  # programmatic use: explicit object
+    with pytest.raises(ValueError, match="one-token step would take 0 s"):
+        LinearStepTime()
+
+
+def test_set_needs_a_key(capsys):
+    assert errors_of(capsys, ["run", str(EXAMPLE), "--set", "=3"]) == [
+        "error: --set '=3': expected dotted.key=value, e.g. scheduler.max_num_seqs=32"]
