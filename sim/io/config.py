@@ -6,16 +6,24 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 import yaml
-from pydantic import (Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator,
-                      model_validator)
+from pydantic import (Discriminator, Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, Tag,
+                      field_validator, model_validator)
 
 from sim.io.errors import ConfigError
 from sim.core.cluster import ClusterConfig
 from sim.io.profiles import EfficiencyStepTime, LinearStepTime
 from sim.io.ops_schema import OpsStepTime
 from sim.core.schedulers import AnySchedulerConfig
-from sim.io.schema import StrictModel, read_yaml_mapping, validate_mapping
+from sim.io.schema import StrictModel, parse_yaml, read_yaml_mapping, validate_mapping
 from sim.io.units import parse_bytes
+
+# Upper bounds: far beyond any real deployment, low enough that a typo (1e30, 2**63) is refused with
+# its field named instead of overflowing NumPy or running for ever.
+MAX_TOKENS = 100_000_000
+"""Most tokens in one prompt or output (100M: 10x the longest context window of any model)."""
+MAX_REQUESTS = 100_000_000
+"""Most requests one workload generates (100M: 100x the benchmarks' largest run)."""
+Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS)]
 
 # ---- step time -------------------------------------------------------------------------------
 
@@ -47,10 +55,16 @@ class UtilizationBudget(StrictModel):
         return parse_bytes(v)
 
 
+def _budget_kind(v) -> str:
+    return "utilization" if isinstance(v, dict) else "bytes"
+
+
 class KVConfig(StrictModel):
-    block_tokens: PositiveInt = 16
+    block_tokens: Annotated[int, Field(gt=0, le=65536, description="Tokens per KV block (vLLM: 16)")] = 16
     format: Literal["fp32", "bf16", "fp16", "fp8", "q8_0", "q4_0"] = "bf16"
-    budget: int | UtilizationBudget = Field(description="Bytes (12GiB, 12GB, 12884901888) or a utilization budget")
+    budget: Annotated[Union[Annotated[int, Tag("bytes")], Annotated[UtilizationBudget, Tag("utilization")]],
+                      Discriminator(_budget_kind)] = Field(
+        description="Bytes (12GiB, 12GB, 12884901888) or a utilization budget")
     admission: Literal["reserve", "on_demand"] = Field(
         "reserve", description="reserve prompt + max output at admission, or grow block by block and preempt")
     prefix_caching: bool = Field(True, description="Reuse cached KV of identical token prefixes (vLLM's default)")
@@ -91,13 +105,13 @@ class NamedPrefix(StrictModel):
     """The first `tokens` tokens of every prompt naming it are identical (a system prompt)."""
 
     name: str = Field(min_length=1)
-    tokens: PositiveInt
+    tokens: Tokens
 
 
 class ExplicitRequest(StrictModel):
     arrival_s: NonNegativeFloat
-    prompt_tokens: PositiveInt
-    output_tokens: PositiveInt
+    prompt_tokens: Tokens
+    output_tokens: Tokens
     outside_wait_s: NonNegativeFloat = Field(0.0, description="Wait before reaching the engine (counted in latency)")
     cancel_at_s: NonNegativeFloat | None = None
     deadline_s: PositiveFloat | None = None
@@ -123,13 +137,13 @@ class RequestList(StrictModel):
 
 class Fixed(StrictModel):
     kind: Literal["fixed"] = "fixed"
-    value: PositiveInt
+    value: Tokens
 
 
 class Uniform(StrictModel):
     kind: Literal["uniform"] = "uniform"
-    low: PositiveInt
-    high: PositiveInt
+    low: Tokens
+    high: Tokens
 
     @model_validator(mode="after")
     def _order(self):
@@ -142,10 +156,16 @@ class LogNormal(StrictModel):
     """Rounded exp(N(log(median), sigma)), clipped to [min, max]."""
 
     kind: Literal["lognormal"] = "lognormal"
-    median: PositiveFloat
-    sigma: NonNegativeFloat
-    min: PositiveInt = 1
-    max: PositiveInt = 1_000_000
+    median: Annotated[float, Field(gt=0, le=MAX_TOKENS)]
+    sigma: Annotated[float, Field(ge=0, le=20)]
+    min: Tokens = 1
+    max: Tokens = 1_000_000
+
+    @model_validator(mode="after")
+    def _order(self):
+        if self.max < self.min:
+            raise ValueError(f"max ({self.max}) must be >= min ({self.min})")
+        return self
 
 
 class Empirical(StrictModel):
@@ -189,7 +209,7 @@ class SharedPrefixes(StrictModel):
     """Every prompt starts with one of `groups` shared prefixes of `tokens` tokens (drawn uniformly);
     prompt_tokens then counts the private part after it."""
 
-    tokens: PositiveInt
+    tokens: Tokens
     groups: PositiveInt = 1
 
 
@@ -203,7 +223,7 @@ class AdapterMix(StrictModel):
 
 class Synthetic(StrictModel):
     kind: Literal["synthetic"] = "synthetic"
-    num_requests: PositiveInt
+    num_requests: Annotated[int, Field(gt=0, le=MAX_REQUESTS)]
     arrival: ArrivalDist
     prompt_tokens: LengthDist
     output_tokens: LengthDist
@@ -224,6 +244,11 @@ class Trace(StrictModel):
     max_requests: PositiveInt | None = None
     trace_block_tokens: PositiveInt = Field(
         512, description="Tokens per hash id in a Mooncake trace (512 in the FAST'25 release)")
+
+    @field_validator("window_s", mode="before")
+    @classmethod
+    def _pair(cls, v):
+        return tuple(v) if isinstance(v, list) else v  # YAML has no tuples: [start, end] is a list
 
     @model_validator(mode="after")
     def _window(self):
@@ -282,7 +307,7 @@ class LoRAConfig(StrictModel):
 
 
 class Scenario(StrictModel):
-    name: str
+    name: str = Field(min_length=1)
     description: str = ""
     seed: NonNegativeInt = 0
     model: str = Field(description="Model profile name (profiles/models) or YAML path")
@@ -322,10 +347,9 @@ def parse_override(text: str) -> tuple[str, Any]:
     if "=" not in text:
         raise ConfigError(f"--set {text!r}: expected dotted.key=value")
     key, _, raw = text.partition("=")
-    try:
-        return key.strip(), yaml.safe_load(raw)
-    except yaml.YAMLError:
-        raise ConfigError(f"--set {text!r}: value is not valid YAML") from None
+    if not key.strip() or any(not k for k in key.strip().split(".")):
+        raise ConfigError(f"--set {text!r}: expected dotted.key=value, e.g. scheduler.max_num_seqs=32")
+    return key.strip(), parse_yaml(raw, f"--set {key.strip()}")
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str], source: str) -> dict[str, Any]:
