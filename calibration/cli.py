@@ -125,8 +125,9 @@ def add_fit_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True, help="profile YAML to write")
     parser.add_argument("--columns", nargs="+", default=[], metavar="OURS=THEIRS",
                         help="map log columns to ours, e.g. duration_ms=iter_ms prefill_tokens=num_prefill_tokens")
-    parser.add_argument("--format", choices=("iterations", "points", "splitwise"), default=None,
-                        help="input kind (default: points when the file starts with '# format=capsim', "
+    parser.add_argument("--format", choices=("iterations", "points", "splitwise", "vllm", "vllm-log"), default=None,
+                        help="input kind (default: points when the file starts with '# format=capsim', vllm for "
+                             "a vLLM replay's iterations.jsonl, vllm-log for vLLM's iteration-details log lines, "
                              "else iterations)")
     parser.add_argument("--where", nargs="+", default=[], metavar="COLUMN=VALUE",
                         help="keep only rows with these values (e.g. hardware=a100-80gb tensor_parallel=8)")

@@ -197,6 +197,9 @@ def fit_log(cfg: FitLogConfig) -> FitLogResult:
     if fmt is None:
         head = path.read_text()[:64] if path.exists() else ""
         fmt = "points" if head.startswith("# format=capsim") else "iterations"
+        if fmt == "iterations" and path.exists():
+            from calibration.engines.vllm_logs import sniff
+            fmt = sniff(path) or fmt
     extra, devices, meta = [], cfg.devices, {}
     if fmt == "points":
         pts = read_points(path)
@@ -214,6 +217,15 @@ def fit_log(cfg: FitLogConfig) -> FitLogResult:
             devices = int(grp["tensor_parallel"])
         extra.append("splitwise group " + " ".join(f"{k}={v}" for k, v in grp.items())
                      + f": {raw} iterations from {raw // 2} rows, {len(obs)} distinct shapes")
+    elif fmt in ("vllm", "vllm-log"):
+        from calibration.engines.vllm_logs import read_vllm_iterations, read_vllm_log
+        obs = read_vllm_iterations(path) if fmt == "vllm" else read_vllm_log(path)
+        raw = len(obs)
+        obs = merge_duplicates(obs)
+        extra.append(f"{raw} vLLM iterations ({fmt} format), {len(obs)} distinct shapes")
+        if fmt == "vllm-log":
+            extra.append("vLLM's iteration-details lines carry no KV context: per-KV-token and pair terms assume "
+                         "chunks at position 0 and decodes without context")
     else:
         obs = read_iterations(path, cfg.columns, cfg.where)
         raw = len(obs)

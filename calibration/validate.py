@@ -729,6 +729,11 @@ def add_validate_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-plots", dest="plots", action="store_false")
     p.add_argument("--json", action="store_true", help="print validation.json")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    p.add_argument("--engine", choices=("reference", "vllm"), default="reference",
+                   help="what measures: the reference model driven by capsim's scheduler (default), or a real vLLM "
+                        "engine in its own interpreter (calibration/engines/validate_vllm.py)")
+    p.add_argument("--engine-python", help="--engine vllm: python of the engine's venv (default "
+                                           "/work/venvs/vllm/bin/python)")
 
 
 def _floats(text: str) -> list[float]:
@@ -766,6 +771,9 @@ def validate_main(args: argparse.Namespace, argv: list[str] | None = None) -> in
                          dtype=args.dtype, seeds=args.seeds, model_draws=args.model_draws, replays=args.replays,
                          plots=args.plots,
                          command=command, stream=None if args.quiet else sys.stderr)
+    if getattr(args, "engine", "reference") == "vllm":
+        from calibration.engines.validate_vllm import vllm_main
+        return vllm_main(args, cfg)
     try:
         report = run_validation(cfg)
     except ValueError as exc:

@@ -10,11 +10,13 @@ from sim.core.schedulers.base import Scheduler, SchedulerConfig, StepPlan
 from sim.core.schedulers.chunked import ChunkedConfig, ChunkedPrefill
 from sim.core.schedulers.continuous import ContinuousBatching, ContinuousConfig
 from sim.core.schedulers.fixed import FixedBatching, FixedConfig
+from sim.core.schedulers.vllm_v1 import VllmV1, VllmV1Config
 
 _BUILTINS: tuple[tuple[type[SchedulerConfig], type[Scheduler]], ...] = (
     (FixedConfig, FixedBatching),
     (ContinuousConfig, ContinuousBatching),
     (ChunkedConfig, ChunkedPrefill),
+    (VllmV1Config, VllmV1),
 )
 
 
