@@ -11,8 +11,12 @@ from pydantic import Field, NonNegativeFloat, PositiveInt
 
 from sim.io.schema import StrictModel
 
-DEFAULT_HOST_OVERHEAD_S = 0.0
-"""Per-iteration host time (scheduling, sampling, launches not hidden by CUDA graphs), seconds."""
+DEFAULT_HOST_OVERHEAD_S = 0.228e-3
+"""Per-iteration host time (scheduling, sampling, launches not hidden by CUDA graphs), seconds.
+Fitted by benchmarks/ops_fidelity.py: the median residual of an analytic closed-loop TPOT (mixed
+one_pass) against the 177 TensorRT-LLM 1.0.0rc3 rows of Llama-3.1-8B on H100 SXM (TP 1-8) in
+../shared/data/benchmarks/aiconfigurator_silicon_sample.csv; every vLLM row stays held out. An engine
+with a heavier host loop (eager mode, older vLLM) needs a larger value: set host_overhead_s."""
 
 
 class OpsStepTime(StrictModel):
