@@ -155,3 +155,21 @@ def test_plan_report_in_chromium(plan, browser):
     seen = check_in_browser(browser, plan / "report.html")
     assert seen["figures"] == 5
     check_headline(seen["cell_list"], "at-capacity/summary.json")
+
+
+def test_every_shipped_scenario_reports(tmp_path):
+    """Each scenario under scenarios/ gets a report whose numbers are its summary's, with both figures drawn."""
+    scenarios = sorted((REPO / "scenarios").rglob("*.yaml"))
+    browser = Chromium(CHROMIUM) if CHROMIUM else None
+    try:
+        for path in scenarios:
+            out = tmp_path / path.stem
+            assert main(["run", str(path), "--out", str(out), "--report"]) == 0, path
+            cells, _ = parse_page((out / "report.html").read_text())
+            check_headline(cells)
+            check_cells(cells, out)
+            if browser is not None:
+                assert check_in_browser(browser, out / "report.html")["figures"] == 2, path
+    finally:
+        if browser is not None:
+            browser.close()
