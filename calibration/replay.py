@@ -1,23 +1,24 @@
-"""Real replay: the simulator's own scheduler drives the reference model on a device, in real time.
+"""Real replay: the simulator's own engine loop and scheduler drive the reference model on a device.
 
-The same objects as a `capsim run` replica (built by sim.core.simulation.Simulation: BlockManager,
-scheduler class, Recorder, Timeline), stepped by a clock instead of SimPy:
+The same objects as a `capsim run` replica, assembled by sim.api's Simulation and run by the same
+engine loop (sim.core.engine.replica_loop); only the step executor differs: instead of asking a
+step-time model, :class:`ReplayExecutor` runs each plan for real on calibration.model.ReferenceModel
+(one attention group per request: `count=1, new=n, cached=h`, against that request's own K/V views),
+times it, and the loop commits it at its measured end.
 
-- arrivals are released at their scheduled times (the loop sleeps when there is nothing to do);
-- each iteration is planned by the scheduler (`lazy_decode=False`: every request is an explicit
-  plan item), executed for real on calibration.model.ReferenceModel (one attention group per
-  request: `count=1, new=n, cached=h`, against that request's own K/V views), timed, and committed
-  at its measured end time;
-- requests.csv / iterations.csv / summary.json come from the simulator's own table builder, so
-  they have `capsim run`'s format exactly.
+- arrivals are released at their scheduled times by the simulation's own arrival process; the
+  executor lines its clock up with the loop's instants (sleeping through idle time on the wall clock);
+- every request is an explicit plan item (`lazy_decode=False`);
+- requests.csv / iterations.csv / summary.json come from the simulator's own table builder, so they
+  have `capsim run`'s format exactly.
 
-Decision instants follow the simulator's event order exactly, so that the simulator, given each
-iteration's measured duration, makes the same plans (tests/calibration/test_replay.py): while busy,
-iteration k+1 is planned with the arrivals up to the end of iteration k, and its recorded start is
-that end (the host work in between -- commit, bookkeeping, planning, building the inputs -- counts
-in iteration k+1's duration, as it does in a serving engine's iteration time); when idle, the loop
-sleeps until the next scheduled arrival, and the iteration it starts is recorded from that arrival
-(so a late wake-up, the *arrival jitter*, counts in that iteration's duration).
+Because the replay is the simulator's loop with measured durations, the simulator given each
+iteration's measured duration makes the same plans (checked by tests/calibration/test_replay.py and by
+`capsim validate`): while busy, iteration k+1 is planned with the arrivals up to the end of iteration k,
+and its recorded start is that end (the host work in between -- commit, bookkeeping, planning,
+building the inputs -- counts in iteration k+1's duration, as it does in a serving engine's iteration
+time); when idle, the loop wakes at the next scheduled arrival, and the iteration it starts is recorded
+from that arrival (so a late wake-up, the *arrival jitter*, counts in that iteration's duration).
 
 Clocks: `wall` (time.perf_counter; CUDA/MPS synchronised before every reading) is what a client
 sees. `thread` (CPU, one torch thread) advances a virtual clock by the CPU time of the thread that
@@ -45,12 +46,7 @@ import torch
 from calibration.model import DTYPES, KVCache, ReferenceModel
 from calibration.shapes import Group, Shape
 from calibration.timing import check_device, device_name, synchronize
-from sim.api import Scenario
-from sim.api import Recorder
-from sim.api import Request, Status
-from sim.api import NgramDraft, Speculator
-from sim.api import Result, Simulation
-from sim.api import prefix_stream
+from sim.api import NgramDraft, Result, Scenario, Simulation, Speculator, Status
 
 CLOCKS = ("wall", "thread")
 
@@ -363,33 +359,20 @@ class Replayer:
             return self._run(scenario, Path(base_dir), cfg, model)
 
     def _run(self, sc: Scenario, base_dir: Path, cfg: ReplayConfig, model: ReferenceModel) -> ReplayRun:
-        import simpy  # only for the replica's (unused) inbox
+        tokens: dict[int, list[int]] = {}     # rid -> prompt + outputs (token ids)
+        outputs: dict[int, list[int]] = {}
+        made: list[ReplaySpeculator] = []
 
-        sim = Simulation(sc, base_dir, lazy_decode=False)
+        def speculator(spec_cfg, rng, *_args):
+            made.append(ReplaySpeculator(spec_cfg, rng, tokens, cfg.ngram_min, cfg.ngram_max))
+            return made[-1]
+
+        sim = Simulation(sc, base_dir, lazy_decode=False, speculator_factory=speculator)
         if sim.model.name != self.profile.name:
             raise ValueError(f"scenario model {sim.model.name!r} but the reference model is {self.profile.name!r}")
         wl = sim.workload
         _check_workload(wl)
-        vocab = self.profile.vocab_size
-        rec = Recorder(sc.slo, track_request_gaps=sc.slo.itl_s is not None and sc.slo.itl_stat == "p99")
-        deadline = None
-        if sc.admission_control.reject_late:
-            def deadline(req: Request, now_s: float) -> bool:
-                limit = min(x for x in (req.deadline_s, sc.slo.e2e_s, float("inf")) if x is not None)
-                return now_s - req.arrival_s + sim._lower_bound_s(req.prompt_tokens, req.max_output_tokens) <= limit
-        sim._speculators = []
-        replica = sim._new_replica(simpy.Environment(), 0, rec, deadline, 0)
-        scheduler, pool, timeline = replica.scheduler, replica.pool, replica.timeline
-
-        tokens: dict[int, list[int]] = {}     # rid -> prompt + outputs (token ids)
-        outputs: dict[int, list[int]] = {}
         spec_cfg = getattr(sc.scheduler, "speculative", None)
-        speculator = None
-        if spec_cfg is not None:
-            speculator = ReplaySpeculator(spec_cfg, np.random.default_rng(sc.seed), tokens, cfg.ngram_min,
-                                          cfg.ngram_max)
-            scheduler.speculator = speculator
-            sim._speculators = [speculator]
         lookahead = spec_cfg.num_draft_tokens if spec_cfg is not None else 0
         capacity = int((wl.prompt_tokens + wl.output_tokens).max()) + lookahead + 1
         if capacity > self.profile.max_position_embeddings:
@@ -406,111 +389,20 @@ class Replayer:
         if cfg.warmup:
             self._warmup(slots)
 
-        warm = frozenset(prefix_stream(wp.name) for wp in sc.kv.warm_prefixes)
-        engine_t = wl.arrival_s + wl.outside_wait_s
-        order = [int(i) for i in np.argsort(engine_t, kind="stable")]
-        state = {"finished": 0, "fault_retries": 0}
-        n_total = len(wl)
-        inbox: list[Request] = []
-        nxt = 0
-
-        def make_request(i: int) -> Request:
-            a = float(wl.arrival_s[i])
-            dl = float(wl.deadline_s[i])
-            return Request(i, a, int(wl.prompt_tokens[i]), int(wl.output_tokens[i]), a + float(wl.outside_wait_s[i]),
-                           deadline_s=None if np.isnan(dl) else dl, segments=wl.segments_of(i),
-                           shareable_tokens=wl.shareable_tokens(i, warm))
-
-        def deliver_until(t: float) -> None:
-            nonlocal nxt
-            while nxt < n_total and engine_t[order[nxt]] <= t:
-                i = order[nxt]
-                req = make_request(i)
-                req.replica = 0
-                tokens[i] = prompt_token_ids(wl.segments_of(i), vocab, outputs)
-                rec.on_enter(req, float(engine_t[i]))
-                inbox.append(req)
-                nxt += 1
-
-        def leave(req: Request, now_s: float) -> None:
-            rec.on_leave(req, now_s)
-            slots.release(req.rid)
-            state["finished"] += 1
-
-        def on_dropped(now_s: float) -> None:
-            for req in scheduler.dropped:
-                if req.finish_s is None:
-                    req.finish_s = now_s
-                leave(req, now_s)
-            scheduler.dropped.clear()
-
         load_start = _loadavg()
-        clock = _Clock(cfg.clock, cfg.device)
-        detail: dict[str, list] = {c: [] for c in DETAIL_COLUMNS}
-        plans: list = []
+        self._log(f"replay: {len(wl)} requests, scheduler {sc.scheduler.kind}, clock {cfg.clock}")
+        executor = ReplayExecutor(self, slots, tokens, outputs, made, _Clock(cfg.clock, cfg.device), len(wl))
         wall0 = time.perf_counter()
-        tau = 0.0                 # the decision instant
-        wake = 0.0
-        self._log(f"replay: {n_total} requests, scheduler {sc.scheduler.kind}, clock {cfg.clock}")
-        while state["finished"] < n_total:
-            deliver_until(tau)
-            while inbox:
-                scheduler.admit(inbox.pop(0), tau)
-            plan = scheduler.plan(tau)
-            on_dropped(tau)
-            if plan is None:
-                if not scheduler.has_work:
-                    if nxt >= n_total:
-                        break
-                    tau = float(engine_t[order[nxt]])
-                    clock.wait_until(tau)
-                    wake = max(0.0, clock.now() - tau)
-                continue
-            kinds = {req.rid: req.in_prefill for req, _n, _h in plan.items}  # counters move only at commit
-            start, index = tau, scheduler.iteration
-            blocks = (pool.used_blocks, len(pool.cached_free), pool.host_used_blocks)
-            snap = _plan_copy(plan, kinds)
-            emit, fwd_s = self._execute(plan, slots, tokens, speculator, clock)
-            end = clock.now()
-            deliver_until(end)                      # recorder events in time order (arrivals before leaves)
-            timeline.on_iteration(start, end, plan, blocks)
-            outcome = scheduler.commit(plan, end)
-            timeline.on_tokens(index, start, end, outcome)
-            for req in outcome.emitted:
-                new = emit[req.rid]
-                tokens[req.rid].extend(new)
-                outputs.setdefault(req.rid, []).extend(new)
-            for req in outcome.finished_decodes + outcome.emitted:
-                if req.status is Status.FINISHED:
-                    req.correct = True
-                    leave(req, end)
-            on_dropped(end)
-            plans.append(snap)
-            spec = [(r.rid, k) for r, k in plan.spec_items]
-            row = dict(iteration=index, start_s=start, duration_s=end - start, host_s=end - start - fwd_s,
-                       forward_s=fwd_s, forward_wall_s=self._last_wall, forward_cpu_s=self._last_cpu, wake_s=wake,
-                       kind=_kind(plan), items=len(plan.items),
-                       spec_rounds=len(spec), spec_drafts=sum(k for _, k in spec),
-                       spec_accepted=sum(speculator.measured[rid] for rid, _ in spec) if spec else 0)
-            row.update({c: getattr(plan, c) for c in DETAIL_COLUMNS if c not in row})
-            for c in DETAIL_COLUMNS:
-                detail[c].append(row[c])
-            wake = 0.0
-            tau = end
-            if cfg.stream is not None and index % 50 == 0:
-                self._log(f"  iteration {index}: t={end:8.2f} s, {state['finished']}/{n_total} requests done")
-
-        sim._kv_demand_blocks = max(scheduler.kv_demand_peak_blocks, pool.peak_blocks)
-        result = sim._result(rec, [replica], [timeline], state)
+        result = sim.run(executor=executor)
         meta = dict(device=cfg.device, device_name=device_name(cfg.device), dtype=cfg.dtype, clock=cfg.clock,
                     threads=torch.get_num_threads(), torch=torch.__version__, model=self.profile.name,
                     layers=model.num_layers, kv_slots=slots.created, kv_slot_tokens=capacity,
                     loadavg_start=load_start, loadavg_end=_loadavg(), wall_s=time.perf_counter() - wall0)
         result.summary["replay"] = meta
-        return ReplayRun(result, pd.DataFrame(detail), plans, meta, outputs,
-                         speculator.log if speculator is not None else None)
+        return ReplayRun(result, pd.DataFrame(executor.detail), executor.plans, meta, outputs,
+                         made[0].log if made else None)
 
-    def _execute(self, plan, slots: KVSlots, tokens: dict[int, list[int]], speculator, clock: _Clock):
+    def forward(self, plan, slots: KVSlots, tokens: dict[int, list[int]], speculator, clock: _Clock):
         """Build the inputs of a plan, run the forward pass, return ({rid: tokens emitted}, forward seconds)."""
         model = self.model
         groups, ids, rows, spec_rows = [], [], [], {}
@@ -542,7 +434,7 @@ class Replayer:
         synchronize(self.cfg.device)
         got = out.tolist()
         fwd = clock.now() - t0
-        self._last_wall, self._last_cpu = time.perf_counter() - w0, time.thread_time() - c0
+        self.last_wall, self.last_cpu = time.perf_counter() - w0, time.thread_time() - c0
         emit: dict[int, list[int]] = {}
         pos = 0
         for req, n, h in plan.items:
@@ -559,6 +451,75 @@ class Replayer:
                 emit[req.rid] = [got[pos]]
                 pos += 1
         return emit, fwd
+
+
+class ReplayExecutor:
+    """The engine loop's step executor for a real replay: each plan runs on the reference model and
+    takes the time it took on the replay's clock (sim.core.engine.StepExecutor).
+
+    The loop wakes at the simulated instant of an event; `begin` lines the clock up with it (sleeps
+    until then on the wall clock, jumps the thread clock over idle time), so an iteration's duration
+    counts from the end of the previous one (or from the arrival that woke an idle engine) to the end
+    of its forward pass: the host work in between is part of it, as in a serving engine.
+    """
+
+    def __init__(self, replayer: "Replayer", slots: KVSlots, tokens: dict, outputs: dict, speculators: list,
+                 clock: "_Clock", total: int):
+        self.replayer, self.slots, self.tokens, self.outputs = replayer, slots, tokens, outputs
+        self.speculators, self.clock, self.total = speculators, clock, total
+        self.vocab = replayer.profile.vocab_size
+        self.detail: dict[str, list] = {c: [] for c in DETAIL_COLUMNS}
+        self.plans: list = []
+        self.index = 0
+        self.done = 0
+        self._idle_from = 0.0     # simulated end of the last iteration: a later wake-up was idle
+        self._wake = 0.0
+        self._emit: dict[int, list[int]] = {}
+
+    def begin(self, now_s: float) -> None:
+        """Line the clock up with the loop's instant; a wake-up after idle time records its lateness."""
+        if now_s > self._idle_from:
+            self.clock.wait_until(now_s)
+            self._wake = max(0.0, self.clock.now() - now_s)
+            self._idle_from = now_s
+
+    def execute(self, plan, start_s: float) -> float:
+        """Run `plan` for real; its duration is the clock's time from `start_s` to the forward's end."""
+        for req, _n, _h in plan.items:
+            if req.rid not in self.tokens:   # first scheduled: its prompt's ids (earlier turns' outputs included)
+                self.tokens[req.rid] = prompt_token_ids(req.segments, self.vocab, self.outputs)
+        kinds = {req.rid: req.in_prefill for req, _n, _h in plan.items}  # counters move only at commit
+        snap = _plan_copy(plan, kinds)
+        speculator = self.speculators[0] if self.speculators else None
+        self._emit, fwd_s = self.replayer.forward(plan, self.slots, self.tokens, speculator, self.clock)
+        end = self.clock.now()
+        self.plans.append(snap)
+        spec = [(r.rid, k) for r, k in plan.spec_items]
+        row = dict(iteration=self.index, start_s=start_s, duration_s=end - start_s, host_s=end - start_s - fwd_s,
+                   forward_s=fwd_s, forward_wall_s=self.replayer.last_wall, forward_cpu_s=self.replayer.last_cpu,
+                   wake_s=self._wake, kind=_kind(plan), items=len(plan.items),
+                   spec_rounds=len(spec), spec_drafts=sum(k for _, k in spec),
+                   spec_accepted=sum(speculator.measured[rid] for rid, _ in spec) if spec else 0)
+        row.update({c: getattr(plan, c) for c in DETAIL_COLUMNS if c not in row})
+        for c in DETAIL_COLUMNS:
+            self.detail[c].append(row[c])
+        self._wake = 0.0
+        self._idle_from = end
+        if self.replayer.cfg.stream is not None and self.index % 50 == 0:
+            self.replayer._log(f"  iteration {self.index}: t={end:8.2f} s, {self.done}/{self.total} requests done")
+        self.index += 1
+        return end - start_s
+
+    def committed(self, plan, outcome, now_s: float) -> None:
+        """Append the emitted token ids; free the KV slots of finished requests."""
+        for req in outcome.emitted:
+            new = self._emit[req.rid]
+            self.tokens[req.rid].extend(new)
+            self.outputs.setdefault(req.rid, []).extend(new)
+        for req in outcome.finished_decodes + outcome.emitted:
+            if req.status is Status.FINISHED:
+                self.slots.release(req.rid)
+                self.done += 1
 
 
 def _loadavg() -> str | None:

@@ -38,7 +38,7 @@ from sim.api import StepTimeConfig, load_scenario
 from sim.api import RangeChecked
 from sim.api import ConfigError
 from sim.api import FittedProfile, load_fitted, load_model
-from sim.api import Result, Simulation, resolve_profile_path
+from sim.api import Result, Simulation, Speculator, resolve_profile_path
 
 LATENCIES = ("ttft_s", "tpot_s", "itl_s", "e2e_s")
 STATS = ("mean", "median", "p90", "p99")
@@ -282,14 +282,14 @@ def with_profile(scenario, choice: ProfileChoice):
 
 def simulation(scenario, base_dir: Path, choice: ProfileChoice, lazy_decode: bool = True, stream=None) -> Simulation:
     sim = Simulation(with_profile(scenario, choice), base_dir, lazy_decode=lazy_decode, stream=stream)
-    sim.cost = RangeChecked(sim.cost, choice.profile.valid_range, choice.path,
+    sim.step_time = RangeChecked(sim.step_time, choice.profile.valid_range, choice.path,
                             scenario.step_time.allow_extrapolation, stream)
     return sim
 
 
 def step_time_model(scenario, base_dir: Path, choice: ProfileChoice):
     """The bare step-time model the simulation evaluates (no range check), for per-iteration errors."""
-    return Simulation(with_profile(scenario, choice), base_dir).cost
+    return Simulation(with_profile(scenario, choice), base_dir).step_time
 
 
 def step_errors(detail: pd.DataFrame, plans: list, cost) -> dict:
@@ -327,8 +327,6 @@ def step_errors(detail: pd.DataFrame, plans: list, cost) -> dict:
 
 def _replayed_speculation(log: dict):
     """A Speculator class whose drafts and accepted counts are the replay's, request by request."""
-    from sim.api import Speculator
-
     class ReplayedSpeculation(Speculator):
         def __init__(self, cfg, rng, *args, **kw):
             super().__init__(cfg, rng, *args, **kw)
@@ -365,21 +363,15 @@ def plans_check(run, scenario, base_dir: Path) -> dict:
     """Simulate the same scenario with each iteration's measured duration (and, under speculation, the
     replay's drafts and accepted counts): the plans must be the replay's, iteration by iteration, and
     the latency metrics the measured ones."""
-    import sim.core.simulation as simmod
-
     durations = run.result.iterations["duration_s"].tolist()
-    sim = Simulation(scenario, base_dir, lazy_decode=False)
-    cost = MeasuredSteps(durations, fallback=sim.cost)
-    sim.cost = cost
-    original = simmod.Speculator
+    factory = _replayed_speculation(run.spec_log) if run.spec_log is not None else Speculator
+    sim = Simulation(scenario, base_dir, lazy_decode=False, speculator_factory=factory)
+    cost = MeasuredSteps(durations, fallback=sim.step_time)
+    sim.step_time = cost
     try:
-        if run.spec_log is not None:
-            simmod.Speculator = _replayed_speculation(run.spec_log)
         res = sim.run()
     except IndexError as exc:
         return {"identical": False, "reason": str(exc)}
-    finally:
-        simmod.Speculator = original
     replay_plans = [[(it[0].rid, it[1], it[2]) for it in p.items] for p in run.plans]
     first = next((i for i, (a, b) in enumerate(zip(replay_plans, cost.plans)) if a != b), None)
     if first is None and len(replay_plans) != len(cost.plans):
@@ -466,7 +458,7 @@ def validate_point(cfg: ValidateConfig, replayer, overrides: list[str], out: Pat
     for _ in range(cfg.model_draws):
         factors = {k: 1.0 / (1.0 + float(rng.choice(res[k]))) for k in KINDS}
         sim = simulation(scenario, base, choice)
-        sim.cost = Perturbed(sim.cost, factors)
+        sim.step_time = Perturbed(sim.step_time, factors)
         model.append(sim.run().summary)
     unc = uncertainty_block(simulated.summary, measured.summary, [simulated.summary] + workload,
                             [simulated.summary] + model, [r.result.summary for r in runs])

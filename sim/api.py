@@ -27,7 +27,7 @@ _EXPORTS: dict[str, str] = {
     "Request": "sim.core.request", "Status": "sim.core.request", "StepPlan": "sim.core.step",
     "Recorder": "sim.core.metrics", "Speculator": "sim.core.schedulers.speculation",
     "NgramDraft": "sim.core.schedulers.speculation", "prefix_stream": "sim.workloads.workload",
-    "ModelledExecutor": "sim.core.engine", "WallClockEnvironment": "sim.core.engine",
+    "ModelledExecutor": "sim.core.engine", "StepExecutor": "sim.core.engine",
     # inputs: errors, schema helpers, profiles
     "ConfigError": "sim.io.errors", "validate_mapping": "sim.io.schema",
     "profiles_dir": "sim.io.profiles", "known_names": "sim.io.profiles", "load_hardware": "sim.io.profiles",

@@ -1,16 +1,54 @@
-"""The SimPy processes: arrivals() and replica_loop(); nothing else.
+"""The engine loop, shared by the simulation and by real replays: arrivals() and replica_loop().
 
-The loop knows three things: ask the scheduler for a plan, let the step time pass, commit.
+The loop knows three things: ask the scheduler for a plan, let the step pass, commit. It depends on
+two things it is given:
+
+- a clock: a SimPy environment. In simulation its time is virtual and jumps from event to event; a
+  real replay drives the same environment and lets its executor line the environment's time up with
+  a wall or thread clock (see calibration/replay.py).
+- a step executor: `begin(now_s)` when the loop wakes up, `execute(plan, start_s) -> seconds` for an
+  iteration, `committed(plan, outcome, now_s)` after it. In simulation a :class:`ModelledExecutor`
+  asks a step-time model; in a replay the executor runs the plan on a real model and times it.
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Protocol
 
 import numpy as np
 import simpy
 
 from sim.core.request import Request
+
+
+class StepExecutor(Protocol):
+    """What runs an iteration: a step-time model in simulation, a real model in a replay."""
+
+    def begin(self, now_s: float) -> None:
+        """The loop woke up at `now_s` (before admitting and planning)."""
+
+    def execute(self, plan, start_s: float) -> float:
+        """Run `plan`, an iteration that started at `start_s`; return how long it took (seconds)."""
+
+    def committed(self, plan, outcome, now_s: float) -> None:
+        """The scheduler committed `plan` at `now_s` with this outcome (tokens emitted, finished)."""
+
+
+class ModelledExecutor:
+    """Step times from a step-time model: the simulation's executor."""
+
+    def __init__(self, step_time):
+        self.step_time = step_time
+
+    def begin(self, now_s: float) -> None:
+        """Nothing to line up: simulated time is the only clock."""
+
+    def execute(self, plan, start_s: float) -> float:
+        """The model's time for this iteration."""
+        return self.step_time.step_s(plan)
+
+    def committed(self, plan, outcome, now_s: float) -> None:
+        """Nothing to record: the timeline and the recorder have it."""
 
 
 def arrivals(env: simpy.Environment, workload, make_request: Callable[[int], Request],
@@ -33,14 +71,16 @@ def _cancel_at(env: simpy.Environment, req: Request, cancel):
     cancel(req)
 
 
-def replica_loop(env: simpy.Environment, inbox: simpy.Store, scheduler, cost, timeline, on_outcome, on_dropped):
-    """One replica: admit arrivals, plan a step, let time pass, commit. Policy lives in `scheduler`.
+def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_outcome, on_dropped):
+    """One replica: admit arrivals, plan a step, let it pass, commit. Policy lives in the scheduler.
 
     Idle, it waits for the next arrival; the run ends when no process has anything left to do.
     A fault interrupts it (simpy.Interrupt): it stops where it is, the in-flight iteration lost.
     """
+    inbox, scheduler, timeline = replica.inbox, replica.scheduler, replica.timeline
     try:
         while True:
+            executor.begin(env.now)
             while inbox.items:
                 scheduler.admit(inbox.items.pop(0), env.now)
             plan = scheduler.plan(env.now)
@@ -52,10 +92,11 @@ def replica_loop(env: simpy.Environment, inbox: simpy.Store, scheduler, cost, ti
             pool = scheduler.pool
             start, index = env.now, scheduler.iteration
             blocks = (pool.used_blocks, len(pool.cached_free), pool.host_used_blocks)
-            yield env.timeout(cost.step_s(plan))
+            yield env.timeout(executor.execute(plan, start))
             timeline.on_iteration(start, env.now, plan, blocks)
             outcome = scheduler.commit(plan, env.now)
             timeline.on_tokens(index, start, env.now, outcome)
+            executor.committed(plan, outcome, env.now)
             on_outcome(outcome, env.now)
             on_dropped(env.now)
     except simpy.Interrupt:

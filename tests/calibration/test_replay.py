@@ -26,7 +26,7 @@ def write_scenario(tmp_path, scheduler: dict, workload: dict | None = None, **ov
     sc = {"name": "tiny-replay", "seed": 3, "model": "tiny.yaml", "hardware": "l4",
           "kv": {"budget": "64MiB", "block_tokens": 16, "format": "bf16"},
           "scheduler": scheduler,
-          "step_time": {"model": {"kind": "linear", "constant_s": 0.001, "per_new_token_s": 1e-5}},
+          "step_time": {"model": {"kind": "linear", "constant_s": 0.001, "per_new_token_s": 1e-5, "per_pair_s": 0.0}},
           "workload": workload or {"kind": "synthetic", "num_requests": 14,
                                    "arrival": {"kind": "poisson", "rate_rps": 400},
                                    "prompt_tokens": {"kind": "uniform", "low": 3, "high": 40},
@@ -87,8 +87,8 @@ def test_simulator_with_measured_step_times_makes_the_same_plans(tmp_path, repla
     if kv:
         assert run.result.summary["preemptions"] > 0
     sim = Simulation(scenario, base, lazy_decode=False)
-    cost = MeasuredSteps(run.result.iterations["duration_s"].tolist(), fallback=sim.cost)
-    sim.cost = cost
+    cost = MeasuredSteps(run.result.iterations["duration_s"].tolist(), fallback=sim.step_time)
+    sim.step_time = cost
     res = sim.run()
     # iteration by iteration: the same requests with the same new and cached tokens
     assert cost.plans == [[(it[0].rid, it[1], it[2]) for it in p.items] for p in run.plans]

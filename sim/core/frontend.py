@@ -1,0 +1,175 @@
+"""The front end of a serving system: where requests enter and leave.
+
+It turns workload rows into Requests, sends them through the router to a replica, and takes them
+back when they leave: finished (a wrong answer is retried while attempts remain), dropped by a
+scheduler, or lost with a failed replica (failed, or routed again). Parallel-sampling branches wait
+here for their prompt's prefill and then fork from it. Every arrival and departure is recorded.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+import simpy
+
+from sim.core import engine
+from sim.core.cluster import Replica
+from sim.core.metrics import Recorder
+from sim.core.request import Request, Status
+from sim.workloads.closed_loop import closed_loop_clients
+from sim.workloads.workload import prefix_stream
+
+
+class Frontend:
+    """Routes requests to `replicas` (a list the fault injector may replace entries of) and records them."""
+
+    def __init__(self, env: simpy.Environment, scenario, workload, replicas: list[Replica], router,
+                 recorder: Recorder, progress: Callable[[int, int], None] | None = None):
+        self.env, self.scenario, self.workload = env, scenario, workload
+        self.replicas, self.router, self.rec, self.progress = replicas, router, recorder, progress
+        self.finished = 0
+        self.fault_retries = 0
+        self.total = len(workload)
+        self.clients = None
+        self._acc_rng = np.random.default_rng(scenario.seed).spawn(4)[3]
+        self._warm = frozenset(prefix_stream(wp.name) for wp in scenario.kv.warm_prefixes)
+        self._retried = scenario.accuracy.max_retries > 0 and scenario.accuracy.p_correct < 1
+        self._held: dict[int, list[Request]] = {}   # parallel sampling: branches waiting for their prompt's prefill
+        self._forked: set[int] = set()
+
+    # ---- entering ---------------------------------------------------------------------------
+    def open(self) -> None:
+        """Start the arrivals: closed-loop users, or the workload's own arrival times."""
+        self.clients = closed_loop_clients(self.env, self.workload, self.make_request, self.deliver)
+        if self.clients is None:
+            self.env.process(engine.arrivals(self.env, self.workload, self.make_request, self.deliver, self.cancel))
+
+    def _shareable(self, i: int) -> int | None:
+        wl = self.workload
+        # a retried request re-sends its prompt: all of it may be hit again
+        return int(wl.prompt_tokens[i]) if self._retried else wl.shareable_tokens(i, self._warm)
+
+    def make_request(self, i: int, sent_s: float | None = None) -> Request:
+        """Workload row i as a Request (closed loop: sent at `sent_s`, when a user frees up)."""
+        wl = self.workload
+        a = float(wl.arrival_s[i]) if sent_s is None else sent_s
+        cancel = float(wl.cancel_at_s[i])
+        dl = float(wl.deadline_s[i])
+        adapter = int(wl.adapter[i]) if wl.adapter is not None and wl.adapter[i] >= 0 else None
+        return Request(i, a, int(wl.prompt_tokens[i]), int(wl.output_tokens[i]), a + float(wl.outside_wait_s[i]),
+                       adapter=adapter,
+                       deadline_s=None if math.isnan(dl) else dl, cancel_at_s=None if math.isnan(cancel) else cancel,
+                       segments=wl.segments_of(i), shareable_tokens=self._shareable(i))
+
+    def deliver(self, req: Request) -> None:
+        """A request reaches the front end: held for its leader's prefill (parallel sampling) or routed."""
+        self.rec.on_enter(req, self.env.now)
+        wl = self.workload
+        lead = int(wl.leader[req.rid]) if wl.leader is not None else -1
+        if lead >= 0 and lead not in self._forked:
+            self._held.setdefault(lead, []).append(req)
+        else:
+            self.route(req)
+
+    def route(self, req: Request) -> None:
+        """Send a request to a replica the router believes healthy; a replica that is actually down
+        refuses it (it fails, or is routed again without that replica)."""
+        while True:
+            replica = self.router.choose(req, [r for r in self.replicas if r.marked_up and r.index not in req.avoid])
+            if replica is None:
+                self._fail(req, "cluster: no healthy replica")
+                return
+            if replica.up:
+                req.replica = replica.index
+                replica.inbox.put(req)
+                return
+            if not self.fail_or_retry(req, replica):
+                return
+
+    def cancel(self, req: Request) -> None:
+        """The client gave up on `req`: its replica drops it (if it is still there)."""
+        if req.replica is not None and self.replicas[req.replica].up:
+            self.replicas[req.replica].scheduler.cancel(req, self.env.now)
+
+    # ---- leaving ----------------------------------------------------------------------------
+    def leave(self, req: Request, now_s: float) -> None:
+        """`req` leaves for good: recorded, reported to closed-loop users and to progress."""
+        self.rec.on_leave(req, now_s)
+        self.finished += 1
+        if self.clients is not None:
+            self.clients.on_leave(req)
+        if self.progress is not None:
+            self.progress(self.finished, self.total)
+
+    def _fail(self, req: Request, reason: str) -> None:
+        req.status = Status.FAILED
+        req.reject_reason = reason
+        req.finish_s = self.env.now
+        self.leave(req, self.env.now)
+
+    def fail_or_retry(self, req: Request, replica: Replica) -> bool:
+        """A request lost on a failed replica: True when it should be routed again."""
+        req.avoid = req.avoid + (replica.index,)
+        if self.scenario.cluster.on_failure == "retry" and len(req.avoid) < len(self.replicas):
+            self.fault_retries += 1
+            req.reset_for_retry()
+            return True
+        self._fail(req, f"cluster: replica {replica.index} failed")
+        return False
+
+    def _judge(self, req: Request, now_s: float) -> None:
+        """A finished request: right (it leaves) or wrong (sent again while attempts remain)."""
+        acc = self.scenario.accuracy
+        req.correct = bool(self._acc_rng.random() < acc.p_correct) if acc.p_correct < 1 else True
+        if not req.correct and req.attempt <= acc.max_retries:
+            self.route(Request(req.rid, req.arrival_s, req.prompt_tokens, req.max_output_tokens, now_s,
+                               deadline_s=req.deadline_s, attempt=req.attempt + 1, preemptions=req.preemptions,
+                               recomputed_tokens=req.recomputed_tokens, segments=req.segments,
+                               shareable_tokens=req.shareable_tokens, adapter=req.adapter))
+            return
+        self.leave(req, now_s)
+
+    # ---- one replica's callbacks ------------------------------------------------------------
+    def start(self, replica: Replica, executor) -> None:
+        """Run `replica`'s engine loop with `executor`, its outcomes coming back here."""
+        on_outcome, on_dropped = self._handlers(replica)
+        replica.process = self.env.process(engine.replica_loop(self.env, replica, executor, on_outcome, on_dropped))
+
+    def _handlers(self, replica: Replica):
+        scheduler = replica.scheduler
+        finished_forks: list[Request] = []
+
+        def release(lead: int, leader: Request | None = None) -> None:
+            """The leader's prompt is computed: its branches fork from it (or queue on their own)."""
+            self._forked.add(lead)
+            for r in self._held.pop(lead, []):
+                if leader is not None and scheduler.can_fork(r, leader):
+                    r.replica = replica.index
+                    scheduler.fork(r, leader, self.env.now)
+                    if r.status is Status.FINISHED:
+                        finished_forks.append(r)
+                else:
+                    self.route(r)
+
+        def on_outcome(outcome, now_s: float) -> None:
+            if self._held:
+                for req in outcome.emitted:
+                    if req.rid in self._held and req.output_tokens == 1:
+                        release(req.rid, req)
+            for req in outcome.finished_decodes + outcome.emitted + finished_forks:
+                if req.status is Status.FINISHED:
+                    self._judge(req, now_s)
+            finished_forks.clear()
+
+        def on_dropped(now_s: float) -> None:
+            for req in scheduler.dropped:
+                if req.rid in self._held:
+                    release(req.rid)
+                if req.finish_s is None:
+                    req.finish_s = now_s
+                self.leave(req, now_s)
+            scheduler.dropped.clear()
+
+        return on_outcome, on_dropped

@@ -1,0 +1,197 @@
+"""What a run produced: the per-request and per-iteration tables and the summary built from them."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from sim.core.metrics import ITERATION_COLUMNS, Recorder, Status, Timeline, stats, weighted_stats
+
+STATUS_NAMES = [s.value for s in Status]
+_INT_REQUEST_COLUMNS = ("id", "replica", "prompt_tokens", "output_tokens", "cached_tokens", "preemptions",
+                        "recomputed_tokens", "attempts")
+
+
+@dataclass
+class Result:
+    """summary.json, requests.csv and iterations.csv of one run."""
+
+    summary: dict
+    requests: pd.DataFrame
+    iterations: pd.DataFrame
+
+    def write(self, out_dir: str | Path) -> None:
+        """Write the three files into `out_dir` (created if needed)."""
+        out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
+        self.requests.to_csv(out / "requests.csv", index=False)
+        self.iterations.to_csv(out / "iterations.csv", index=False)
+
+    def digest(self) -> str:
+        """sha256 over the three outputs: equal digests mean byte-identical files."""
+        h = hashlib.sha256(json.dumps(self.summary, sort_keys=True).encode())
+        h.update(self.requests.to_csv(index=False).encode())
+        h.update(self.iterations.to_csv(index=False).encode())
+        return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the summary needs besides the tables: the scenario, the card, the replica's memory, and
+    the counters the run kept."""
+
+    scenario: object
+    hardware: object
+    memory: object            # sim.core.sizing.ReplicaMemory
+    replicas: list            # every replica incarnation (faults retire some)
+    timelines: list[Timeline]
+    fault_retries: int
+    kv_demand_blocks: int
+    speculation: dict | None
+
+
+def merge_speculation(reports: list[dict]) -> dict | None:
+    """Speculation counters of all replicas as one report."""
+    if not reports:
+        return None
+    if len(reports) == 1:
+        return reports[0]
+    rounds = sum(r["rounds"] for r in reports)
+    drafts = sum(r["draft_tokens"] for r in reports)
+    acc = sum(r["accepted_tokens"] for r in reports)
+    return {"rounds": rounds, "draft_tokens": drafts, "accepted_tokens": acc,
+            "acceptance_rate": acc / drafts if drafts else None,
+            "mean_acceptance_length": 1 + acc / rounds if rounds else None,
+            "per_position_acceptance": None}
+
+
+def request_table(rec: Recorder) -> pd.DataFrame:
+    """requests.csv: one row per request, in id order."""
+    cols = rec.table()
+    order = np.argsort(cols["id"], kind="stable")
+    return pd.DataFrame({c: (v[order].astype(np.int64) if c in _INT_REQUEST_COLUMNS
+                             else np.array(STATUS_NAMES, dtype=object)[v[order].astype(np.int64)] if c == "status"
+                             else v[order].astype(bool) if c in ("met_slo", "kv_waited") else v[order])
+                         for c, v in cols.items()})
+
+
+def iteration_table(timelines: list[Timeline]) -> pd.DataFrame:
+    """iterations.csv: every replica's iterations, replica by replica."""
+    tables = [t.table() for t in timelines]
+    its = pd.DataFrame({c: np.concatenate([tb[c] for tb in tables]) for c in ITERATION_COLUMNS})
+    for c in ITERATION_COLUMNS:
+        if c not in ("start_s", "duration_s", "swap_bytes"):
+            its[c] = its[c].astype(np.int64)
+    return its
+
+
+def _latency_part(req: pd.DataFrame, its: pd.DataFrame, rec: Recorder) -> dict:
+    """Counts, throughput, goodput and latency statistics."""
+    finished = req["status"] == "finished"
+    correct = req["correct"].fillna(0).astype(bool)
+    n_good = int((finished & correct & req["met_slo"]).sum())
+    t0 = float(req["arrival_s"].min()) if len(req) else 0.0
+    t1 = float(np.nanmax(req["finish_s"])) if finished.any() else t0
+    window = t1 - t0
+    itl = weighted_stats(np.frombuffer(rec.itl_gap, dtype=float), np.frombuffer(rec.itl_weight, dtype=np.int64))
+    decode_only = (its["prefill_tokens"] == 0) if len(its) else pd.Series([], dtype=bool)
+    dec_time = float(its.loc[decode_only, "duration_s"].sum()) if len(its) else 0.0
+    dec_tokens = int(its.loc[decode_only, "output_tokens"].sum()) if len(its) else 0
+    return {
+        "requests": int(len(req)),
+        "completed": int(finished.sum()),
+        "rejected": int((req["status"] == "rejected").sum()),
+        "cancelled": int((req["status"] == "cancelled").sum()),
+        "good": n_good,
+        "makespan_s": window,
+        "output_throughput_tok_s": float(req.loc[finished, "output_tokens"].sum() / window) if window > 0 else None,
+        "request_throughput_rps": float(finished.sum() / window) if window > 0 else None,
+        "goodput_rps": n_good / window if window > 0 else None,
+        "decode_throughput_tok_s": dec_tokens / dec_time if dec_time > 0 else None,
+        "slo_attainment": n_good / len(req) if len(req) else None,
+        "ttft_s": stats(req.loc[finished, "ttft_s"].to_numpy()),
+        "itl_s": itl,
+        "tpot_s": stats(req.loc[finished, "tpot_s"].to_numpy()),
+        "e2e_s": stats(req.loc[finished, "e2e_s"].to_numpy()),
+        "iterations": int(len(its)),
+    }
+
+
+def _memory_part(req: pd.DataFrame, rec: Recorder, facts: RunFacts) -> dict:
+    """KV use against the budget, whether memory fits, prefix cache and swap counters."""
+    mem, hw = facts.memory, facts.hardware
+    served = req["admitted_s"].notna()  # prompts that reached a replica's batch (hit rate's base)
+    peak_blocks = max(r.pool.peak_blocks for r in facts.replicas)
+    stats_of = [r.pool.stats for r in facts.replicas]
+    kv_limited = int(req["kv_waited"].sum())
+    kv_rejected = sum(1 for r in rec.reject_reasons if r.startswith("kv:"))
+    card_fit = mem.weight_bytes + mem.kv_budget_bytes + mem.activation_bytes <= hw.memory_bytes
+    memory_fit = bool(card_fit and kv_limited == 0 and kv_rejected == 0 and int(req["preemptions"].sum()) == 0)
+    return {
+        "peak_kv_bytes": float(peak_blocks * mem.block_bytes),
+        "peak_kv_blocks": int(peak_blocks),
+        "kv_budget_bytes": int(mem.kv_budget_bytes),
+        "kv_capacity_bytes": float(mem.num_blocks * mem.block_bytes),
+        "kv_capacity_blocks": int(mem.num_blocks),
+        "weights_bytes": int(mem.weight_bytes),
+        "memory_fit": memory_fit,
+        "card_fit": bool(card_fit),
+        "kv_limited_requests": kv_limited,
+        "kv_rejected_requests": kv_rejected,
+        "preemptions": int(req["preemptions"].sum()),
+        "recomputed_tokens": int(req["recomputed_tokens"].sum()),
+        "prefix_hit_tokens": int(req["cached_tokens"].sum()),
+        "prefix_hit_rate": (float(req.loc[served, "cached_tokens"].sum() / req.loc[served, "prompt_tokens"].sum())
+                            if served.any() else None),
+        "evictions": sum(x.evictions for x in stats_of),
+        "swap_outs": sum(x.swap_outs for x in stats_of),
+        "swap_ins": sum(x.swap_ins for x in stats_of),
+        "swapped_bytes": float(sum(x.swapped_bytes for x in stats_of)),
+        "cow_copies": sum(x.cow_copies for x in stats_of),
+    }
+
+
+def _cost_part(summary: dict, facts: RunFacts) -> dict:
+    """GPU-seconds and energy, in all and per good result."""
+    sc, mem = facts.scenario, facts.memory
+    n_rep, window, n_good = len(facts.timelines), summary["makespan_s"], summary["good"]
+    busy_s = summary["busy_s"]
+    cap_w = facts.hardware.tdp_w.value
+    if sc.power.model == "cap":
+        energy = n_rep * cap_w * window if cap_w is not None else None
+    else:
+        energy = sc.power.busy_w * busy_s + sc.power.idle_w * max(0.0, n_rep * window - busy_s)
+    return {
+        "gpu_seconds": n_rep * window,
+        "gpu_seconds_per_good": n_rep * window / n_good if n_good else None,
+        "energy_j": energy,
+        "energy_j_per_good": energy / n_good if (n_good and energy is not None) else None,
+        "draft_memory_bytes": int(mem.draft_memory_bytes),
+        "lora_memory_bytes": int(mem.lora_memory_bytes),
+        "offload_copy_s_per_step": mem.offload.copy_s_per_step if mem.offload else None,
+        "kv_need_bytes": float(facts.kv_demand_blocks * mem.block_bytes + mem.draft_memory_bytes
+                               + mem.lora_memory_bytes),
+    }
+
+
+def summarise(rec: Recorder, facts: RunFacts) -> Result:
+    """The Result of a finished run: tables from the recorder and timelines, and summary.json."""
+    req = request_table(rec)
+    its = iteration_table(facts.timelines)
+    lat = _latency_part(req, its, rec)
+    summary = {"scenario": facts.scenario.name, "seed": facts.scenario.seed, **lat}
+    summary["busy_s"] = sum(t.busy_s for t in facts.timelines)
+    summary["replicas"] = len(facts.timelines)
+    summary["failed"] = int((req["status"] == "failed").sum())
+    summary["fault_retries"] = facts.fault_retries
+    summary.update(_memory_part(req, rec, facts))
+    summary.update(_cost_part(summary, facts))
+    summary["speculative"] = facts.speculation
+    summary["little_area"] = rec.area
+    return Result(summary, req, its)
