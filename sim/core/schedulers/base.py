@@ -74,6 +74,7 @@ class Scheduler:
         self.now_s = 0.0
         self.waiting: deque[Request] = deque()
         self.running: dict[int, Request] = {}
+        self._explicit: dict[int, Request] = {}  # running requests outside the decode set, running order
         self.dropped: list[Request] = []  # rejected or cancelled since the last drain
         self.iteration = 0                # index of the next iteration to plan
         self.timeline = None              # set by the simulation: end_s(i), durations(a, b)
@@ -175,7 +176,7 @@ class Scheduler:
 
     def _prefilling(self) -> list[Request]:
         """Running requests still computing prompt (or recomputing), in running order."""
-        return [r for r in self.running.values() if r.in_prefill]
+        return [r for r in self._explicit.values() if r.in_prefill]
 
     def _schedule_decodes(self, plan: StepPlan) -> None:
         """Every running decode gets its next token (running order); on_demand KV grows first."""
@@ -271,6 +272,7 @@ class Scheduler:
         req.admit_seq = self._admit_counter
         self._admit_counter += 1
         self.running[req.rid] = req
+        self._explicit[req.rid] = req
         return n
 
     def _ensure_kv(self, req: Request, n: int, plan: StepPlan) -> bool:
@@ -282,8 +284,7 @@ class Scheduler:
         need = req.computed_tokens + n
         i = self.iteration
         while not self.pool.can_allocate(req, need):
-            victim = next((r for r in reversed(self.running.values())
-                           if r.planned_iter != i and r.rid not in self.decoding), None)
+            victim = next((r for r in reversed(self._explicit.values()) if r.planned_iter != i), None)
             if victim is None:
                 return False
             self._preempt(victim)
@@ -298,6 +299,7 @@ class Scheduler:
         if req.rid in self.decoding:
             self._leave_decode(req)
         del self.running[req.rid]
+        self._explicit.pop(req.rid, None)
         if self.preemption == "swap" and self.pool.can_swap_out(req):
             self._plan.swap_bytes += self.pool.swap_out(req, self.now_s)
         else:
@@ -356,6 +358,7 @@ class Scheduler:
         follower.admit_seq = self._admit_counter
         self._admit_counter += 1
         self.running[follower.rid] = follower
+        self._explicit[follower.rid] = follower
         if follower.done:
             self._finish(follower, now_s)
         elif self.lazy:
@@ -368,6 +371,7 @@ class Scheduler:
         req.lazy_version += 1
         v, seq = req.lazy_version, req.admit_seq
         self.decoding[req.rid] = req
+        self._explicit.pop(req.rid, None)
         self._dec_computed += req.computed_tokens
         if req.adapter is not None:
             self._dec_adapters[req.adapter] = self._dec_adapters.get(req.adapter, 0) + 1
@@ -460,6 +464,7 @@ class Scheduler:
             req.finish_s = now_s
             if req.rid in self.running:
                 del self.running[req.rid]
+                self._explicit.pop(req.rid, None)
             elif req in self.waiting:
                 self._unqueue(req)
             self.pool.register(req, req.computed_tokens, now_s)
@@ -473,5 +478,6 @@ class Scheduler:
         req.status = Status.FINISHED
         req.finish_s = now_s
         del self.running[req.rid]
+        self._explicit.pop(req.rid, None)
         self.pool.register(req, req.computed_tokens, now_s)  # its outputs too: a next turn may reuse them
         self.pool.free(req, now_s)
