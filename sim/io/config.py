@@ -257,7 +257,24 @@ class Trace(StrictModel):
         return self
 
 
-WorkloadConfig = Annotated[Union[RequestList, Synthetic, Trace], Field(discriminator="kind")]
+class ClosedLoop(StrictModel):
+    """`users` clients, each sending its next request when its previous one has left (finished,
+    rejected, failed or cancelled), after a think time: `vllm bench serve --max-concurrency`,
+    genai-perf's concurrency mode. The first wave goes out together at start_s, or spread evenly over
+    ramp_up_s (user u starts at start_s + u x ramp_up_s / users)."""
+
+    kind: Literal["closed_loop"] = "closed_loop"
+    users: PositiveInt = Field(description="Concurrent clients (the benchmark's concurrency)")
+    num_requests: Annotated[int, Field(gt=0, le=MAX_REQUESTS)] = Field(description="Requests sent in all, over all users")
+    prompt_tokens: LengthDist
+    output_tokens: LengthDist
+    think_time_s: NonNegativeFloat = Field(0.0, description="Mean pause between a reply and the user's next request")
+    think_distribution: Literal["fixed", "exponential"] = "fixed"
+    start_s: NonNegativeFloat = 0.0
+    ramp_up_s: NonNegativeFloat = Field(0.0, description="Spread the users' first requests evenly over this long")
+
+
+WorkloadConfig = Annotated[Union[RequestList, Synthetic, Trace, ClosedLoop], Field(discriminator="kind")]
 
 # ---- service objectives, accuracy, power ---------------------------------------------------------
 

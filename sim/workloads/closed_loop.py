@@ -16,33 +16,29 @@ import simpy
 
 
 class ClosedLoopClients:
-    """Releases the workload's requests: `users` of them at start_s, then one per departure.
+    """Releases the workload's requests: the first wave at the users' start times, then one per departure.
 
     The simulation calls `on_leave(req)` whenever a request leaves for good; `start()` is the
     SimPy process that sends the first wave.
     """
 
-    def __init__(self, env: simpy.Environment, users: int, start_s: float, think_s: np.ndarray, total: int,
+    def __init__(self, env: simpy.Environment, users: int, first_s: np.ndarray, think_s: np.ndarray, total: int,
                  send: Callable[[int, float], None]):
         self.env = env
         self.users = users
-        self.start_s = start_s
+        self.first_s = first_s
         self.think_s = think_s
         self.total = total
         self.send = send
-        self.sent = 0
+        self.sent = min(users, total)  # the first wave's indices are the users'; departures claim the next
 
     def start(self):
-        """SimPy process: the first min(users, total) requests go out together at start_s."""
-        if self.start_s > self.env.now:
-            yield self.env.timeout(self.start_s - self.env.now)
-        for _ in range(min(self.users, self.total)):
-            self._send_now()
-
-    def _send_now(self) -> None:
-        i = self.sent
-        self.sent += 1
-        self.send(i, self.env.now)
+        """SimPy process: user u sends its first request at first_s[u] (all at start_s without a ramp)."""
+        for i in range(min(self.users, self.total)):
+            t = float(self.first_s[i])
+            if t > self.env.now:
+                yield self.env.timeout(t - self.env.now)
+            self.send(i, self.env.now)
 
     def on_leave(self, _req=None) -> None:
         """A user's request left: that user thinks, then sends the next request (if any are left)."""
@@ -62,7 +58,7 @@ def closed_loop_clients(env: simpy.Environment, workload, make_request: Callable
     simulation can report departures to `on_leave`; None for an open-loop workload."""
     if not workload.closed_users:
         return None
-    clients = ClosedLoopClients(env, workload.closed_users, float(workload.arrival_s[0]), workload.think_s,
+    clients = ClosedLoopClients(env, workload.closed_users, workload.arrival_s, workload.think_s,
                                 len(workload), lambda i, t: deliver(make_request(i, t)))
     env.process(clients.start())
     return clients

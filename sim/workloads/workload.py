@@ -16,8 +16,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from sim.io.config import (AllAtOnce, ConstantRate, Empirical, Fixed, GammaArrivals, LogNormal, Poisson, RequestList,
-                        Synthetic, Trace, Uniform)
+from sim.io.config import (AllAtOnce, ClosedLoop, ConstantRate, Empirical, Fixed, GammaArrivals, LogNormal, Poisson,
+                        RequestList, Synthetic, Trace, Uniform)
 from sim.io.errors import ConfigError
 from sim.workloads.traces import read_trace_with_blocks
 
@@ -44,6 +44,11 @@ class Workload:
     """LoRA adapter per request (-1: base model)."""
     shared_streams: frozenset = frozenset()
     """Streams that more than one request's tokens come from (only their blocks can ever be hit)."""
+    closed_users: int = 0
+    """Closed loop (> 0): this many users send the requests in index order as earlier ones leave;
+    arrival_s holds the first wave's send times (inf for the others: the run decides them)."""
+    think_s: np.ndarray | None = None
+    """Closed loop: the user's pause before sending request i (sim.workloads.closed_loop)."""
 
     def __len__(self) -> int:
         return len(self.arrival_s)
@@ -190,6 +195,15 @@ def build_workload(cfg, seed: int, base_dir: Path) -> Workload:
             w = np.ones(k) if cfg.adapters.distribution == "uniform" else 1.0 / np.arange(1, k + 1) ** cfg.adapters.zipf_s
             adapter = adapter_rng.choice(k, size=n, p=w / w.sum()).astype(np.int64)
         return Workload(*arrays, segments=segments, adapter=adapter, shared_streams=_shared(segments))  # sorted
+    if isinstance(cfg, ClosedLoop):
+        from sim.workloads.closed_loop import think_times
+        n = cfg.num_requests
+        think = think_times(n, cfg.users, cfg.think_time_s, cfg.think_distribution, arrival_rng)
+        first = cfg.start_s + np.arange(n) * (cfg.ramp_up_s / cfg.users)  # only the first wave's are used
+        return Workload(np.where(np.arange(n) < cfg.users, first, np.inf),
+                        _lengths(cfg.prompt_tokens, n, prompt_rng, base_dir, "prompt_tokens"),
+                        _lengths(cfg.output_tokens, n, output_rng, base_dir, "output_tokens"),
+                        np.zeros(n), np.full(n, np.nan), np.full(n, np.nan), closed_users=cfg.users, think_s=think)
     if isinstance(cfg, Trace):
         path = Path(cfg.path) if Path(cfg.path).is_absolute() else base_dir / cfg.path
         t, p, o, hashes = read_trace_with_blocks(path, cfg.format)

@@ -11,8 +11,8 @@ from sim.workloads.closed_loop import think_times
 from tests.sim.helpers import run, scenario
 
 
-def closed(users=4, n=40, think=0.0, dist="fixed", prompt=300, output=20, **extra):
-    wl = {"kind": "closed_loop", "users": users, "num_requests": n, "think_time_s": think,
+def closed(users=4, n=40, think=0.0, dist="fixed", prompt=300, output=20, ramp=0.0, **extra):
+    wl = {"kind": "closed_loop", "users": users, "num_requests": n, "think_time_s": think, "ramp_up_s": ramp,
           "think_distribution": dist, "prompt_tokens": {"kind": "fixed", "value": prompt},
           "output_tokens": {"kind": "fixed", "value": output}}
     return scenario(workload=wl, **extra)
@@ -59,6 +59,13 @@ def test_exponential_think_time_is_seeded_and_has_its_mean():
     assert (think_times(50, 10, 0.5, "fixed", np.random.default_rng(1))[10:] == 0.5).all()
 
 
+def test_ramp_up_spreads_the_first_wave_and_the_loop_keeps_n_users():
+    req = run(closed(users=4, n=40, ramp=2.0)).requests.sort_values("id")
+    assert req["arrival_s"].to_numpy()[:4].tolist() == [0.0, 0.5, 1.0, 1.5]
+    events = np.concatenate([req["arrival_s"].to_numpy(), req["finish_s"].to_numpy()])
+    assert max(in_system(req, t) for t in events) == 4
+
+
 def test_one_user_is_sequential_and_more_users_than_requests_all_start_at_once():
     req = run(closed(users=1, n=5)).requests.sort_values("arrival_s")
     assert (req["arrival_s"].to_numpy()[1:] == req["finish_s"].to_numpy()[:-1]).all()
@@ -79,5 +86,5 @@ def test_closed_loop_config_errors(tmp_path):
                      "prompt_tokens": {"kind": "fixed", "value": 5}, "output_tokens": {"kind": "fixed", "value": 5}}}))
     with pytest.raises(ConfigError) as err:
         load_scenario(path)
-    text = str(err.value)
-    assert "workload.closed_loop.users" in text and "workload.closed_loop.think_distribution" in text
+    assert any("workload" in line and "users" in line for line in err.value.lines)
+    assert any("think_distribution" in line and "gamma" in line for line in err.value.lines)
