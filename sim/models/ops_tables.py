@@ -234,6 +234,7 @@ class MCurve:
         self.ms, self.ts, self.what = ms, ts, what
 
     def at(self, m: float) -> float:
+        """Latency at m tokens: the first point's below it, OutOfRange beyond the last."""
         ms, ts = self.ms, self.ts
         if m <= ms[0]:
             return ts[0]
