@@ -76,7 +76,8 @@ def _add_plan(sub) -> argparse.ArgumentParser:
 
 
 def cmd_plan(args) -> int:
-    from sim.planning.capacity import parse_slo, print_plan, run_plan
+    from sim.planning.capacity import print_plan, run_plan
+    from sim.planning.slo import parse_slo
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
@@ -108,7 +109,7 @@ def _add_plane(sub) -> argparse.ArgumentParser:
 
 
 def cmd_plane(args) -> int:
-    from sim.planning.capacity import print_plane, run_plane
+    from sim.planning.plane import print_plane, run_plane
     rows, files = run_plane(args.scenarios, args.out, args.overrides, args.deadline)
     if args.json:
         print(json.dumps(rows, indent=2))

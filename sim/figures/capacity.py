@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import math
-import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
-    from sim.core.simulation import Result
 
-from sim.figures.common import CHAPTER8, GiB, MiB, _new_figure, _run, _scenario_file
+from sim.figures.common import CHAPTER8, MiB, _new_figure, _run, _scenario_file
 
 
 def goodput_vs_rate(rate_scales: Sequence[float] = (0.25, 0.5, 0.75, 1.0, 1.5),
@@ -140,12 +137,12 @@ SCHEMES = {"A": "scheme-a", "B": "scheme-b", "C": "scheme-c", "D": "scheme-d"}
 
 def memory_deadline_plane(schemes: dict[str, str] | None = None, variants: Sequence[str] = ("", "-6gib"),
                           deadline_s: float | None = 7.0) -> pd.DataFrame:
-    """The chapter's worked comparison (reference section 9, figure 8-35) through sim.planning.capacity.plane_rows:
+    """The chapter's worked comparison (reference section 9, figure 8-35) through sim.planning.plane.plane_rows:
     each scheme at (KV need / KV budget, makespan / deadline). 12 GiB: A 19,008 MiB (out of memory
     and late), B 6048 MiB and 9.01 s (late), C 9.86 GiB and 14.55 s (late), D 9236 MiB and 4.56 s
     (feasible); with 6 GiB ("-6gib") nothing is feasible."""
     import pandas as pd
-    from sim.planning.capacity import plane_rows
+    from sim.planning.plane import plane_rows
     schemes = SCHEMES if schemes is None else schemes
     rows = []
     for variant in variants:
@@ -160,7 +157,7 @@ def memory_deadline_plane(schemes: dict[str, str] | None = None, variants: Seque
 
 def plot_memory_deadline_plane(plane: pd.DataFrame) -> Figure:
     import numpy as np
-    from sim.planning.capacity import QUADRANTS
+    from sim.planning.plane import QUADRANTS
     fig, axes = _new_figure((8.5, 6.5))
     ax = axes[0][0]
     finite = plane["deadline_ratio"][np.isfinite(plane["deadline_ratio"])]

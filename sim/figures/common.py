@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import math
-import os
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:  # numpy, pandas and the simulator are imported where used: `capsim --help` stays fast
-    import pandas as pd
-    from matplotlib.figure import Figure
     from sim.core.simulation import Result
 
 REPO = Path(__file__).resolve().parents[2]

@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-import math
-import os
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Iterable, Sequence
 
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
-    from sim.core.simulation import Result
 
-from sim.figures.common import GiB, KiB, MiB, _log2_batches, _new_figure
+from sim.figures.common import GiB, KiB, _log2_batches, _new_figure
 
 
 SHAPES = {"short": (2048, 256), "long": (8192, 256)}   # reference section 1's workload classes

@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-import math
-import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable
 
 if TYPE_CHECKING:
-    import pandas as pd
-    from matplotlib.figure import Figure
-    from sim.core.simulation import Result
+    pass
 
-from sim.figures.common import GiB, MOONCAKE_REL
+from sim.figures.common import MOONCAKE_REL
 from sim.figures.capacity import goodput_vs_rate, memory_deadline_plane, plot_goodput_vs_rate, plot_memory_deadline_plane, plot_replicas, replicas_needed
 from sim.figures.memory import memory_fit_table, plot_memory_fit, plot_reads_per_token, reads_per_token
 from sim.figures.prefix import mooncake_trace, plot_prefix_cache, plot_prefix_value, prefix_cache_curve, prefix_value_per_byte, shared_data_dir
-from sim.figures.schedulers import POLICIES, iteration_membership, output_intervals, output_times, plot_scheduler_gantt, plot_token_budget, scheduler_gantt, token_budget_tradeoff
+from sim.figures.schedulers import POLICIES, output_intervals, plot_scheduler_gantt, plot_token_budget, scheduler_gantt, token_budget_tradeoff
 from sim.figures.speculative import draft_time_budget, plot_draft_time_budget, plot_speculation_vs_concurrency, plot_speculative_tradeoffs, speculation_crossover, speculation_vs_concurrency, speculative_tradeoffs
 
 

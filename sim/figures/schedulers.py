@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import math
-import os
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Sequence
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -3,15 +3,11 @@
 from __future__ import annotations
 
 import math
-import os
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
-    from sim.core.simulation import Result
 
 from sim.figures.common import CHAPTER_MFU, DRAFTER_BYTES, LOOKUP_S, PLAIN_STEP_S, REPO, _log2_batches, _new_figure
 

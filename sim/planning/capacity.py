@@ -23,101 +23,21 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 
 from sim.io.errors import ConfigError
+from sim.planning.plane import plot_plane
+from sim.planning.slo import SLO, attainment, slo_from_scenario
 from sim.planning.sweep import Axis, Base, Override, Runner, display_value, flatten, grid_points, parse_axes, write_tables
 
 SUMMARY_KEYS = ("requests", "completed", "rejected", "failed", "makespan_s", "request_throughput_rps", "goodput_rps",
                 "gpu_seconds", "energy_j", "kv_need_bytes", "kv_budget_bytes", "memory_fit", "card_fit", "replicas",
                 "ttft_s_median", "ttft_s_p99", "tpot_s_median", "tpot_s_p99", "e2e_s_median", "e2e_s_p99",
                 "preemptions")
-
-
-# ---- SLOs and attainment --------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class SLO:
-    ttft_s: float | None = None
-    tpot_s: float | None = None
-    e2e_s: float | None = None
-    itl_s: float | None = None
-
-    def given(self) -> dict[str, float]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
-
-    def describe(self) -> str:
-        names = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E", "itl_s": "max ITL"}
-        return ", ".join(f"{names[k]} <= {v:g} s" for k, v in self.given().items())
-
-
-_SLO_NAMES = {"ttft": "ttft_s", "tpot": "tpot_s", "e2e": "e2e_s", "e2el": "e2e_s", "itl": "itl_s"}
-
-
-def _seconds(text: str, where: str) -> float:
-    t = text.strip().lower()
-    scale = 1.0
-    if t.endswith("ms"):
-        t, scale = t[:-2], 1e-3
-    elif t.endswith("s"):
-        t = t[:-1]
-    try:
-        v = float(t) * scale
-    except ValueError:
-        raise ConfigError(f"{where}: expected seconds such as 2, 0.1 or 200ms, got {text!r}") from None
-    if not v > 0 or math.isinf(v):
-        raise ConfigError(f"{where}: expected a positive time, got {text!r}")
-    return v
-
-
-def parse_slo(text: str) -> SLO:
-    """'ttft=2,tpot=0.1,e2e=30' (seconds; '200ms' also works; itl= bounds each request's max gap)."""
-    vals: dict[str, float] = {}
-    for part in [p for p in text.split(",") if p.strip()]:
-        if "=" not in part:
-            raise ConfigError(f"--slo {text!r}: expected name=seconds pairs such as ttft=2,tpot=0.1,e2e=30")
-        name, _, raw = part.partition("=")
-        key = _SLO_NAMES.get(name.strip().lower().removesuffix("_s"))
-        if key is None:
-            raise ConfigError(f"--slo {text!r}: unknown SLO {name.strip()!r} (known: ttft, tpot, e2e, itl)")
-        vals[key] = _seconds(raw, f"--slo {name.strip()}")
-    if not vals:
-        raise ConfigError(f"--slo {text!r}: give at least one of ttft, tpot, e2e, itl")
-    return SLO(**vals)
-
-
-def slo_from_scenario(scenario) -> SLO:
-    s = scenario.slo
-    return SLO(ttft_s=s.ttft_s, e2e_s=s.e2e_s, itl_s=s.itl_s if s.itl_stat == "max" else None)
-
-
-def attainment(requests, slo: SLO, target: float) -> dict:
-    """Attainment of every SLO together and of each alone, over all requests of a run, and the
-    completion time at the target quantile (unfinished requests count as never completing)."""
-    n = len(requests)
-    done = (requests["status"] == "finished").to_numpy()
-    correct = requests["correct"].fillna(0).to_numpy() == 1
-    ok = done & correct
-    good = ok.copy()
-    out: dict[str, Any] = {"requests": n}
-    checks = {"ttft_s": ("ttft_s", False), "tpot_s": ("tpot_s", True), "e2e_s": ("e2e_s", False),
-              "itl_s": ("max_itl_s", True)}
-    for key, bound in slo.given().items():
-        col, nan_passes = checks[key]
-        v = requests[col].to_numpy(dtype=float)
-        within = (v <= bound) | (np.isnan(v) & nan_passes)
-        out[f"attainment_{key.removesuffix('_s')}"] = float((ok & within).sum() / n) if n else None
-        good &= within
-    out["good"] = int(good.sum())
-    out["attainment"] = out["good"] / n if n else None
-    e2e = np.where(done, requests["e2e_s"].to_numpy(dtype=float), np.inf)
-    k = max(1, math.ceil(target * n - 1e-9))
-    out["e2e_at_target_s"] = float(np.sort(e2e)[k - 1]) if n else None
-    return out
 
 
 def run_case(base: Base, task: dict) -> dict:
@@ -595,99 +515,6 @@ def plot_attainment(res: PlanResult, path: Path) -> Path:
     return path
 
 
-QUADRANTS = {(False, False): ("feasible", "C2"), (True, False): ("out of memory", "C3"),
-             (False, True): ("late", "C1"), (True, True): ("out of memory and late", "C4")}
-
-
-def quadrant(memory_ratio: float, deadline_ratio: float | None) -> str:
-    late = deadline_ratio is not None and deadline_ratio > 1
-    return QUADRANTS[(memory_ratio > 1, late)][0]
-
-
-def plot_plane(points: list[dict], path: Path, y_label: str = "completion / deadline",
-               title: str = "memory / deadline plane (reference section 9, figure 8-35)") -> Path:
-    """Each configuration at (KV need / KV budget, completion / deadline); the feasible region is
-    the lower-left quadrant of the lines at 1."""
-    from matplotlib.figure import Figure
-    pts = [p for p in points if p.get("deadline_ratio") is not None]
-    finite = [p["deadline_ratio"] for p in pts if math.isfinite(p["deadline_ratio"])]
-    ymax = max([1.5, *finite]) * 1.15
-    xmax = max([1.5, *(p["memory_ratio"] for p in pts)]) * 1.15
-    fig = Figure(figsize=(8, 6), layout="constrained")
-    ax = fig.subplots()
-    ax.axvline(1, color="0.3", lw=1)
-    ax.axhline(1, color="0.3", lw=1)
-    ax.axvspan(0, 1, ymin=0, ymax=1 / ymax, color="C2", alpha=0.08)
-    spots: dict[tuple, list[str]] = {}  # configurations at the same spot share one marker and label
-    feasible: dict[tuple, bool] = {}
-    for p in pts:
-        y = p["deadline_ratio"] if math.isfinite(p["deadline_ratio"]) else ymax * 0.97
-        label = p["label"] + ("" if math.isfinite(p["deadline_ratio"]) else " (never)")
-        spot = (round(p["memory_ratio"], 4), round(y, 4))
-        spots.setdefault(spot, []).append(label)
-        feasible[spot] = feasible.get(spot, False) or bool(p.get("feasible"))
-    for i, ((x, y), labels) in enumerate(sorted(spots.items())):
-        name, color = QUADRANTS[(x > 1, y > 1)]
-        ax.plot(x, y, "o", color=color, ms=8, markerfacecolor=color if feasible[(x, y)] else "white", mew=2)
-        ax.annotate("\n".join(labels), (x, y), textcoords="offset points", xytext=(6, 5 if i % 2 == 0 else -12),
-                    fontsize=7, va="bottom" if i % 2 == 0 else "top")
-    for (oom, late), (name, color) in QUADRANTS.items():
-        ax.text(1 + 0.02 * xmax if oom else 0.02 * xmax, ymax * 0.97 if late else 0.03 * ymax, name, color=color,
-                fontsize=9, va="top" if late else "bottom")
-    ax.plot([], [], "o", color="0.3", label="feasible (filled)")
-    ax.plot([], [], "o", color="0.3", markerfacecolor="white", mew=2, label="infeasible (hollow)")
-    ax.legend(fontsize=8, loc="center right")
-    ax.set_xlim(0, xmax)
-    ax.set_ylim(0, ymax)
-    ax.set_xlabel("KV need / KV budget")
-    ax.set_ylabel(y_label)
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, alpha=0.3)
-    fig.savefig(path, dpi=110)
-    return path
-
-
-# ---- the plane of given scenario files --------------------------------------------------------
-
-def plane_rows(paths: Iterable[str | Path], overrides: Iterable[str] = (), deadline_s: float | None = None) -> list[dict]:
-    """Each scenario placed by KV need against its budget and completion (makespan: first arrival to
-    last completion) against the deadline (--deadline, else the scenario's slo.e2e_s)."""
-    from sim.api import run_scenario
-    from sim.io.config import load_scenario
-    rows = []
-    for path in paths:
-        sc, _ = load_scenario(path, list(overrides))
-        deadline = deadline_s if deadline_s is not None else sc.slo.e2e_s
-        if deadline is None:
-            raise ConfigError(f"{path}: no deadline: give --deadline or set slo.e2e_s in the scenario")
-        s = run_scenario(path, list(overrides)).summary
-        mem = s["kv_need_bytes"] / s["kv_budget_bytes"]
-        done = s["completed"] == s["requests"]
-        late = s["makespan_s"] / deadline if done else float("inf")
-        on_time = late <= 1
-        rows.append({"scenario": s["scenario"], "file": str(path), "kv_need_bytes": s["kv_need_bytes"],
-                     "kv_budget_bytes": s["kv_budget_bytes"], "memory_ratio": mem, "makespan_s": s["makespan_s"],
-                     "deadline_s": deadline, "deadline_ratio": late, "memory_fit": s["memory_fit"],
-                     "on_time": on_time, "feasible": bool(s["memory_fit"] and on_time),
-                     "quadrant": quadrant(mem, late), "good": s["good"], "requests": s["requests"],
-                     "gpu_seconds_per_good": s["gpu_seconds_per_good"], "energy_j_per_good": s["energy_j_per_good"]})
-    return rows
-
-
-def run_plane(paths: Iterable[str | Path], out_dir: str | Path, overrides: Iterable[str] = (),
-              deadline_s: float | None = None, plots: bool = True) -> tuple[list[dict], list[Path]]:
-    import pandas as pd
-    rows = plane_rows(paths, overrides, deadline_s)
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    files = write_tables(pd.DataFrame(rows), out, "plane")
-    if plots:
-        pts = [{"label": r["scenario"], "memory_ratio": r["memory_ratio"], "deadline_ratio": r["deadline_ratio"],
-                "feasible": r["feasible"]} for r in rows]
-        files.append(plot_plane(pts, out / "memory_deadline_plane.png", y_label="makespan / deadline"))
-    return rows, files
-
-
 # ---- printing -----------------------------------------------------------------------------------
 
 def _f(x, fmt="{:.4g}") -> str:
@@ -736,13 +563,3 @@ def print_plan(res: PlanResult, file=None) -> None:
             print(f"{r['rank']:>4}  {r['config'][:44]:<44}{r['attainment']:>8.3f}{'yes' if r['feasible'] else 'no':>9}"
                   f"{_f(r['gpu_hours_per_million_good'], '{:.2f}'):>13}{_f(r['energy_j_per_good'], '{:.1f}'):>9}"
                   f"{r['memory_ratio']:>10.2f}{_f(r['deadline_ratio'], '{:.2f}'):>8}", file=file)
-
-
-def print_plane(rows: list[dict], file=None) -> None:
-    file = file or sys.stdout
-    print(f"{'scenario':<22}{'KV need':>12}{'budget':>12}{'need/budget':>12}{'makespan':>10}{'deadline':>9}"
-          f"{'/deadline':>10}  {'quadrant':<24}", file=file)
-    for r in rows:
-        print(f"{r['scenario']:<22}{r['kv_need_bytes'] / 2**20:>8.0f} MiB{r['kv_budget_bytes'] / 2**20:>8.0f} MiB"
-              f"{r['memory_ratio']:>12.3f}{r['makespan_s']:>9.2f}s{r['deadline_s']:>8.2f}s{r['deadline_ratio']:>10.3f}"
-              f"  {r['quadrant']:<24}", file=file)

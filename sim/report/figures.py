@@ -192,7 +192,7 @@ def replicas_figure(tried: list[dict], target: float, target_rps: float) -> byte
 def plane_figure(points: list[dict], y_label: str) -> bytes:
     """The memory / deadline plane, drawn by the capacity planner's own plot (one look across commands)."""
     import matplotlib
-    from sim.planning.capacity import plot_plane
+    from sim.planning.plane import plot_plane
     buf = io.BytesIO()
     with matplotlib.rc_context(SVG_RC):
         plot_plane(points, buf, y_label=y_label)

@@ -13,7 +13,9 @@ from scipy.optimize import brentq
 from capsim.cli import main
 from capsim.commands.run import compare_rows
 from sim.io.errors import ConfigError
-from sim.planning.capacity import SLO, attainment, parse_slo, plane_rows, run_plan
+from sim.planning.capacity import run_plan
+from sim.planning.plane import plane_rows
+from sim.planning.slo import SLO, attainment, parse_slo
 from tests.sim.helpers import REPO_SCENARIOS
 
 # One server, one request at a time, every request exactly 1 s of service (a single 1-token
