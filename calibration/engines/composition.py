@@ -36,7 +36,8 @@ class _Durations:
 def capsim_plans(sc, base_dir, durations: list[float]) -> tuple[list, object, str | None]:
     """capsim's plans (and Result, None when it ran past the engine's iterations) with the engine's
     measured iteration durations."""
-    bare = sc.model_copy(update={"step_time": StepTimeConfig(model=LinearStepTime(constant_s=1e-3))})
+    model = LinearStepTime(constant_s=1e-3, per_new_token_s=0.0, per_pair_s=0.0)
+    bare = sc.model_copy(update={"step_time": StepTimeConfig(model=model)})
     sim = Simulation(bare, base_dir, lazy_decode=False)
     cost = _Durations(durations, sim.cost)
     sim.cost = cost

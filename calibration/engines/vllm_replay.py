@@ -149,7 +149,8 @@ def build_spec(sc, base_dir: Path, clock: str = "wall", warmup: int = 2) -> tupl
     """The driver's spec for scenario `sc` and the workload it came from."""
     check_scenario(sc)
     # the workload and model only: any step-time model will do (the scenario's profile may not exist yet)
-    bare = sc.model_copy(update={"step_time": StepTimeConfig(model=LinearStepTime(constant_s=1.0))})
+    model = LinearStepTime(constant_s=1.0, per_new_token_s=0.0, per_pair_s=0.0)
+    bare = sc.model_copy(update={"step_time": StepTimeConfig(model=model)})
     sim = Simulation(bare, base_dir)
     wl = sim.workload
     _check_workload(wl)

@@ -31,7 +31,7 @@ def build_step_time(scenario: Scenario, base_dir: Path, spec: ModelSpec, hw, str
     if isinstance(cfg, ProfileStepTime):
         path = resolve_profile_path(cfg.path, base_dir)
         prof = load_fitted(path)
-        if prof.model != scenario.model:
+        if prof.model not in (scenario.model, spec.profile.name):  # a name, or a model YAML path naming it
             raise ConfigError(f"{path}: model: profile is for {prof.model!r} but the scenario runs {scenario.model!r}")
         inner = getattr(prof, cfg.use)
         if inner is None:

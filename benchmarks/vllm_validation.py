@@ -1,0 +1,194 @@
+"""capsim against a real vLLM engine on this machine (run by hand; results in docs/validation/vllm/).
+
+    python benchmarks/vllm_validation.py --out docs/validation/vllm [--rounds 3] [--clock thread]
+        [--points light,near-saturation,...] [--raw /tmp/capsim-vllm-raw] [--engine-python PATH]
+
+Needs the engine's venv (calibration/engines/vllm_replay.py INSTALL). For each round it replays the
+calibration scenario and then every validation point on vLLM (interleaved, so slow drifts of a shared
+machine hit calibration and validation alike), keeping each replay's records under --raw (resumable:
+a complete replay is not run again). Then it
+1. fits the step-time profile on the pooled calibration iterations (`capsim fit`'s code, vllm format);
+2. simulates every point with it and compares with the MEDIAN of the point's replays (per metric,
+   with the replays' own spread beside the error, as `capsim validate --engine vllm` does);
+3. compares iteration composition on every replay, for capsim's `vllm_v1` policy and for `chunked`
+   (chunk_tokens = the budget) on the same measured iteration durations;
+4. fits a profile on each replay's own iterations and simulates that replay with it ("own fit"):
+   what is left is scheduling, not step time.
+Writes results.json and results.md under --out, and the pooled profile as profile.yaml.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from calibration import validate as V  # noqa: E402
+from calibration.engines import composition, tables  # noqa: E402
+from calibration.engines.validate_vllm import median_summary, profile_errors, spread_block  # noqa: E402
+from calibration.engines.vllm_replay import EngineRun, build_spec, engine_python, run_engine  # noqa: E402
+from calibration.logs import FitLogConfig, fit_log  # noqa: E402
+from sim.api import load_model, load_scenario  # noqa: E402
+
+HERE = REPO / "benchmarks" / "vllm"
+POINTS = ("light", "near-saturation", "overload", "shared-prefix", "kv-pressure", "long-prompts")
+MODEL = HERE / "qwen3-0.6b-4l.yaml"
+
+
+def replay(name: str, r: int, raw: Path, python: Path, clock: str) -> tuple[EngineRun, object]:
+    """Replay scenario `name` once (round r) unless a complete replay is on disk; its tables."""
+    sc, base = load_scenario(HERE / f"{name}.yaml", [])
+    spec, wl = build_spec(sc, base, clock)
+    out = raw / name / f"round-{r}"
+    meta = out / "meta.json"
+    if meta.exists() and json.loads(meta.read_text()).get("status") == "complete":
+        run = EngineRun(json.loads(meta.read_text()), _jsonl(out / "iterations.jsonl"),
+                        _jsonl(out / "requests.jsonl"), 0, out, out / "engine.log")
+    else:
+        t = time.time()
+        run = run_engine(spec, out, python, sys.stderr)
+        print(f"  {name} round {r}: {len(run.requests)} requests, {len(run.iterations)} iterations in "
+              f"{time.time() - t:.0f} s wall", file=sys.stderr, flush=True)
+    run.meta["scenario"] = sc.name
+    res = tables.measured_result(run, wl)
+    res.write(out)
+    return run, res
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def fit_pooled(runs: list[EngineRun], out: Path) -> Path:
+    """One profile from the calibration replays' iterations, pooled."""
+    pooled = out / "calibration-iterations.jsonl"
+    with pooled.open("w") as fh:
+        for run in runs:
+            fh.write((run.out / "iterations.jsonl").read_text())
+    prof = out / "profile.yaml"
+    res = fit_log(FitLogConfig(log=pooled, model=load_model(MODEL), out=prof, dtype="bf16", fmt="vllm",
+                               command="benchmarks/vllm_validation.py (pooled calibration replays)"))
+    print("  profile: " + "; ".join(res.report.lines()), file=sys.stderr)
+    pooled.unlink()
+    return prof
+
+
+def own_fit_error(run: EngineRun, res, name: str, tmp: Path) -> dict:
+    """Fit a profile on this replay's own iterations, simulate the replay with it: the remaining error."""
+    prof = tmp / f"own-{name}-{run.out.name}.yaml"
+    fit_log(FitLogConfig(log=run.out / "iterations.jsonl", model=load_model(MODEL), out=prof, dtype="bf16",
+                         fmt="vllm"))
+    sc, base = load_scenario(HERE / f"{name}.yaml", [f"step_time.model.path={prof}",
+                                                      "step_time.allow_extrapolation=true"])
+    choice = V.choose_profile(sc, base, str(prof), "linear")
+    sim = V.simulation(sc, base, choice).run()
+    m = V.compare_summaries(sim.summary, res.summary)
+    return {k: m[k]["median"]["rel_error"] for k in ("ttft_s", "itl_s", "e2e_s")}
+
+
+def compositions(name: str, runs: list[EngineRun]) -> dict:
+    """Composition match of capsim's vllm_v1 and chunked policies on each replay's durations."""
+    out = {}
+    for policy, over in (("vllm_v1", []), ("chunked", ["scheduler.kind=chunked", "scheduler.chunk_tokens=256"])):
+        sc, base = load_scenario(HERE / f"{name}.yaml", over)
+        reps = [composition.composition_report(sc, base, run.iterations) for run in runs]
+        out[policy] = {"identical_fraction": [c["identical_fraction"] for c in reps],
+                       "identical_prefix": [c["identical_prefix"] for c in reps],
+                       "first_difference": reps[0]["first_difference"], "engine_iterations":
+                       [c["engine_iterations"] for c in reps], "capsim_iterations": [c["capsim_iterations"] for c in reps]}
+    return out
+
+
+def evaluate(name: str, runs: list, results: list, prof: Path, tmp: Path) -> dict:
+    """One point: simulated (pooled profile) vs the median of the replays, spread, composition, own fit."""
+    sc, base = load_scenario(HERE / f"{name}.yaml", [f"step_time.model.path={prof}",
+                                                      "step_time.allow_extrapolation=true"])
+    choice = V.choose_profile(sc, base, str(prof), "linear")
+    simulated = V.simulation(sc, base, choice).run()
+    summaries = [r.summary for r in results]
+    metrics = V.compare_summaries(simulated.summary, median_summary(summaries))
+    return {"scenario": sc.name, "replays": len(runs), "metrics": metrics, "targets": spread_block(metrics, summaries),
+            "preemptions": {"measured": [s["preemptions"] for s in summaries],
+                            "simulated": simulated.summary.get("preemptions")},
+            "prefix_hit_tokens": {"measured": [s["prefix_hit_tokens"] for s in summaries],
+                                  "simulated": simulated.summary.get("prefix_hit_tokens")},
+            "iterations": {"measured": [s["iterations"] for s in summaries],
+                           "simulated": simulated.summary["iterations"]},
+            "composition": compositions(name, runs),
+            "profile_on_replay_iterations": [profile_errors(r.iterations, choice, sc, base) for r in runs],
+            "own_fit_errors": [own_fit_error(r, res, name, tmp) for r, res in zip(runs, results)],
+            "cpu_share": [float(np.sum([it["cpu_s"] for it in r.iterations]) /
+                                max(1e-9, np.sum([it["duration_s"] for it in r.iterations]))) for r in runs]}
+
+
+def markdown(report: dict) -> str:
+    """The results table of docs/validation.md."""
+    head = ("| point | TTFT med err | ITL med err | E2E med err | replays' E2E spread | met (by) | composition "
+            "vllm_v1 | composition chunked | preemptions real / sim | own-fit E2E err |\n|---|---|---|---|---|---|---|---|---|---|")
+    rows = [head]
+    for name, p in report["points"].items():
+        m, t = p["metrics"], p["targets"]
+
+        def pct(x):
+            return "-" if x is None else f"{x:+.1%}"
+        met = ", ".join(f"{k.split('_')[0]} {'yes' if v['met'] else 'no'} ({'spread' if v['judged_by'] != 'target' else 'target'})"
+                        for k, v in t.items())
+        comp = {k: "/".join(f"{x:.0%}" for x in v["identical_fraction"]) for k, v in p["composition"].items()}
+        own = "/".join(pct(e["e2e_s"]) for e in p["own_fit_errors"])
+        sp = t["e2e_s.median"]["replay_rel_spread"]
+        rows.append(f"| {name} | {pct(m['ttft_s']['median']['rel_error'])} | {pct(m['itl_s']['median']['rel_error'])} | "
+                    f"{pct(m['e2e_s']['median']['rel_error'])} | {'-' if sp is None else f'{sp:.1%}'} | {met} | "
+                    f"{comp['vllm_v1']} | {comp['chunked']} | {p['preemptions']['measured']} / "
+                    f"{p['preemptions']['simulated']} | {own} |")
+    return "\n".join(rows) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=str(REPO / "docs" / "validation" / "vllm"))
+    ap.add_argument("--raw", default="/tmp/capsim-vllm-raw", help="each replay's engine records (resumable)")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--points", default=",".join(POINTS))
+    ap.add_argument("--clock", choices=("wall", "thread"), default="thread")
+    ap.add_argument("--engine-python")
+    args = ap.parse_args(argv)
+    python = engine_python(args.engine_python)
+    out, raw = Path(args.out), Path(args.raw)
+    out.mkdir(parents=True, exist_ok=True)
+    points = [p for p in args.points.split(",") if p]
+    cal, reps = [], {p: [] for p in points}
+    t0 = time.time()
+    for r in range(1, args.rounds + 1):
+        print(f"round {r}/{args.rounds} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
+        cal.append(replay("calibrate", r, raw, python, args.clock))
+        for p in points:
+            reps[p].append(replay(p, r, raw, python, args.clock))
+    prof = fit_pooled([run for run, _ in cal], out)
+    tmp = raw / "own-fits"
+    tmp.mkdir(parents=True, exist_ok=True)
+    report = {"engine": cal[0][0].meta.get("vllm"), "torch": cal[0][0].meta.get("torch"), "clock": args.clock,
+              "rounds": args.rounds, "profile": str(prof.relative_to(REPO)) if prof.is_relative_to(REPO) else str(prof),
+              "command": "python benchmarks/vllm_validation.py " + " ".join(argv or sys.argv[1:]),
+              "wall_s": None, "points": {}}
+    for p in points:
+        runs, results = [x[0] for x in reps[p]], [x[1] for x in reps[p]]
+        report["points"][p] = evaluate(p, runs, results, prof, tmp)
+        print(markdown({"points": {p: report["points"][p]}}).splitlines()[-1], file=sys.stderr, flush=True)
+    report["wall_s"] = time.time() - t0
+    (out / "results.json").write_text(json.dumps(report, indent=1, default=V._json_default) + "\n")
+    (out / "results.md").write_text(markdown(report))
+    shutil.rmtree(tmp, ignore_errors=True)
+    print(markdown(report))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
