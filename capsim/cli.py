@@ -20,6 +20,7 @@ COMMAND_MODULES = [
     "capsim.commands.calibration",
     "capsim.commands.report",
     "capsim.commands.profile",
+    "capsim.commands.published",
 ]
 
 

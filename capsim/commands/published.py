@@ -1,0 +1,48 @@
+"""capsim validate-published: replay published serving measurements and report the simulator's error."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+
+def add_parsers(sub) -> None:
+    """Register `validate-published`."""
+    p = sub.add_parser("validate-published",
+                       help="simulate published serving runs (AIConfigurator silicon-sample schema) and report "
+                            "predicted vs measured TTFT/TPOT")
+    p.add_argument("file", help="CSV in the schema of aiconfigurator's silicon_sample.csv")
+    p.add_argument("--backend", choices=["vllm", "sglang", "trtllm"], help="only rows of this engine")
+    p.add_argument("--system", help="only rows of this card (the file's system column, e.g. h100_sxm)")
+    p.add_argument("--mode", choices=["agg", "disagg"], help="only rows of this serving mode")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (rows and summary)")
+    p.add_argument("--out", help="write report.json, rows.csv and summary.csv here")
+    p.add_argument("--workers", type=int, default=None,
+                   help="Dask worker processes (default: one per core; 1 = in-process)")
+    p.add_argument("--requests-per-user", type=int, default=None,
+                   help="requests each simulated client sends (default 1 + ceil(16384 / OSL), 3 to 6)")
+    p.add_argument("--start", choices=["staggered", "burst"], default="staggered",
+                   help="staggered (default): the users' first requests spread over one request lifetime and "
+                        "not counted (steady state); burst: all users start together and every request counts")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
+    p.set_defaults(func=run)
+
+
+def run(args) -> int:
+    """Run validate-published with the parsed arguments."""
+    from sim.io.errors import ConfigError
+    from sim.published.report import print_report, validate_published, write_report
+    if args.requests_per_user is not None and args.requests_per_user < 2:
+        raise ConfigError(f"--requests-per-user: expected an integer >= 2 (the first is a warm-up), "
+                          f"got {args.requests_per_user}")
+    report = validate_published(args.file, args.backend, args.system, args.mode, workers=args.workers,
+                                progress=not args.no_progress, per_user=args.requests_per_user, start=args.start)
+    if args.out:
+        for path in write_report(report, args.out):
+            print(f"wrote {path}", file=sys.stderr)
+    if args.json:
+        print(json.dumps({"rows": report["rows"], "summary": report["summary"], "engines": report["engines"]},
+                         indent=1))
+    else:
+        print_report(report)
+    return 0

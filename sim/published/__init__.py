@@ -1,0 +1,1 @@
+"""Published serving measurements replayed in the simulator (`capsim validate-published`)."""

@@ -1,0 +1,79 @@
+"""The serving engines' default scheduler and memory settings, as capsim scenario pieces.
+
+Published rows do not say how each engine was configured, so a replay assumes the defaults of the
+engine versions in the file and says which. Nothing here is fitted to the published rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+GIB = 1 << 30
+
+# vLLM's CUDA-graph capture sizes (V1, max_cudagraph_capture_size 512): 1, 2, 4, 8..256 by 8, 272..512 by 16
+VLLM_GRAPH_SIZES = [1, 2, 4] + list(range(8, 257, 8)) + list(range(272, 513, 16))
+
+
+@dataclass(frozen=True)
+class EngineDefaults:
+    """How one engine schedules and sizes its KV cache when nothing is set on its command line."""
+
+    backend: str
+    versions: str
+    scheduler: dict
+    """The capsim `scheduler` mapping."""
+    kv_admission: str
+    """capsim kv.admission: on_demand (allocate as tokens arrive, preempt by recompute) or reserve."""
+    memory_rule: str
+    """`card`: KV = fraction x card memory - weights - reserve (vLLM, SGLang);
+    `free`: KV = fraction x (card memory - weights - reserve) (TensorRT-LLM)."""
+    memory_fraction: float
+    graph_sizes: list[int] | None
+    notes: tuple[str, ...] = field(default=())
+
+    def describe(self) -> str:
+        s = self.scheduler
+        sched = (f"{s['kind']} batching, max_num_seqs {s['max_num_seqs']}, "
+                 f"max_num_batched_tokens {s['max_num_batched_tokens']}")
+        graphs = f"CUDA graphs for decode batches <= {max(self.graph_sizes)}" if self.graph_sizes else "no graph padding"
+        mem = (f"KV = {self.memory_fraction} x card memory - weights - {RESERVE_BYTES // GIB} GiB"
+               if self.memory_rule == "card" else
+               f"KV = {self.memory_fraction} x (card memory - weights - {RESERVE_BYTES // GIB} GiB)")
+        return f"{self.backend} ({self.versions}): {sched}; KV admission {self.kv_admission}; {mem}; {graphs}"
+
+
+RESERVE_BYTES = 2 * GIB
+"""Per card, memory neither weights nor KV: activations of the profiling pass, CUDA graphs, NCCL
+buffers. A round figure, stated, not fitted."""
+
+ENGINES: dict[str, EngineDefaults] = {
+    "vllm": EngineDefaults(
+        "vllm", "V1 engine, 0.11-0.19: `vllm serve` on a >= 70 GiB card",
+        {"kind": "chunked", "max_num_seqs": 1024, "max_num_batched_tokens": 8192, "chunk_tokens": 8192},
+        "on_demand", "card", 0.9, VLLM_GRAPH_SIZES,
+        ("chunked prefill always on; running requests first, then waiting ones, FCFS",
+         "gpu_memory_utilization 0.9, 16-token blocks, prefix caching on (random prompts: no hits)")),
+    "sglang": EngineDefaults(
+        "sglang", "0.5.x: `sglang.launch_server` on an 80 GB-class card",
+        {"kind": "chunked", "max_num_seqs": 1024, "max_num_batched_tokens": 8192, "chunk_tokens": 8192},
+        "on_demand", "card", 0.88, list(range(1, 5)) + list(range(8, 257, 8)),
+        ("chunked_prefill_size 8192; mem_fraction_static ~0.88",
+         "not modelled: SGLang runs prefill batches and decode batches separately (no mixed chunk by default); "
+         "capsim mixes them in one iteration")),
+    "trtllm": EngineDefaults(
+        "trtllm", "1.x PyTorch backend: `trtllm-serve` defaults",
+        {"kind": "continuous", "max_num_seqs": 2048, "max_num_batched_tokens": 8192},
+        "reserve", "free", 0.9, None,
+        ("max_batch_size 2048, max_num_tokens 8192, chunked prefill off, GUARANTEED_NO_EVICT (reserve KV for "
+         "prompt + all outputs at admission)", "kv_cache free_gpu_memory_fraction 0.9 of the memory left after weights")),
+}
+
+
+def kv_budget_bytes(engine: EngineDefaults, card_bytes: int, weight_bytes_per_card: float, tp: int) -> int:
+    """KV bytes of one replica of `tp` cards under the engine's memory rule (<= 0: nothing fits)."""
+    left = card_bytes - weight_bytes_per_card - RESERVE_BYTES
+    if engine.memory_rule == "card":
+        per_card = engine.memory_fraction * card_bytes - weight_bytes_per_card - RESERVE_BYTES
+    else:
+        per_card = engine.memory_fraction * left
+    return int(per_card * tp)

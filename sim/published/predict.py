@@ -1,0 +1,195 @@
+"""Replay published serving runs in the simulator: each row becomes a closed loop of `concurrency`
+users sending fixed ISL/OSL requests to one replica running the engine's default settings, and the
+simulated mean TTFT and TPOT are set against the measured ones.
+
+A row capsim cannot express (disaggregated pools, pipeline / expert / attention-data parallelism,
+MoE, a card or precision without operator tables, a model without a profile, weights that do not
+fit) is skipped with the reason, never guessed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from sim.io.errors import ConfigError
+from sim.io.profiles import load_hardware, load_model, profiles_dir
+from sim.models.spec import ModelSpec
+from sim.published.engines import ENGINES, kv_budget_bytes
+from sim.published.rows import PublishedRow
+
+SYSTEMS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "b200_sxm": "b200", "a100_sxm": "a100-80g-sxm",
+           "l40s": "l40s"}
+"""Card names of the published schema -> capsim hardware profiles (cards with operator tables)."""
+
+MODEL_ALIASES = {"meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b", "meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b",
+                 "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b", "meta-llama/Meta-Llama-3.1-70B": "llama-3.1-70b",
+                 "Qwen/Qwen3-32B-FP8": "qwen3-32b"}
+"""Checkpoints with the architecture of a shipped model profile (instruct tunes, FP8 exports)."""
+
+PRECISIONS = {"bf16": "bf16", "fp16": "bf16", "": "bf16", "fp8": "fp8"}
+"""Published precision -> capsim weight format. Empty means the checkpoint's own dtype (BF16 for every
+model capsim maps). fp4 / int4 have no operator tables yet and are skipped."""
+
+def requests_per_user(osl: int) -> int:
+    """Requests each simulated user sends by default: 1 + ceil(16384 / OSL), between 3 and 6 (the
+    first is a warm-up; long outputs need fewer rounds for stable means and cost more to simulate)."""
+    return max(3, min(6, 1 + math.ceil(16384 / osl)))
+
+
+@dataclass(frozen=True)
+class Case:
+    """A row as a scenario mapping, or the reason it cannot be one."""
+
+    row: PublishedRow
+    scenario: dict | None = None
+    skipped: str | None = None
+    start: str = "staggered"
+    """`staggered`: users' first requests spread over one request lifetime, first wave not counted;
+    `burst`: all users start together and every request counts."""
+
+
+def model_for(model_path: str) -> str | None:
+    """The capsim model profile for a Hugging Face id (aliases first, then each profile's hf_id)."""
+    if model_path in MODEL_ALIASES:
+        return MODEL_ALIASES[model_path]
+    for path in sorted((profiles_dir() / "models").glob("*.yaml")):
+        try:
+            prof = load_model(path.stem)
+        except ConfigError:
+            continue
+        if prof.hf_id.lower() == model_path.lower():
+            return prof.name
+    return None
+
+
+def _unsupported_layout(row: PublishedRow) -> str | None:
+    if row.mode != "agg":
+        return "disaggregated serving (separate prefill and decode pools) is not modelled"
+    if row.pp > 1:
+        return f"pipeline parallelism (pp {row.pp}) is not modelled"
+    if row.attention_dp > 1:
+        return f"attention data parallelism ({row.attention_dp}) is not modelled"
+    if row.moe_ep > 1:
+        return f"expert parallelism (ep {row.moe_ep}) is not modelled"
+    return None
+
+
+def step_time_for(model: str, hardware: str, weight_format: str, tp: int) -> dict:
+    """The scenario's step_time mapping: operator-table composition for (model, card, dtype, TP)."""
+    return {"model": {"kind": "ops", "tp": tp}}
+
+
+def build_case(row: PublishedRow, per_user: int | None = None, start: str = "staggered") -> Case:
+    """Translate one published row into a closed-loop scenario for one replica, or say why not."""
+    why = _unsupported_layout(row)
+    if why:
+        return Case(row, skipped=why)
+    hardware = SYSTEMS.get(row.system)
+    if hardware is None:
+        return Case(row, skipped=f"no operator tables for card {row.system!r} (have: {', '.join(SYSTEMS)})")
+    model = model_for(row.model_path)
+    if model is None:
+        return Case(row, skipped=f"no model profile for {row.model_path!r}")
+    spec = ModelSpec(load_model(model))
+    if spec.profile.moe is not None or spec.profile.mla is not None:
+        return Case(row, skipped=f"{model}: MoE / MLA models are not composed from operator tables yet")
+    fmt = PRECISIONS.get(row.precision)
+    if fmt is None:
+        return Case(row, skipped=f"precision {row.precision!r}: no operator tables (have bf16, fp8)")
+    engine = ENGINES[row.backend]
+    hw = load_hardware(hardware)
+    weights = spec.weight_bytes(fmt)
+    budget = kv_budget_bytes(engine, hw.memory_bytes, weights / row.tp, row.tp)
+    block_tokens = 16
+    need = math.ceil((row.isl + row.osl) / block_tokens) * block_tokens * spec.kv_bytes_per_token("bf16")
+    if budget < need:
+        return Case(row, skipped=f"weights ({weights / 1e9:.1f} GB over {row.tp} x {hw.name}) leave "
+                                 f"{max(budget, 0) / 1e9:.1f} GB of KV, less than one request needs")
+    users = row.concurrency
+    scenario = {
+        "name": row.id, "seed": 0, "model": model, "hardware": hardware, "weight_format": fmt,
+        "kv": {"block_tokens": block_tokens, "format": "bf16", "budget": budget, "admission": engine.kv_admission},
+        "scheduler": dict(engine.scheduler),
+        "step_time": step_time_for(model, hardware, fmt, row.tp),
+        "workload": {"kind": "closed_loop", "users": users,
+                     "num_requests": users * (per_user or requests_per_user(row.osl)),
+                     "prompt_tokens": {"kind": "fixed", "value": row.isl},
+                     "output_tokens": {"kind": "fixed", "value": row.osl}},
+    }
+    if engine.graph_sizes:
+        scenario["step_time"]["graph_sizes"] = list(engine.graph_sizes)
+    return Case(row, scenario=scenario, start=start)
+
+
+def request_lifetime_s(sim, isl: int, osl: int, users: int) -> float:
+    """Rough time one request spends in the engine at this concurrency: its prefill alone plus `osl`
+    decode steps of `users` sequences at the mean context (for spreading the users' start times)."""
+    from sim.core.request import Request
+    from sim.core.step import StepPlan
+    pre = StepPlan()
+    pre.add(Request(-1, 0.0, isl, osl, 0.0), isl)
+    dec = StepPlan()
+    dec.add_decodes(users, users * (isl + osl // 2), isl + osl)
+    return sim.cost.step_s(pre) + osl * sim.cost.step_s(dec)
+
+
+def _with_ramp(scenario: dict, ramp_s: float) -> dict:
+    out = dict(scenario)
+    out["workload"] = dict(scenario["workload"], ramp_up_s=ramp_s)
+    return out
+
+
+def simulate_case(_shared, case: Case) -> dict:
+    """Run one case (on a worker); a scenario the simulator refuses becomes a skip with its reason.
+
+    Staggered start (the default): the users' first requests are spread over one request lifetime, so the
+    loop starts in the steady state a long benchmark settles into; the first wave is a warm-up and the
+    statistics cover the later requests. Burst: everyone starts at once and every request counts."""
+    from sim.core.simulation import Simulation
+    from sim.io.config import Scenario
+    from sim.io.schema import validate_mapping
+    out = {"id": case.row.id}
+    if case.scenario is None:
+        out["skipped"] = case.skipped
+        return out
+    source = f"row {case.row.id} (line {case.row.line})"
+    try:
+        sim = Simulation(validate_mapping(Scenario, case.scenario, source), Path("."))
+        if case.start == "staggered":
+            ramp = request_lifetime_s(sim, case.row.isl, case.row.osl, case.row.concurrency)
+            sim = Simulation(validate_mapping(Scenario, _with_ramp(case.scenario, ramp), source), Path("."))
+        res = sim.run()
+    except ConfigError as exc:
+        out["skipped"] = "; ".join(exc.lines)
+        return out
+    req = res.requests
+    if res.summary["completed"] < res.summary["requests"]:
+        reasons = sorted(set(req.loc[req["status"] != "finished", "status"]))
+        out["skipped"] = f"simulated engine did not finish every request ({', '.join(reasons)})"
+        return out
+    counted = req[req["id"] >= case.row.concurrency] if case.start == "staggered" else req
+    out["ttft_ms"] = float(counted["ttft_s"].mean()) * 1e3
+    out["tpot_ms"] = float(counted["tpot_s"].mean()) * 1e3
+    out["throughput_tok_s"] = res.summary["output_throughput_tok_s"]
+    return out
+
+
+def error_summary(records: list[dict]) -> list[dict]:
+    """Per (system, backend, mode, metric): rows, median and p90 of |predicted - measured| / measured."""
+    groups: dict[tuple, list[float]] = {}
+    for r in records:
+        if "predicted" not in r:
+            continue
+        for metric in ("ttft_ms", "tpot_ms"):
+            err = abs(r["predicted"][metric] - r["measured"][metric]) / r["measured"][metric]
+            groups.setdefault((r["system"], r["backend"], r["mode"], metric), []).append(err)
+    out = []
+    for (system, backend, mode, metric), errs in sorted(groups.items()):
+        e = np.asarray(errs)
+        out.append({"system": system, "backend": backend, "mode": mode, "metric": metric, "n": int(len(e)),
+                    "median_abs_error": float(np.median(e)), "p90_abs_error": float(np.percentile(e, 90))})
+    return out

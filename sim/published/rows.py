@@ -1,0 +1,146 @@
+"""Published serving measurements: read and check rows in the schema of AIConfigurator's
+`silicon_sample.csv` (one real serving run per row: engine, card, model, precision, ISL/OSL,
+client concurrency, parallelism, measured TTFT and TPOT).
+
+Every problem is a ConfigError naming the file, the line (1 = the header) and the column.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+from sim.io.errors import ConfigError
+
+REQUIRED = ("id", "backend", "model_path", "system", "mode", "isl", "osl", "batch_size", "tp_size",
+            "silicon_ttft_ms", "silicon_tpot_ms")
+"""Columns a file must have (the others of the schema are read when present)."""
+
+BACKENDS = ("vllm", "sglang", "trtllm")
+
+
+@dataclass(frozen=True)
+class PublishedRow:
+    """One measured serving run. Parallel sizes default to 1 where the file leaves them empty."""
+
+    line: int
+    id: str
+    backend: str
+    backend_version: str
+    model_path: str
+    system: str
+    precision: str
+    gemm_quant_mode: str
+    mode: str
+    isl: int
+    osl: int
+    concurrency: int
+    """Client concurrency (the file's batch_size); 0 when a disaggregated row leaves it empty."""
+    tp: int
+    pp: int
+    attention_dp: int
+    moe_tp: int
+    moe_ep: int
+    ttft_ms: float
+    tpot_ms: float
+
+
+def _text(row: dict, col: str) -> str:
+    v = row.get(col)
+    return "" if v is None else v.strip()
+
+
+def _integer(where: str, col: str, raw: str, default: int | None, minimum: int) -> int:
+    """A whole number written as 8, 8.0 or 8e0; empty -> default (an error when there is none)."""
+    if raw == "":
+        if default is None:
+            raise ConfigError(f"{where}, column {col}: empty; expected an integer >= {minimum}")
+        return default
+    try:
+        x = float(raw)
+    except ValueError:
+        raise ConfigError(f"{where}, column {col}: expected an integer >= {minimum}, got {raw!r}") from None
+    if not math.isfinite(x) or x != int(x) or x < minimum:
+        raise ConfigError(f"{where}, column {col}: expected an integer >= {minimum}, got {raw!r}")
+    return int(x)
+
+
+def _positive(where: str, col: str, raw: str) -> float:
+    try:
+        x = float(raw)
+    except ValueError:
+        raise ConfigError(f"{where}, column {col}: expected a positive number (ms), got {raw!r}") from None
+    if not math.isfinite(x) or x <= 0:
+        raise ConfigError(f"{where}, column {col}: expected a positive number (ms), got {raw!r}")
+    return x
+
+
+def parse_row(row: dict, where: str, line: int) -> PublishedRow:
+    """Check one CSV record (a dict of column -> text) and build a PublishedRow."""
+    for col in ("id", "backend", "model_path", "system", "mode"):
+        if _text(row, col) == "":
+            raise ConfigError(f"{where}, column {col}: empty; expected a value")
+    backend = _text(row, "backend").lower()
+    if backend not in BACKENDS:
+        raise ConfigError(f"{where}, column backend: expected one of {', '.join(BACKENDS)}, got {_text(row, 'backend')!r}")
+    mode = _text(row, "mode").lower()
+    if mode not in ("agg", "disagg"):
+        raise ConfigError(f"{where}, column mode: expected agg or disagg, got {_text(row, 'mode')!r}")
+    # disaggregated rows describe their pools in prefill_* / decode_* columns: batch and tp may be empty
+    pool = 0 if mode == "disagg" else None
+    ints = {c: _integer(where, c, _text(row, c), d, m) for c, d, m in (
+        ("isl", None, 1), ("osl", None, 1), ("batch_size", pool, 1), ("tp_size", pool, 1), ("pp_size", 1, 0),
+        ("attention_dp_size", 1, 0), ("moe_tp_size", 1, 0), ("moe_ep_size", 1, 0))}
+    for c in ("pp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size"):
+        ints[c] = max(ints[c], 1)  # the file writes 0 for "not used"
+    return PublishedRow(
+        line=line, id=_text(row, "id"), backend=backend, backend_version=_text(row, "backend_version"),
+        model_path=_text(row, "model_path"), system=_text(row, "system").lower(),
+        precision=_text(row, "precision").lower(), gemm_quant_mode=_text(row, "gemm_quant_mode").lower(),
+        mode=mode, isl=ints["isl"], osl=ints["osl"], concurrency=ints["batch_size"], tp=ints["tp_size"],
+        pp=ints["pp_size"], attention_dp=ints["attention_dp_size"], moe_tp=ints["moe_tp_size"],
+        moe_ep=ints["moe_ep_size"], ttft_ms=_positive(where, "silicon_ttft_ms", _text(row, "silicon_ttft_ms")),
+        tpot_ms=_positive(where, "silicon_tpot_ms", _text(row, "silicon_tpot_ms")))
+
+
+def read_published(path: str | Path) -> list[PublishedRow]:
+    """All rows of a silicon-sample-schema CSV; the first malformed row raises, naming line and column."""
+    path = Path(path)
+    try:
+        handle = path.open(newline="")
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+    rows: list[PublishedRow] = []
+    seen: dict[str, int] = {}
+    with handle:
+        reader = csv.DictReader(handle)
+        header = reader.fieldnames or []
+        missing = [c for c in REQUIRED if c not in header]
+        if missing:
+            raise ConfigError(f"{path}: line 1: missing column(s) {', '.join(missing)}; expected the schema of "
+                              "aiconfigurator's silicon_sample.csv")
+        start = 2
+        try:
+            for rec in reader:
+                where = f"{path}: line {start}"
+                if None in rec:
+                    raise ConfigError(f"{where}: {len(header) + len(rec[None])} fields, the header has {len(header)}")
+                if all(v is None or v.strip() == "" for v in rec.values()):
+                    start = reader.line_num + 1
+                    continue
+                if any(v is None for v in rec.values()):
+                    short = [c for c, v in rec.items() if v is None]
+                    raise ConfigError(f"{where}, column {short[0]}: missing (the row has fewer fields than the header)")
+                row = parse_row(rec, where, start)
+                if row.id in seen:
+                    raise ConfigError(f"{where}, column id: {row.id!r} repeats line {seen[row.id]}")
+                seen[row.id] = start
+                rows.append(row)
+                start = reader.line_num + 1
+        except csv.Error as exc:
+            raise ConfigError(f"{path}: line {reader.line_num}: malformed CSV ({exc})") from None
+    return rows
