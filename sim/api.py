@@ -63,8 +63,12 @@ def run_scenario(path: str | Path, overrides: list[str] | None = None, progress=
     """Load `path` (with `--set`-style overrides) and simulate it."""
     from sim.core.simulation import Simulation
     from sim.io.config import load_scenario
+    from sim.io.errors import ConfigError
     scenario, base = load_scenario(path, overrides)
-    return Simulation(scenario, base, progress=progress).run()
+    try:
+        return Simulation(scenario, base, progress=progress).run()
+    except ConfigError as exc:  # raised deep inside (`kv.budget: ...`): name the scenario file
+        raise exc.in_file(path) from None
 
 
 def run(scenario: Scenario, base_dir: str | Path = ".", progress=None) -> Result:

@@ -11,40 +11,72 @@ from sim.io.errors import ConfigError
 from sim.io.units import fmt_bytes, parse_bytes
 
 
+MAX_TOKENS = 100_000_000  # sim.io.config.MAX_TOKENS
+MAX_BYTES = 10**15  # sim.io.schema.MAX_MAGNITUDE: 1 PB
+
+
 def _int_list(text: str) -> list[int]:
     try:
         values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,4,16,64, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    if not values or min(values) < 1 or max(values) > MAX_TOKENS:
+        raise argparse.ArgumentTypeError(f"expected integers in 1..{MAX_TOKENS:,}, got {text!r}")
     return values
 
 
 def _size(text: str) -> int:
     try:
-        return parse_bytes(text)
+        value = parse_bytes(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+    if value > MAX_BYTES:
+        raise argparse.ArgumentTypeError(f"expected at most 1 PB, got {text!r}")
+    return value
+
+
+def _count(low: int, high: int = MAX_TOKENS):
+    """An argparse type: an integer in [low, high], the message naming the range and the value."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"expected an integer in {low:,}..{high:,}, got {text!r}")
+        return value
+    return parse
+
+
+def _fraction(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], such as 0.9, got {text!r}")
+    return value
 
 
 def _add_memory(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("memory", help="does this model fit, how many requests fit the KV budget, what each step reads")
     p.add_argument("--model", required=True, help="model profile name (profiles/models) or YAML path")
-    p.add_argument("--prompt", type=int, default=2048, help="prompt tokens per request")
-    p.add_argument("--output", type=int, default=256, help="output tokens per request")
-    p.add_argument("--requests", type=int, default=1, help="requests of this shape held at once")
-    p.add_argument("--shared-prefix", type=int, default=0, help="leading prompt tokens identical across requests")
-    p.add_argument("--kv-format", default="bf16", help="bf16 | fp16 | fp8 | q8_0 | q4_0")
-    p.add_argument("--weight-format", default="bf16", help="bf16 | fp8 | int4 | q2_k")
-    p.add_argument("--block-size", type=int, default=16, help="tokens per KV block")
+    p.add_argument("--prompt", type=_count(1), default=2048, help="prompt tokens per request")
+    p.add_argument("--output", type=_count(1), default=256, help="output tokens per request")
+    p.add_argument("--requests", type=_count(1), default=1, help="requests of this shape held at once")
+    p.add_argument("--shared-prefix", type=_count(0), default=0, help="leading prompt tokens identical across requests")
+    p.add_argument("--kv-format", default="bf16", choices=["fp32", "bf16", "fp16", "fp8", "q8_0", "q4_0"],
+                   help="bf16 | fp16 | fp8 | q8_0 | q4_0 | fp32")
+    p.add_argument("--weight-format", default="bf16", choices=["fp32", "bf16", "fp16", "fp8", "int4", "q2_k"],
+                   help="bf16 | fp8 | int4 | q2_k | fp16 | fp32")
+    p.add_argument("--block-size", type=_count(1, 65536), default=16, help="tokens per KV block")
     p.add_argument("--kv-budget", type=_size, help="KV budget: 12GiB, 12GB or bytes")
-    p.add_argument("--gpu-memory-utilization", type=float,
+    p.add_argument("--gpu-memory-utilization", type=_fraction,
                    help="instead of --kv-budget: fraction of --hardware memory, minus weights and --activation")
     p.add_argument("--activation", type=_size, default=0, help="activation / CUDA-graph workspace (with utilization)")
     p.add_argument("--hardware", help="hardware profile for the time bound and utilization budget")
     p.add_argument("--batch", type=_int_list, help="reads view: batch sizes, e.g. 1,4,16,64")
-    p.add_argument("--context", type=int, help="reads view: context tokens per sequence (default: --prompt)")
+    p.add_argument("--context", type=_count(1), help="reads view: context tokens per sequence (default: --prompt)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
 
@@ -55,16 +87,27 @@ def cmd_memory(args) -> int:
     from sim.io.profiles import load_hardware, load_model
     from sim.models.roofline import b_kv, decode_reads
 
-    spec = ModelSpec(load_model(args.model))
-    hw = load_hardware(args.hardware) if args.hardware else None
+    try:
+        spec = ModelSpec(load_model(args.model))
+    except ConfigError as exc:
+        raise ConfigError([f"--model: {line}" for line in exc.lines]) from None
+    try:
+        hw = load_hardware(args.hardware) if args.hardware else None
+    except ConfigError as exc:
+        raise ConfigError([f"--hardware: {line}" for line in exc.lines]) from None
     budget = args.kv_budget
     if args.gpu_memory_utilization is not None:
         if hw is None:
             raise ConfigError("--gpu-memory-utilization needs --hardware")
         if budget is not None:
             raise ConfigError("give either --kv-budget or --gpu-memory-utilization, not both")
-        budget = kv_budget_from_utilization(hw, spec.weight_bytes(args.weight_format), args.gpu_memory_utilization,
-                                            args.activation)
+        try:
+            budget = kv_budget_from_utilization(hw, spec.weight_bytes(args.weight_format), args.gpu_memory_utilization,
+                                                args.activation)
+        except ValueError as exc:
+            raise ConfigError(f"--gpu-memory-utilization {args.gpu_memory_utilization}: {exc}") from None
+    if args.shared_prefix > args.prompt:
+        raise ConfigError(f"--shared-prefix ({args.shared_prefix}) exceeds --prompt ({args.prompt})")
     try:
         plan = kv_footprint(spec, args.prompt, args.output, args.requests, args.shared_prefix, args.kv_format,
                        args.block_size, budget)

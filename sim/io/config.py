@@ -381,4 +381,23 @@ def load_scenario(path: str | Path, overrides: list[str] | None = None) -> tuple
     """Parse, apply `--set` overrides, then validate once. Returns the scenario and its directory."""
     path = Path(path)
     data = apply_overrides(read_yaml_mapping(path), overrides or [], str(path))
-    return validate_mapping(Scenario, data, path), path.resolve().parent
+    scenario = validate_mapping(Scenario, data, path)
+    base = path.resolve().parent
+    check_profiles(scenario, path, base)
+    return scenario, base
+
+
+def check_profiles(scenario: Scenario, source: str | Path, base: Path) -> None:
+    """Load the model and hardware profiles the scenario names (as the simulation will: a `.yaml` path
+    relative to the scenario, else a name under profiles/), so that an unknown name or a broken
+    profile is reported against the scenario file and its field."""
+    from sim.io.profiles import load_hardware, load_model
+    lines = []
+    for field, loader in (("model", load_model), ("hardware", load_hardware)):
+        text = getattr(scenario, field)
+        try:
+            loader(base / text if text.endswith(".yaml") else text)
+        except ConfigError as exc:
+            lines += exc.in_file(source, field).lines
+    if lines:
+        raise ConfigError(lines)

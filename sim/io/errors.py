@@ -16,6 +16,12 @@ class ConfigError(ValueError):
         self.lines = [lines] if isinstance(lines, str) else list(lines)
         super().__init__("\n".join(self.lines))
 
+    def in_file(self, source: str | Path, field: str | None = None) -> "ConfigError":
+        """The same problems, each line prefixed with `source: ` (and `field: `) unless it already
+        starts with `source`: errors raised deep inside (`kv.budget: ...`) then name their file."""
+        head = f"{source}: " + (f"{field}: " if field else "")
+        return ConfigError([line if line.startswith(f"{source}: ") else head + line for line in self.lines])
+
 
 _TYPE_ERRORS = {"int_type", "int_parsing", "float_type", "float_parsing", "string_type", "bool_type", "list_type",
                 "tuple_type", "dict_type", "model_type", "model_attributes_type", "none_required", "is_instance_of",

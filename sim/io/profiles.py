@@ -63,6 +63,17 @@ class HardwareProfile(StrictModel):
     unified_memory: bool = Field(False, description="CPU and accelerator share one memory (Apple, GH200's LPDDR side not counted)")
     measured: MeasuredCeilings = Field(default_factory=MeasuredCeilings)
 
+    @model_validator(mode="after")
+    def _positive(self):
+        for field in ("memory_gb", "memory_bandwidth_gbs", "bf16_dense_tflops", "fp8_dense_tflops", "tdp_w", "idle_w"):
+            v = getattr(self, field)
+            if v is not None and v.value is not None and not v.value > 0 and not (field == "idle_w" and v.value == 0):
+                raise ValueError(f"{field}.value must be > 0, got {v.value}")
+        link = self.host_link.bandwidth_gbs_per_direction.value
+        if link is not None and not link > 0:
+            raise ValueError(f"host_link.bandwidth_gbs_per_direction.value must be > 0 (or null), got {link}")
+        return self
+
     @property
     def memory_bytes(self) -> int:
         return int(round(self.memory_gb.value * 1e9))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, TypeVar
@@ -94,8 +95,27 @@ def read_text_file(path: str | Path, what: str = "a text file") -> str:
                           f"expected {what}") from None
 
 
+MAX_MAGNITUDE = 1e15
+"""No number in an input file may exceed this in size (1 PB in bytes, 31 million years in seconds):
+beyond it a value is a typo (1e30, 2**63) that would overflow or run for ever, never a real setting."""
+
+
+def _huge_numbers(node, path: tuple = ()) -> list[tuple[str, Any]]:
+    if isinstance(node, dict):
+        return [hit for k, v in node.items() for hit in _huge_numbers(v, path + (k,))]
+    if isinstance(node, list):
+        return [hit for i, v in enumerate(node) for hit in _huge_numbers(v, path + (i,))]
+    if isinstance(node, (int, float)) and not isinstance(node, bool) and math.isfinite(node) and abs(node) > MAX_MAGNITUDE:
+        return [(".".join(str(p) for p in path) or "<root>", node)]
+    return []
+
+
 def validate_mapping(cls: type[M], data: dict[str, Any], source: str | Path) -> M:
     """Validate `data` against `cls`, turning every problem into a `source: field: msg` line."""
+    huge = _huge_numbers(data)
+    if huge:
+        raise ConfigError([f"{source}: {where}: {value!r:.40} is beyond any real setting (numbers in input files "
+                           f"must be within +-{MAX_MAGNITUDE:g})" for where, value in huge])
     try:
         return cls.model_validate(data, strict=True, context={"from_file": True})
     except ValidationError as exc:

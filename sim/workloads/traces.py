@@ -16,24 +16,46 @@ import numpy as np
 from sim.io.errors import ConfigError
 
 
+MAX_TOKENS = 100_000_000  # as sim.io.config.MAX_TOKENS: beyond any real request
+
+
 def _positive_int(value, path: Path, line: int, field: str) -> int:
     try:
-        f = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{path}: line {line}: {field}: expected a positive integer, got {value!r}") from None
-    if f != int(f) or f < 1:
-        raise ConfigError(f"{path}: line {line}: {field}: expected a positive integer, got {value!r}")
+        f = float(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError, OverflowError):
+        f = None
+    if f is None or not np.isfinite(f) or f != int(f) or f < 1 or f > MAX_TOKENS:
+        raise ConfigError(f"{path}: line {line}: {field}: expected a whole number of tokens in 1..{MAX_TOKENS:,}, "
+                          f"got {value!r}")
     return int(f)
 
 
 def _number(value, path: Path, line: int, field: str) -> float:
     try:
-        f = float(value)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{path}: line {line}: {field}: expected a number, got {value!r}") from None
-    if not np.isfinite(f) or f < 0:
-        raise ConfigError(f"{path}: line {line}: {field}: expected a finite number >= 0, got {value!r}")
+        f = float(value) if not isinstance(value, bool) else None
+    except (TypeError, ValueError, OverflowError):
+        f = None
+    if f is None or not np.isfinite(f) or f < 0 or f > 1e12:
+        raise ConfigError(f"{path}: line {line}: {field}: expected a finite number of seconds in 0..1e12, "
+                          f"got {value!r}")
     return f
+
+
+def _open_text(path: Path):
+    """Open a trace as UTF-8 text; a binary or unreadable file is a ConfigError naming it."""
+    try:
+        return open(path, newline="", encoding="utf-8", errors="strict")
+    except IsADirectoryError:
+        raise ConfigError(f"{path}: is a directory, expected a trace file") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+
+
+def _lines(fh, path: Path):
+    try:
+        yield from fh
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start} of a read block); expected a trace") from None
 
 
 def _azure_time(text: str, path: Path, line: int, field: str = "TIMESTAMP") -> float:
@@ -49,12 +71,25 @@ def _azure_time(text: str, path: Path, line: int, field: str = "TIMESTAMP") -> f
 
 def _read_csv(path: Path, columns: tuple[str, str, str], time_parser) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     t, p, o = [], [], []
-    with open(path, newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in columns if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ConfigError(f"{path}: line 1: missing column(s) {missing}; header is {reader.fieldnames}")
-        for i, row in enumerate(reader, start=2):
+    with _open_text(path) as fh:
+        reader = csv.reader(_lines(fh, path))
+        try:
+            header = next(reader, None) or []
+            missing = [c for c in columns if c not in header]
+            if missing:
+                raise ConfigError(f"{path}: line 1: missing column(s) {missing}; header is {header}")
+            doubled = sorted({c for c in header if header.count(c) > 1})
+            if doubled:
+                raise ConfigError(f"{path}: line 1: column(s) {doubled} given twice")
+            rows = list(reader)
+        except csv.Error as exc:
+            raise ConfigError(f"{path}: line {reader.line_num}: malformed CSV ({exc})") from None
+        for i, cells in enumerate(rows, start=2):
+            if not cells:
+                continue
+            if len(cells) != len(header):
+                raise ConfigError(f"{path}: line {i}: {len(cells)} cells, but the header has {len(header)} columns")
+            row = dict(zip(header, cells))
             t.append(time_parser(row[columns[0]], path, i, columns[0]))
             p.append(_positive_int(row[columns[1]], path, i, columns[1]))
             o.append(_positive_int(row[columns[2]], path, i, columns[2]))
@@ -63,14 +98,17 @@ def _read_csv(path: Path, columns: tuple[str, str, str], time_parser) -> tuple[n
 
 def _read_jsonl(path: Path, keys: tuple[str, str, str], time_scale: float):
     t, p, o, hashes = [], [], [], []
-    with open(path) as fh:
-        for i, text in enumerate(fh, start=1):
+    with _open_text(path) as fh:
+        for i, text in enumerate(_lines(fh, path), start=1):
             if not text.strip():
                 continue
             try:
                 row = json.loads(text)
             except json.JSONDecodeError as exc:
-                raise ConfigError(f"{path}: line {i}: invalid JSON ({exc.msg})") from None
+                raise ConfigError(f"{path}: line {i}, column {exc.pos + 1}: invalid JSON ({exc.msg}): "
+                                  f"{text.strip()[:80]!r}") from None
+            except RecursionError:
+                raise ConfigError(f"{path}: line {i}: invalid JSON (nested too deeply)") from None
             if not isinstance(row, dict):
                 raise ConfigError(f"{path}: line {i}: expected a JSON object")
             for k in keys:
@@ -79,8 +117,16 @@ def _read_jsonl(path: Path, keys: tuple[str, str, str], time_scale: float):
             t.append(_number(row[keys[0]], path, i, keys[0]) * time_scale)
             p.append(_positive_int(row[keys[1]], path, i, keys[1]))
             o.append(_positive_int(row[keys[2]], path, i, keys[2]))
-            hashes.append(row.get("hash_ids"))
+            hashes.append(_hash_ids(row.get("hash_ids"), path, i))
     return np.array(t, dtype=float), np.array(p, dtype=np.int64), np.array(o, dtype=np.int64), hashes
+
+
+def _hash_ids(value, path: Path, line: int) -> list | None:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not all(isinstance(h, int) and not isinstance(h, bool) for h in value):
+        raise ConfigError(f"{path}: line {line}: hash_ids: expected a list of integers, got {str(value)[:60]}")
+    return value
 
 
 def read_trace(path: str | Path, fmt: str):
@@ -95,6 +141,8 @@ def read_trace_with_blocks(path: str | Path, fmt: str):
     hashes = None
     if not path.exists():
         raise ConfigError(f"{path}: trace file not found")
+    if path.suffix == ".parquet":
+        raise ConfigError(f"{path}: Parquet traces are not read; give a CSV or JSONL file (format: {fmt})")
     if fmt == "azure":
         t, p, o = _read_csv(path, ("TIMESTAMP", "ContextTokens", "GeneratedTokens"), _azure_time)
     elif fmt == "csv":

@@ -58,7 +58,7 @@ def test_unknown_model_lists_known(tmp_path, capsys):
     p = write(tmp_path, "m.yaml", GOOD.replace("model: qwen3-8b", "model: qwen9-1b"))
     assert main(["run", str(p)]) == 2
     err = capsys.readouterr().err
-    assert "unknown model 'qwen9-1b'; known: " in err and "qwen3-8b" in err
+    assert f"error: {p}: model: unknown model 'qwen9-1b'; known: " in err and "qwen3-8b" in err
 
 
 def test_set_override_is_validated_with_the_file(tmp_path, capsys):

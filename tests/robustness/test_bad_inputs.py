@@ -27,10 +27,15 @@ def errors_of(capsys, argv) -> list[str]:
     ("step_time.model.constant_s=.nan", "step_time.model.constant_s: Input should be a finite number (got nan)"),
     ("scheduler.max_num_seqs=true", "scheduler.max_num_seqs: Input should be a valid integer (got True)"),
     ("scheduler.max_num_seqs=2.0", "scheduler.max_num_seqs: Input should be a valid integer (got 2.0)"),
-    ("workload.prompt_tokens={kind: fixed, value: 1.0e+30}", "workload.prompt_tokens.value: Input should be a valid integer (got 1e+30)"),
-    ("workload.prompt_tokens={kind: fixed, value: 1000000000000000000000000000000}",
-     "workload.prompt_tokens.value: Input should be less than or equal to 100000000 (got 1000000000000000000000000000000)"),
-    ("workload.num_requests=1e30", "workload.num_requests: Input should be a valid integer (got 1e+30)"),
+    ("workload.prompt_tokens={kind: fixed, value: 1.0e+30}", "workload.prompt_tokens.value: 1e+30 is beyond any real "
+     "setting (numbers in input files must be within +-1e+15)"),
+    ("workload.prompt_tokens={kind: fixed, value: 1000000000000000000000000000000}", "workload.prompt_tokens.value: "
+     "1000000000000000000000000000000 is beyond any real setting (numbers in input files must be within +-1e+15)"),
+    ("workload.prompt_tokens={kind: fixed, value: 200000000}",
+     "workload.prompt_tokens.value: Input should be less than or equal to 100000000 (got 200000000)"),
+    ("workload.num_requests=1e30", "workload.num_requests: 1e+30 is beyond any real setting (numbers in input files "
+     "must be within +-1e+15)"),
+    ("workload.num_requests=5.0", "workload.num_requests: Input should be a valid integer (got 5.0)"),
     ("kv.block_tokens=100000000", "kv.block_tokens: Input should be less than or equal to 65536 (got 100000000)"),
     ("name=''", "name: String should have at least 1 character (got '')"),
     ("step_time.model={kind: linear}", "step_time.model: a linear step-time model needs constant_s, per_new_token_s, "
@@ -94,3 +99,72 @@ def test_linear_coefficients_may_default_in_code_but_not_in_files():
 def test_set_needs_a_key(capsys):
     assert errors_of(capsys, ["run", str(EXAMPLE), "--set", "=3"]) == [
         "error: --set '=3': expected dotted.key=value, e.g. scheduler.max_num_seqs=32"]
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--block-size", "0"], "argument --block-size: expected an integer in 1..65,536, got '0'"),
+    (["--gpu-memory-utilization", "2", "--hardware", "h100-sxm"],
+     "argument --gpu-memory-utilization: expected a fraction in (0, 1], such as 0.9, got '2'"),
+    (["--context", "-5", "--batch", "1"], "argument --context: expected an integer in 1..100,000,000, got '-5'"),
+    (["--kv-format", "fp7"], "argument --kv-format: invalid choice: 'fp7'"),
+])
+def test_memory_flags_are_checked_by_argparse(capsys, argv, expected):
+    with pytest.raises(SystemExit) as exc:
+        main(["memory", "--model", "qwen3-8b", *argv])
+    assert exc.value.code == 2 and expected in capsys.readouterr().err
+
+
+def test_memory_errors_name_the_flag(capsys):
+    assert errors_of(capsys, ["memory", "--model", "nosuch"])[0].startswith("error: --model: unknown model 'nosuch'")
+    lines = errors_of(capsys, ["memory", "--model", "deepseek-v3", "--hardware", "l4", "--gpu-memory-utilization", "0.9"])
+    assert lines[0].startswith("error: --gpu-memory-utilization 0.9: no KV budget left on l4")
+
+
+def test_errors_raised_inside_the_run_name_the_scenario(capsys):
+    assert errors_of(capsys, ["run", str(EXAMPLE), "--set", "kv.budget=0"]) == [
+        f"error: {EXAMPLE}: kv.budget: 0 B holds no 16-token block (2359296 B each)"]
+    assert errors_of(capsys, ["run", str(EXAMPLE), "--set", "hardware=nosuch"])[0].startswith(
+        f"error: {EXAMPLE}: hardware: unknown hardware 'nosuch'; known: ")
+
+
+def test_broken_hardware_profile_is_reported_against_the_scenario(capsys, tmp_path):
+    import shutil
+    from sim.io.profiles import profiles_dir
+    hw = tmp_path / "l4.yaml"
+    shutil.copy(profiles_dir() / "hardware" / "l4.yaml", hw)
+    hw.write_text(hw.read_text().replace("memory_gb:\n  value: 24", "memory_gb:\n  value: -24"))
+    assert "value: -24" in hw.read_text()
+    lines = errors_of(capsys, ["run", str(EXAMPLE), "--set", f"hardware={hw}"])
+    assert lines == [f"error: {EXAMPLE}: hardware: {hw}: <root>: memory_gb.value must be > 0, got -24.0"]
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("0,10,5\n1,nan,5\n", "line 3: prompt_tokens: expected a whole number of tokens in 1..100,000,000, got 'nan'"),
+    ("0,10,5\n1,inf,5\n", "line 3: prompt_tokens: expected a whole number of tokens in 1..100,000,000, got 'inf'"),
+    ("0,10,5,7\n", "line 2: 4 cells, but the header has 3 columns"),
+    ("0,10\n", "line 2: 2 cells, but the header has 3 columns"),
+    ("nan,10,5\n", "line 2: arrival_s: expected a finite number of seconds in 0..1e12, got 'nan'"),
+])
+def test_trace_cells(tmp_path, body, expected):
+    from sim.workloads.traces import read_trace
+    p = tmp_path / "t.csv"
+    p.write_text("arrival_s,prompt_tokens,output_tokens\n" + body)
+    with pytest.raises(ConfigError) as exc:
+        read_trace(p, "csv")
+    assert str(exc.value) == f"{p}: {expected}"
+
+
+def test_trace_json_errors_are_whole(tmp_path):
+    from sim.workloads.traces import read_trace
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"arrival_s": 0, "prompt_tokens": true, "output_tokens": 3}\n')
+    with pytest.raises(ConfigError, match="line 1: prompt_tokens: expected a whole number of tokens .* got True"):
+        read_trace(p, "jsonl")
+    p.write_text('{"arrival_s": 0, "prompt_tokens": 4, "output_tokens": 3\n')
+    with pytest.raises(ConfigError) as exc:
+        read_trace(p, "jsonl")
+    assert str(exc.value) == (f"{p}: line 1, column 57: invalid JSON (Expecting ',' delimiter): "
+                              "'{\"arrival_s\": 0, \"prompt_tokens\": 4, \"output_tokens\": 3'")
+    p.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(128, 256)))
+    with pytest.raises(ConfigError, match="not a UTF-8 text file"):
+        read_trace(p, "jsonl")
