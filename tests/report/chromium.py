@@ -80,7 +80,8 @@ class Chromium:
         self._buf, self._id, self.events = b"", 0, []
         self.width, self.height = width, height
         target = self.send("Target.createTarget", {"url": "about:blank"})
-        self.session = self.send("Target.attachToTarget", {"targetId": target["targetId"], "flatten": True})["sessionId"]
+        attached = self.send("Target.attachToTarget", {"targetId": target["targetId"], "flatten": True})
+        self.session = attached["sessionId"]
         for domain in ("Page", "Runtime", "Log", "Network"):
             self.send(f"{domain}.enable", session=True)
         self.send("Emulation.setDeviceMetricsOverride", {"width": width, "height": height, "deviceScaleFactor": 1,

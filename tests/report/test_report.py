@@ -95,7 +95,8 @@ def test_report_of_a_folder_without_scenario(quickstart, tmp_path, capsys):
     assert main(["report", str(bare)]) == 2
     assert "no scenario.json" in capsys.readouterr().err
     assert main(["report", str(bare), "--scenario", str(CAPACITY)]) == 2
-    assert "scenario 'quickstart' seed 0 was run, but the scenario given is 'capacity-example'" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "scenario 'quickstart' seed 0 was run, but the scenario given is 'capacity-example'" in err
     assert main(["report", str(bare), "--scenario", str(QUICKSTART)]) == 0
     assert (bare / "report.html").exists()
     (bare / "requests.csv").write_text("id,status\n0,finished\n")
