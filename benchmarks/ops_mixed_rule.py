@@ -46,7 +46,14 @@ def rows(data: Path) -> pd.DataFrame:
     return d[d.pp_size.fillna(1) == 1].reset_index(drop=True)
 
 
-def scenario(r, mixed: str, per_user: int) -> Scenario:
+def _ramp(total_s: float, users: int) -> float:
+    """About total_s, with the users' spacing a power of two (start times exact in binary)."""
+    if total_s <= 0:
+        return 0.0
+    return users * 2.0 ** round(np.log2(total_s / users))
+
+
+def scenario(r, mixed: str, per_user: int, ramp_s_per_output: float = RAMP_S_PER_OUTPUT) -> Scenario:
     """A closed-loop scenario for one row."""
     model = MODELS[r.model_path]
     fmt = "fp8" if str(r.gemm_quant_mode) == "fp8" else "bf16"
@@ -59,13 +66,13 @@ def scenario(r, mixed: str, per_user: int) -> Scenario:
         "scheduler": {"kind": "chunked", "max_num_seqs": 2048, "max_num_batched_tokens": 8192, "chunk_tokens": 8192},
         "step_time": {"model": {"kind": "ops", "tp": tp, "mixed": mixed}, "allow_extrapolation": True},
         "workload": {"kind": "closed_loop", "users": users, "num_requests": max(per_user * users, 16),
-                     "ramp_up_s": RAMP_S_PER_OUTPUT * int(r.osl),
+                     "ramp_up_s": _ramp(ramp_s_per_output * int(r.osl), users),
                      "prompt_tokens": {"kind": "fixed", "value": int(r.isl)},
                      "output_tokens": {"kind": "fixed", "value": int(r.osl)}},
     })
 
 
-def simulate(d: pd.DataFrame, per_user: int) -> list[dict]:
+def simulate(d: pd.DataFrame, per_user: int, ramp: float = RAMP_S_PER_OUTPUT) -> list[dict]:
     """Simulate every row under both rules."""
     out = []
     for i, r in enumerate(d.itertuples(index=False)):
@@ -73,7 +80,7 @@ def simulate(d: pd.DataFrame, per_user: int) -> list[dict]:
                "concurrency": int(r.batch_size), "isl": int(r.isl), "osl": int(r.osl),
                "measured_ttft_ms": float(r.silicon_ttft_ms), "measured_tpot_ms": float(r.silicon_tpot_ms)}
         for mixed in ("one_pass", "sum"):
-            s = Simulation(scenario(r, mixed, per_user), ".", stream=open("/dev/null", "w")).run().summary
+            s = Simulation(scenario(r, mixed, per_user, ramp), ".", stream=open("/dev/null", "w")).run().summary
             rec[f"{mixed}_ttft_ms"] = s["ttft_s"]["mean"] * 1e3
             rec[f"{mixed}_tpot_ms"] = s["tpot_s"]["mean"] * 1e3
         out.append(rec)
@@ -104,12 +111,14 @@ def main() -> int:
     ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
     ap.add_argument("--requests-per-user", type=int, default=4)
     ap.add_argument("--limit", type=int, help="first N rows only (a quick look)")
+    ap.add_argument("--ramp-s-per-output", type=float, default=RAMP_S_PER_OUTPUT,
+                    help="spread the first requests over osl x this (0: one synchronous wave)")
     ap.add_argument("--json")
     a = ap.parse_args()
     d = rows(Path(a.data))
     if a.limit:
         d = d.iloc[: a.limit]
-    recs = simulate(d, a.requests_per_user)
+    recs = simulate(d, a.requests_per_user, a.ramp_s_per_output)
     summ = summary(recs)
     print("group                        n   TTFT one_pass       sum    TPOT one_pass       sum   (median |err|, signed)")
     for r in summ:
