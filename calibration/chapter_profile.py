@@ -33,6 +33,7 @@ SOURCE = ("reference chapter §4-5, §9 (vLLM on RTX PRO 6000 Blackwell WS, BF16
 
 
 def build() -> FittedProfile:
+    """The chapter's profile: its measured inputs typed in, every derived number computed by the simulator's arithmetic."""
     spec = ModelSpec(load_model(MODEL))
     hw = load_hardware(HARDWARE)
     peak = hw.peak_flops_per_s(DTYPE)
@@ -98,10 +99,12 @@ def build() -> FittedProfile:
 
 
 def default_path() -> Path:
+    """Where the chapter's profile is shipped (profiles/fitted/)."""
     return profiles_dir() / "fitted" / f"{HARDWARE}__{MODEL}__{DTYPE}__chapter.yaml"
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Write the chapter's profile (python -m calibration.chapter_profile [--out PATH])."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(default_path()))
     args = ap.parse_args(argv)

@@ -61,6 +61,7 @@ class Observation:
 
     @classmethod
     def from_row(cls, row: dict) -> "Observation":
+        """An observation from a points-CSV row (unknown columns ignored)."""
         names = cls.__dataclass_fields__
         return cls(**{k: row[k] for k in names if k in row})
 
@@ -69,6 +70,7 @@ class Observation:
         return self.logits if self.logits is not None else self.num_seqs
 
     def vector(self) -> list[float]:
+        """The linear model's features: 1, new tokens, attention pairs, KV tokens read, sequences, decodes."""
         return [1.0, self.new_tokens, self.pairs, self.kv_tokens_read, self.num_seqs, self.decode_seqs]
 
     def plan(self) -> StepPlan:
@@ -94,6 +96,7 @@ class Observation:
 
 @dataclass(frozen=True)
 class Roofline:
+    """The simulator's roofline arithmetic for one model on one device: FLOPs, bytes, MFU and MBU of a point."""
     spec: ModelSpec
     fmt: str                    # weight and KV format (bf16, fp16, fp32)
     peak_flops_per_s: float | None
@@ -108,6 +111,7 @@ class Roofline:
         return self.spec.kv_bytes_per_token(self.fmt)
 
     def flops(self, o: Observation) -> float:
+        """FLOPs of the observed iteration."""
         return forward_flops(self.spec, o.new_tokens, o.pairs, o.n_logits)
 
     def bytes_read(self, o: Observation) -> float:
@@ -119,12 +123,15 @@ class Roofline:
         return iteration_bytes(self.weight_read_bytes, self.kv_bytes_per_token, o.decode_kv_tokens)
 
     def mfu(self, o: Observation) -> float | None:
+        """Achieved MFU of the observed iteration (None without a peak)."""
         return None if not self.peak_flops_per_s else mfu(self.flops(o), o.time_s, self.peak_flops_per_s)
 
     def mbu(self, o: Observation) -> float | None:
+        """Achieved MBU of the observed iteration (None without a bandwidth)."""
         return None if not self.bandwidth_bytes_per_s else mbu(self.bytes_read(o), o.time_s, self.bandwidth_bytes_per_s)
 
     def prefill_mfu(self, o: Observation) -> float:
+        """MFU of a prefill-only iteration, counting its prefill FLOPs only."""
         f = forward_flops(self.spec, o.prefill_tokens, o.prefill_pairs, o.prefill_seqs)
         return mfu(f, o.time_s, self.peak_flops_per_s)
 
@@ -211,6 +218,7 @@ def fit_decode_table(obs: list[Observation], roof: Roofline) -> list[TablePoint]
 
 
 def fit_prefill_mfu(obs: list[Observation], roof: Roofline) -> list[MFUPoint]:
+    """The efficiency model's MFU table: median MFU of the prefill points at each token count."""
     by_tokens: dict[int, list[float]] = {}
     for o in obs:
         if o.kind == "prefill":
@@ -234,6 +242,7 @@ def fit_efficiency(obs: list[Observation], roof: Roofline) -> EfficiencyStepTime
 
 
 def predictor(cfg: LinearStepTime | EfficiencyStepTime, roof: Roofline):
+    """A function point -> predicted seconds, through the simulator's own step-time model for `cfg`."""
     if isinstance(cfg, LinearStepTime):
         model = LinearModel(cfg)
     else:
@@ -244,6 +253,7 @@ def predictor(cfg: LinearStepTime | EfficiencyStepTime, roof: Roofline):
 
 @dataclass
 class Errors:
+    """How far predictions are from measured times: count, mean and worst absolute relative error."""
     n: int
     mape: float
     max_abs_rel_err: float
@@ -251,6 +261,7 @@ class Errors:
 
     @classmethod
     def of(cls, pred, obs: list[Observation]) -> "Errors | None":
+        """The errors of `pred` on `obs` (None for no points)."""
         if not obs:
             return None
         t = np.array([o.time_s for o in obs])
@@ -261,11 +272,13 @@ class Errors:
         return cls(len(obs), float(rel.mean()), float(rel.max()), r2)
 
     def text(self) -> str:
+        """"MAPE x%, max y% over n points"."""
         return f"MAPE {self.mape:.1%}, max {self.max_abs_rel_err:.1%} over {self.n} points"
 
 
 @dataclass
 class FitReport:
+    """Both fitted models with their training and held-out errors."""
     linear: LinearStepTime
     efficiency: EfficiencyStepTime | None
     n_points: int
@@ -280,6 +293,7 @@ class FitReport:
                           max_abs_rel_err=e.max_abs_rel_err, r2=e.r2)
 
     def lines(self) -> list[str]:
+        """The report as text lines (one per model and split)."""
         out = []
         for name in ("linear", "efficiency"):
             for part in ("heldout", "train"):
@@ -290,6 +304,7 @@ class FitReport:
 
 
 def fit_observations(obs: list[Observation], roof: Roofline) -> FitReport:
+    """Fit the linear and efficiency models on a training split and state their held-out error."""
     if len(obs) < 2:
         raise ValueError(f"need at least 2 measured points to fit, got {len(obs)}")
     train, test = split_heldout(obs)
@@ -306,6 +321,7 @@ def fit_observations(obs: list[Observation], roof: Roofline) -> FitReport:
 
 
 def valid_range_of(obs: list[Observation]) -> ValidRange:
+    """The range the measurements cover (batch, new tokens, context): outside it, predictions extrapolate."""
     return ValidRange(max_batch=max(o.num_seqs for o in obs), max_new_tokens=max(o.new_tokens for o in obs),
                       max_context_tokens=max(o.max_context for o in obs))
 
@@ -315,6 +331,7 @@ def valid_range_of(obs: list[Observation]) -> ValidRange:
 
 
 def git_commit(repo: Path | None = None) -> str | None:
+    """The repository's HEAD commit (marked dirty when the tree has changes), or None outside git."""
     repo = repo or Path(__file__).resolve().parent.parent
     try:
         head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=repo, capture_output=True, text=True, timeout=10)
@@ -328,6 +345,7 @@ def git_commit(repo: Path | None = None) -> str | None:
 
 
 def today() -> str:
+    """Today's date (UTC) as YYYY-MM-DD, for a profile's provenance."""
     return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d")
 
 
@@ -362,4 +380,5 @@ def write_profile(profile: FittedProfile, path: str | Path, header: str) -> Fitt
 
 
 def provenance(**fields) -> Provenance:
+    """A Provenance with the fields that are known."""
     return Provenance(**{k: v for k, v in fields.items() if v is not None})

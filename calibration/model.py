@@ -125,6 +125,7 @@ class ReferenceModel(torch.nn.Module):
 
     # --- inputs ------------------------------------------------------------------------------
     def prepare(self, shape: Shape) -> Batch:
+        """Positions, logit rows and attention masks of a batch of attention groups."""
         pos, rows, masks, off = [], [], [], 0
         for g in shape.groups:
             per_seq = torch.arange(g.cached, g.cached + g.new)
@@ -140,6 +141,7 @@ class ReferenceModel(torch.nn.Module):
         return Batch(shape, torch.cat(pos).to(self.device), torch.tensor(rows, device=self.device), masks, off)
 
     def token_ids(self, batch: Batch, generator: torch.Generator) -> torch.Tensor:
+        """Random token ids for a batch (timing does not depend on their values)."""
         return torch.randint(0, self.profile.vocab_size, (batch.tokens,), generator=generator).to(self.device)
 
     def new_cache(self, shape: Shape, generator: torch.Generator | None = None) -> KVCache:
@@ -163,9 +165,11 @@ class ReferenceModel(torch.nn.Module):
 
     # --- forward, in three parts so that time can be split (layer subsets are scaled) ----------
     def embed_tokens(self, ids: torch.Tensor) -> torch.Tensor:
+        """Look the ids up in the embedding table."""
         return F.embedding(ids, self.embed)
 
     def run_layers(self, x: torch.Tensor, batch: Batch, cache: KVCache) -> torch.Tensor:
+        """Every decoder layer over the batch, reading and writing each group's KV views."""
         cos = self.cos_table[batch.positions].unsqueeze(1)
         sin = self.sin_table[batch.positions].unsqueeze(1)
         for layer, groups in zip(self.layers, cache.layers):
@@ -178,6 +182,7 @@ class ReferenceModel(torch.nn.Module):
         return F.linear(last, self.lm_head).argmax(dim=-1)
 
     def forward(self, ids: torch.Tensor, batch: Batch, cache: KVCache, mark=None) -> torch.Tensor:
+        """One iteration: embed, layers, final norm, LM head on the logit rows, greedy tokens."""
         x = self.embed_tokens(ids)
         if mark is not None:
             mark()

@@ -41,6 +41,7 @@ FLOAT_COLUMNS = {"time_s", "time_min_s", "time_max_s", "time_p25_s", "time_p75_s
 
 @dataclass
 class PointsFile:
+    """A calibration points CSV: its '# key: value' header lines and its rows."""
     meta: dict[str, str] = field(default_factory=dict)
     rows: list[dict] = field(default_factory=list)
 

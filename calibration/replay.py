@@ -70,6 +70,7 @@ DETAIL_COLUMNS = ("iteration", "start_s", "duration_s", "host_s", "forward_s", "
 
 @dataclass
 class ReplayConfig:
+    """How to replay: device, dtype, threads, clock, reference-model seed, warm-up, n-gram draft settings."""
     device: str = "cpu"
     dtype: str = "fp32"                 # weights, activations and KV of the reference model
     threads: int | None = None          # torch CPU threads (None: leave torch's choice)
@@ -99,6 +100,7 @@ class ReplayRun:
     spec_log: dict | None = None                 # speculation: per request, drafts offered and accepted, in order
 
     def write(self, out_dir: str | Path) -> None:
+        """Write the tables (capsim run's format) and replay_iterations.csv into `out_dir`."""
         out = Path(out_dir)
         self.result.write(out)
         self.detail.to_csv(out / "replay_iterations.csv", index=False)
@@ -219,6 +221,7 @@ class KVSlots:
             self.free.append(self._new())
 
     def of(self, rid: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """The K/V slot of request `rid` (taken from the free list, or made, the first time)."""
         slot = self.held.get(rid)
         if slot is None:
             slot = self.free.pop() if self.free else self._new()
@@ -226,6 +229,7 @@ class KVSlots:
         return slot
 
     def release(self, rid: int) -> None:
+        """Give `rid`'s slot back to the free list."""
         slot = self.held.pop(rid, None)
         if slot is not None:
             self.free.append(slot)
@@ -253,6 +257,7 @@ class ReplaySpeculator(Speculator):
         self.log: dict[str, dict[int, list[int]]] = {"drafts": {}, "accepted": {}}
 
     def drafts_for(self, req) -> int:
+        """Look up n-gram drafts in the request's own tokens; how many were found."""
         k = max(0, min(self.cfg.num_draft_tokens, req.max_output_tokens - req.output_tokens - 1))
         prop = ngram_propose(self.tokens[req.rid], k, self.n_min, self.n_max) if k else []
         self.proposals[req.rid] = prop
@@ -260,9 +265,11 @@ class ReplaySpeculator(Speculator):
         return len(prop)
 
     def draft_s(self, drafts: list[int], include_index: bool = True) -> float:
+        """Zero: the lookup ran for real inside the measured iteration."""
         return 0.0   # the lookup ran for real, inside the measured iteration
 
     def sample(self, reqs: list, drafts: list[int]) -> np.ndarray:
+        """The accepted counts the verify pass measured, logged per request."""
         accepted = np.array([self.measured[r.rid] for r in reqs], dtype=np.int64)
         for r, a in zip(reqs, accepted.tolist()):
             self.log["accepted"].setdefault(r.rid, []).append(a)
@@ -353,6 +360,7 @@ class Replayer:
         synchronize(self.cfg.device)
 
     def run(self, scenario: Scenario, base_dir: str | Path = ".") -> ReplayRun:
+        """Replay `scenario` for real on the reference model and return the measured tables."""
         check_replayable(scenario)
         cfg, model = self.cfg, self.model
         with torch.inference_mode():

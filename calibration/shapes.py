@@ -54,6 +54,7 @@ class Shape:
 
     @classmethod
     def of(cls, *groups: tuple[int, int, int] | Group) -> "Shape":
+        """A shape from (count, new, cached) tuples or Groups."""
         return cls(tuple(g if isinstance(g, Group) else Group(*g) for g in groups))
 
     @classmethod
@@ -80,6 +81,7 @@ class Shape:
     # --- the simulator's iteration features (StepPlan) ----------------------------------------
     @cached_property
     def features(self) -> dict[str, int]:
+        """The batch features the step-time models read (the same names as a StepPlan's)."""
         f = dict(new_tokens=0, pairs=0, kv_tokens_read=0, num_seqs=0, decode_seqs=0, decode_kv_tokens=0,
                  prefill_seqs=0, prefill_tokens=0, prefill_pairs=0, prefill_cached_tokens=0, logits=0,
                  max_context=0)
@@ -200,6 +202,7 @@ GRID_NAMES = ("tiny", "quick", "standard", "full")
 
 
 def grid_spec(name: str, device: str) -> GridSpec:
+    """The calibration grid `name` (tiny, quick, full) for this kind of device."""
     table = _CPU if device == "cpu" else _ACCEL
     if name == "tiny":
         return _CPU["tiny"]

@@ -20,6 +20,7 @@ KINDS = ("decode", "prefill", "mixed")
 
 
 def plan_kind(plan) -> str:
+    """An iteration's kind: decode, prefill or mixed."""
     if plan.prefill_seqs and plan.decode_seqs:
         return "mixed"
     return "prefill" if plan.prefill_seqs else "decode"
@@ -36,9 +37,11 @@ class MeasuredSteps:
         self.plans: list[list[tuple[int, int, int]]] = []
 
     def prefill_part_s(self, plan) -> float:
+        """The prefill part of a probe plan, from the fallback model."""
         return self.fallback.prefill_part_s(plan) if self.fallback is not None else 0.0
 
     def step_s(self, plan) -> float:
+        """The next measured duration (probe plans of made-up requests ask the fallback model)."""
         if plan.items and plan.items[0][0].rid < 0:   # a probe plan of a made-up request, not an iteration
             return self.fallback.step_s(plan) if self.fallback is not None else 0.0
         if self.k >= len(self.durations):
@@ -56,9 +59,11 @@ class Perturbed:
         self.inner, self.factors = inner, factors
 
     def prefill_part_s(self, plan) -> float:
+        """The inner model's prefill part, unscaled."""
         return self.inner.prefill_part_s(plan)
 
     def step_s(self, plan) -> float:
+        """The inner model's time scaled by the factor of the iteration's kind."""
         return self.inner.step_s(plan) * self.factors[plan_kind(plan)]
 
 

@@ -31,6 +31,7 @@ def check_device(device: str) -> None:
 
 
 def synchronize(device: str) -> None:
+    """Wait for the device's queued work (CUDA or MPS) before reading a clock."""
     if device == "cuda":
         torch.cuda.synchronize()
     elif device == "mps":
@@ -69,13 +70,16 @@ class Clock:
         return time.thread_time() if self.clock == "thread" else time.perf_counter()
 
     def start(self) -> None:
+        """Start a timed region."""
         self._w0 = time.perf_counter()
         self._t = [self._now()]
 
     def mark(self) -> None:
+        """Record an intermediate instant of the timed region."""
         self._t.append(self._now())
 
     def stop(self) -> list[float]:
+        """End the region; the intervals between the instants, in seconds."""
         self._t.append(self._now())
         t = self._t
         if self.device == "cuda":
@@ -92,6 +96,7 @@ class Clock:
 
 @dataclass(frozen=True)
 class Ceilings:
+    """Measured ceilings of this device: best matmul FLOP/s and copy bandwidth."""
     matmul_tflops: float      # best of repeats, square matmul in the profile dtype
     matmul_n: int
     copy_gbs: float           # best of repeats, (read + write bytes) / time
@@ -138,6 +143,7 @@ def measure_ceilings(device: str, dtype: str, matmul_n: int | None = None, copy_
 
 
 def device_name(device: str) -> str:
+    """The device's name as the driver reports it (the CPU model on CPU)."""
     if device == "cuda":
         return torch.cuda.get_device_name()
     if device == "mps":
@@ -155,6 +161,7 @@ def device_name(device: str) -> str:
 
 
 def driver_version(device: str) -> str | None:
+    """The driver / runtime version string of the device (None on CPU)."""
     if device == "cuda":
         cuda = f"CUDA runtime {torch.version.cuda}" if torch.version.cuda else f"HIP {torch.version.hip}"
         try:
@@ -190,6 +197,7 @@ def available_memory_bytes(device: str) -> int | None:
 
 
 def total_memory_bytes(device: str) -> int | None:
+    """The device's memory in bytes (None when unknown)."""
     if device == "cuda":
         return int(torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory)
     if device == "mps":
@@ -212,6 +220,7 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def median_and_spread(times: list[float]) -> dict[str, float]:
+    """Median, min, max and quartiles of repeated timings."""
     s = sorted(times)
     q = statistics.quantiles(s, n=4, method="inclusive") if len(s) >= 2 else [s[0]] * 3
     return dict(time_s=statistics.median(s), time_min_s=s[0], time_max_s=s[-1], time_p25_s=q[0], time_p75_s=q[2])

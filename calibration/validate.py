@@ -50,6 +50,7 @@ from calibration.validate_report import (_pct, _share, headline, label_text, plo
 
 @dataclass
 class ProfileChoice:
+    """The fitted profile a validation uses, which of its models, and the model it wraps."""
     path: Path
     profile: FittedProfile
     use: str
@@ -93,6 +94,7 @@ def with_profile(scenario, choice: ProfileChoice):
 
 
 def simulation(scenario, base_dir: Path, choice: ProfileChoice, lazy_decode: bool = True, stream=None) -> Simulation:
+    """The Simulation of the scenario with the chosen profile inline and its valid range checked."""
     sim = Simulation(with_profile(scenario, choice), base_dir, lazy_decode=lazy_decode, stream=stream)
     sim.step_time = RangeChecked(sim.step_time, choice.profile.valid_range, choice.path,
                             scenario.step_time.allow_extrapolation, stream)
@@ -110,6 +112,7 @@ def step_time_model(scenario, base_dir: Path, choice: ProfileChoice):
 
 @dataclass
 class ValidateConfig:
+    """Everything `capsim validate` was asked: scenario, profile, device, clock, loads, seeds, replays, out."""
     scenario: Path
     out: Path
     profile: str | None = None
@@ -152,6 +155,7 @@ def _rate_override(scenario, rate: float) -> str:
 
 
 def validate_point(cfg: ValidateConfig, replayer, overrides: list[str], out: Path, label: dict) -> dict:
+    """One load point: replay (repeatedly), simulate, compare, attach intervals, write its files."""
     log = (lambda s: print(s, file=cfg.stream, flush=True)) if cfg.stream is not None else (lambda s: None)
     scenario, base = load_scenario(cfg.scenario, overrides)
     choice = choose_profile(scenario, base, cfg.profile, cfg.use)
@@ -209,6 +213,7 @@ def validate_point(cfg: ValidateConfig, replayer, overrides: list[str], out: Pat
 
 
 def targets(metrics: dict) -> dict:
+    """Whether each metric's median error meets its target (E2E and ITL 5%, TTFT 10%)."""
     out = {}
     for key, limit in TARGETS.items():
         e = metrics[key]["median"]["rel_error"]
@@ -222,6 +227,7 @@ def targets(metrics: dict) -> dict:
 
 
 def run_validation(cfg: ValidateConfig) -> dict:
+    """`capsim validate` end to end: every load point, the error-against-load figure, validation.json."""
     scenario, base = load_scenario(cfg.scenario, cfg.overrides)
     choice = choose_profile(scenario, base, cfg.profile, cfg.use)
     from calibration.replay import ReplayConfig, Replayer   # torch
@@ -276,6 +282,7 @@ def _json_default(o):
 
 
 def add_validate_args(p: argparse.ArgumentParser) -> None:
+    """The arguments of `capsim validate`."""
     p.add_argument("scenario", help="scenario YAML (its workload is replayed for real and simulated)")
     p.add_argument("--profile", help="fitted profile (default: the scenario's step_time profile)")
     p.add_argument("--use", choices=("linear", "efficiency"), help="which of the profile's models (default linear)")
@@ -329,6 +336,7 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
 
 
 def validate_main(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    """`capsim validate`'s entry point: check arguments, run, print the report; exit status."""
     if args.seeds < 1 or args.model_draws < 0 or args.replays < 1:
         raise ConfigError("--seeds and --replays must be >= 1, --model-draws >= 0")
     if argv is None:

@@ -63,6 +63,7 @@ def per_request_errors(simulated: pd.DataFrame, measured: pd.DataFrame) -> dict:
 
 
 def interval(values: list[float | None], lo: float = 5, hi: float = 95) -> list[float] | None:
+    """The lo-hi percentile interval of the finite values (None when there are none)."""
     v = np.array([x for x in values if x is not None and math.isfinite(x)], dtype=float)
     if len(v) == 0:
         return None

@@ -13,10 +13,12 @@ from sim.api import Result
 
 
 def label_text(label: dict) -> str:
+    """A load point's label as text, e.g. "rate_rps 1"."""
     return ", ".join(f"{k} {v:g}" for k, v in label.items() if v is not None)
 
 
 def headline(point: dict) -> str:
+    """One line with the median errors of a point."""
     m = point["metrics"]
     parts = [f"{k[:-2].upper()} median {_pct(m[k]['median']['rel_error'])}" for k in LATENCIES]
     parts.append(f"makespan {_pct(m['makespan_s']['rel_error'])}")
@@ -44,6 +46,7 @@ def _ecdf(ax, values, label, **kw):
 
 def plot_point(measured: Result, simulated: Result, detail: pd.DataFrame, predicted: list[float], out: Path,
                title: str, other_replays: list[Result] = ()) -> list[Path]:
+    """A point's figures: latency CDFs measured against simulated, and predicted against measured step times."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -139,6 +142,7 @@ def plot_error_vs_load(points: list[dict], path: Path, xkey: str) -> None:
 
 
 def print_report(report: dict, file=None) -> None:
+    """The validation report as text on `file` (stdout by default)."""
     file = file or sys.stdout
     print(f"{report['scenario']}: {report['device_name']}, {report['dtype']}, clock {report['clock']}, "
           f"profile {Path(report['profile']).name} ({report['use']})", file=file)

@@ -47,6 +47,7 @@ def _add_real_validate(sub) -> argparse.ArgumentParser:
 
 
 def cmd_real_validate(args) -> int:
+    """`capsim validate`: replay for real and measure the simulator's error (needs torch)."""
     from calibration.validate import validate_main
     rc = validate_main(args)
     if rc == 0 and args.report:
@@ -55,11 +56,13 @@ def cmd_real_validate(args) -> int:
 
 
 def cmd_calibrate(args) -> int:
+    """`capsim calibrate`: time the reference model on this device and fit a profile (needs torch)."""
     from calibration.cli import calibrate_main
     return calibrate_main(args)
 
 
 def cmd_fit(args) -> int:
+    """`capsim fit`: fit a step-time profile from an engine's per-iteration log."""
     from calibration.cli import fit_main
     return fit_main(args)
 

@@ -37,6 +37,7 @@ def _add_sweep(sub) -> argparse.ArgumentParser:
 
 
 def cmd_sweep(args) -> int:
+    """`capsim sweep`: run the scenario over the grid, resumable, and print the table."""
     from sim.planning.sweep import parse_axes, print_results, run_sweep
     axes = parse_axes(args.grid)
     outcome = run_sweep(args.scenario, axes, args.out, args.overrides, workers=args.workers, address=args.dask,
@@ -76,6 +77,7 @@ def _add_plan(sub) -> argparse.ArgumentParser:
 
 
 def cmd_plan(args) -> int:
+    """`capsim plan`: goodput capacity, replicas for a target rate, the ranked search."""
     from sim.planning.capacity import print_plan, run_plan
     from sim.planning.slo import parse_slo
 
@@ -109,6 +111,7 @@ def _add_plane(sub) -> argparse.ArgumentParser:
 
 
 def cmd_plane(args) -> int:
+    """`capsim plan-plane`: the given scenarios on the memory / deadline plane."""
     from sim.planning.plane import print_plane, run_plane
     rows, files = run_plane(args.scenarios, args.out, args.overrides, args.deadline)
     if args.json:

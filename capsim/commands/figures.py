@@ -24,6 +24,7 @@ def _add_figures(sub) -> argparse.ArgumentParser:
 
 
 def cmd_figures(args) -> int:
+    """`capsim figures`: write every what-if figure and its data."""
     from sim.figures import write_figures
     try:
         files, skipped = write_figures(args.out, args.only, args.data_dir,

@@ -82,6 +82,7 @@ def _add_memory(sub) -> argparse.ArgumentParser:
 
 
 def cmd_memory(args) -> int:
+    """`capsim memory`: weights, KV per request, how many requests fit, and what each step reads."""
     from sim.models.memory import kv_budget_from_utilization, kv_footprint
     from sim.models.spec import ModelSpec
     from sim.io.profiles import load_hardware, load_model

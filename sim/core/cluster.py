@@ -15,12 +15,14 @@ from sim.io.schema import StrictModel
 
 
 class RouterConfig(StrictModel):
+    """How requests are spread over replicas, and how fast health checks notice a replica going down."""
     kind: Literal["round_robin", "least_outstanding", "affinity"] = "least_outstanding"
     health_check_interval_s: PositiveFloat = Field(5.0, description="Seconds between health checks")
     health_check_timeout_s: NonNegativeFloat = Field(2.0, description="A down replica is marked down this long after a check")
 
 
 class Fault(StrictModel):
+    """One replica down from start_s to end_s: its requests and KV are lost."""
     replica: NonNegativeInt
     start_s: NonNegativeFloat
     end_s: PositiveFloat
@@ -33,6 +35,7 @@ class Fault(StrictModel):
 
 
 class ClusterConfig(StrictModel):
+    """Replicas of one deployment behind a router, with injected faults and what a lost request does."""
     replicas: PositiveInt = 1
     router: RouterConfig = Field(default_factory=RouterConfig)
     faults: list[Fault] = Field(default_factory=list, description="Replicas down for an interval (state lost)")
@@ -48,9 +51,11 @@ class ClusterConfig(StrictModel):
 
 
 class Router:
+    """A routing policy: choose(req, candidates) picks one of the replicas believed healthy."""
     kind: ClassVar[str]
 
     def choose(self, req, candidates: list):  # pragma: no cover - interface
+        """The replica to send `req` to, among `candidates` (None when there is none)."""
         raise NotImplementedError
 
 
@@ -63,6 +68,7 @@ class RoundRobin(Router):
         self._next = 0
 
     def choose(self, req, candidates):
+        """The healthy replica after the last one chosen, in index order."""
         if not candidates:
             return None
         pick = min(candidates, key=lambda r: ((r.index - self._next) % (1 << 30)))
@@ -76,6 +82,7 @@ class LeastOutstanding(Router):
     kind = "least_outstanding"
 
     def choose(self, req, candidates):
+        """The healthy replica holding the fewest requests (lowest index on ties)."""
         return min(candidates, key=lambda r: (r.outstanding, r.index), default=None)
 
 
@@ -90,6 +97,7 @@ class PrefixAffinity(Router):
         self._sticky: dict = {}
 
     def choose(self, req, candidates):
+        """The replica with the longest cached prefix of `req`, else where its first shared stream went."""
         if not candidates:
             return None
         best = max(candidates, key=lambda r: (len(r.pool.match(req)), -r.outstanding, -r.index))

@@ -12,6 +12,7 @@ from enum import Enum
 
 
 class Status(str, Enum):
+    """Where a request is in its life: waiting, running, or gone (finished, rejected, cancelled, failed)."""
     WAITING = "waiting"
     RUNNING = "running"
     FINISHED = "finished"
@@ -22,6 +23,7 @@ class Status(str, Enum):
 
 @dataclass(slots=True, eq=False)
 class Request:
+    """One request's state as it moves through the engine: token counters, KV blocks, timestamps, outcome."""
     rid: int
     arrival_s: float
     """Scheduled arrival: every latency counts from here, including waits outside the engine."""

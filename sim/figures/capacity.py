@@ -37,6 +37,7 @@ def goodput_vs_rate(rate_scales: Sequence[float] = (0.25, 0.5, 0.75, 1.0, 1.5),
 
 
 def plot_goodput_vs_rate(table: pd.DataFrame, target: float = 0.9) -> Figure:
+    """Goodput, SLO attainment and latency percentiles against the offered rate (goodput_vs_rate's table)."""
     fig, axes = _new_figure((12, 4.5), 1, 3)
     ax1, ax2, ax3 = axes[0]
     x = table["offered_rps"]
@@ -97,6 +98,7 @@ def replicas_needed(target_rps: float = 20.0, scenario: str | Path = "quickstart
 
 
 def plot_replicas(rates: pd.DataFrame, replicas: pd.DataFrame) -> Figure:
+    """Capacity per replica and the replicas a target rate needs, by division and by simulation."""
     import pandas as pd
     fig, axes = _new_figure((11, 4.5), 1, 2)
     ax1, ax2 = axes[0]
@@ -156,6 +158,7 @@ def memory_deadline_plane(schemes: dict[str, str] | None = None, variants: Seque
 
 
 def plot_memory_deadline_plane(plane: pd.DataFrame) -> Figure:
+    """Schemes on the memory / deadline plane, with the feasible quadrant shaded (figure 8-35)."""
     import numpy as np
     from sim.planning.plane import QUADRANTS
     fig, axes = _new_figure((8.5, 6.5))

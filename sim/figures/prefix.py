@@ -87,6 +87,7 @@ def prefix_cache_curve(trace: str | Path | None = None, budgets_gib: Sequence[fl
 
 
 def plot_prefix_cache(curve: pd.DataFrame) -> Figure:
+    """Prefix hit rate and TTFT against the KV-cache size, with the card's real budget marked."""
     from sim.models.memory import kv_budget_from_utilization
     from sim.models.spec import ModelSpec
     from sim.io.profiles import load_hardware, load_model
@@ -151,6 +152,7 @@ def prefix_value_per_byte(prefix_tokens: Sequence[int] = (256, 512, 1024, 2048, 
 
 
 def plot_prefix_value(table: pd.DataFrame, marks: dict[str, int] | None = None) -> Figure:
+    """Value per byte of keeping a prefix against its length, with the chapter's prefixes marked."""
     marks = {"A": 6144, "B": 2048} if marks is None else marks
     fig, axes = _new_figure((11, 4.8), 1, 2)
     ax1, ax2 = axes[0]

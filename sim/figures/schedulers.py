@@ -226,6 +226,7 @@ def token_budget_tradeoff(budgets: Sequence[int] = (512, 1024, 2048, 3072, 4096,
 
 
 def plot_token_budget(table: pd.DataFrame, late_label: str = "r2, r3", running_label: str = "r0") -> Figure:
+    """Late arrivals' TTFT and the running request's longest interval against the token budget."""
     fig, axes = _new_figure((11, 4.5), 1, 2)
     ax1, ax2 = axes[0]
     b = table["max_num_batched_tokens"]

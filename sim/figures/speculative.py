@@ -53,6 +53,7 @@ def speculative_tradeoffs(acceptances: Sequence[float] = (0.25, 0.5, 0.75, 0.9),
 
 
 def plot_speculative_tradeoffs(table: pd.DataFrame, acceptance: float = 0.75) -> Figure:
+    """Outputs per round and per-token latency against the draft length, one line per acceptance."""
     import numpy as np
     from sim.models.speculative import best_draft_length
     fig, axes = _new_figure((11.5, 4.8), 1, 3)
@@ -214,6 +215,7 @@ def speculation_crossover(table: pd.DataFrame) -> pd.DataFrame:
 
 
 def plot_speculation_vs_concurrency(table: pd.DataFrame) -> Figure:
+    """Speculative and plain decoding's throughput and latency as concurrency rises, crossover marked."""
     fig, axes = _new_figure((11.5, 4.8), 1, 2)
     ax1, ax2 = axes[0]
     conc = sorted(table["concurrency"].unique())

@@ -28,6 +28,7 @@ WEIGHT_FORMATS: dict[str, Fraction] = {
 
 
 def kv_bytes_per_element(fmt: str) -> Fraction:
+    """Bytes per KV cache element in format `fmt` (bf16, fp8, q8_0, ...), exact as a Fraction."""
     try:
         return KV_FORMATS[fmt]
     except KeyError:
@@ -35,6 +36,7 @@ def kv_bytes_per_element(fmt: str) -> Fraction:
 
 
 def weight_bytes_per_element(fmt: str) -> Fraction:
+    """Bytes per weight in format `fmt` (bf16, fp8, int4, ...), exact as a Fraction."""
     try:
         return WEIGHT_FORMATS[fmt]
     except KeyError:

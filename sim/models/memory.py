@@ -18,6 +18,7 @@ def tokens_stored(prompt_tokens: int, output_tokens: int) -> int:
 
 
 def blocks_for(tokens: int, block_tokens: int) -> int:
+    """Blocks of `block_tokens` needed to hold `tokens` (rounded up)."""
     return -(-tokens // block_tokens)
 
 
@@ -42,6 +43,7 @@ class KVFootprint:
     max_requests: int | None
 
     def as_dict(self) -> dict:
+        """Every field, for JSON output."""
         return asdict(self)
 
 

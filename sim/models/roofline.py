@@ -33,6 +33,7 @@ def forward_flops(spec: ModelSpec, new_tokens: int, pairs: int, logits: int) -> 
 
 
 def sequence_flops(spec: ModelSpec, new_tokens: int, cached_tokens: int, logits: int = 1) -> float:
+    """FLOPs of one sequence computing `new_tokens` after `cached_tokens` (causal attention pairs included)."""
     return forward_flops(spec, new_tokens, causal_pairs(new_tokens, cached_tokens), logits)
 
 
@@ -47,10 +48,12 @@ def time_lower_bound_s(flops: float, bytes_read: float, peak_flops_per_s: float,
 
 
 def mfu(flops: float, time_s: float, peak_flops_per_s: float) -> float:
+    """Model FLOPs utilisation: achieved FLOP/s over the peak."""
     return flops / (time_s * peak_flops_per_s)
 
 
 def mbu(bytes_read: float, time_s: float, bandwidth_bytes_per_s: float) -> float:
+    """Memory bandwidth utilisation: achieved bytes/s over the peak."""
     return bytes_read / (time_s * bandwidth_bytes_per_s)
 
 

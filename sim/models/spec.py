@@ -65,6 +65,7 @@ class ModelSpec:
     # --- whole model -----------------------------------------------------------------------
     @cached_property
     def embedding_params(self) -> int:
+        """Parameters of the input embedding table (vocab x hidden)."""
         return self.profile.vocab_size * self.profile.hidden_size
 
     @cached_property
@@ -92,11 +93,13 @@ class ModelSpec:
 
     @cached_property
     def total_params(self) -> int:
+        """Every parameter stored: layers, norms, embeddings, and the LM head unless tied."""
         lm = 0 if self.profile.tie_word_embeddings else self.lm_head_params
         return self.layer_matrix_params + self.vector_params + self.embedding_params + lm
 
     @cached_property
     def active_params(self) -> int:
+        """Parameters one token computes with (MoE: routed experts it uses plus shared ones)."""
         lm = 0 if self.profile.tie_word_embeddings else self.lm_head_params
         return self.active_matrix_params + self.vector_params + self.embedding_params + lm
 
@@ -123,6 +126,7 @@ class ModelSpec:
     # --- KV cache --------------------------------------------------------------------------
     @cached_property
     def kv_elements_per_token(self) -> int:
+        """KV cache elements one token adds over all layers (MLA: the compact latent and rope key)."""
         p = self.profile
         if p.mla is not None:
             return p.num_layers * (p.mla.kv_lora_rank + p.mla.qk_rope_head_dim)
@@ -134,6 +138,7 @@ class ModelSpec:
         return int(v) if v.denominator == 1 else float(v)
 
     def kv_bytes_per_token_without_gqa(self, fmt: str = "bf16") -> float:
+        """KV bytes per token if every query head kept its own K and V (what GQA saves against)."""
         p = self.profile
         return float(2 * p.num_layers * p.num_attention_heads * p.head_dim * kv_bytes_per_element(fmt))
 

@@ -477,10 +477,12 @@ class AcceptanceModel:
     # --- constructors ------------------------------------------------------------------------
     @classmethod
     def constant(cls, acceptance: float, num_drafts: int) -> AcceptanceModel:
+        """The same acceptance at every draft position."""
         return cls("constant", num_drafts, (float(acceptance),) * num_drafts)
 
     @classmethod
     def per_position(cls, acceptance: Sequence[float]) -> AcceptanceModel:
+        """Conditional acceptance given per draft position."""
         a = tuple(float(v) for v in acceptance)
         return cls("per_position", len(a), a)
 
@@ -491,11 +493,13 @@ class AcceptanceModel:
 
     @classmethod
     def histogram(cls, accept_counts: Sequence[float]) -> AcceptanceModel:
+        """Conditional acceptance derived from a histogram of accepted-draft counts."""
         a = tuple(conditional_from_histogram(accept_counts).tolist())
         return cls("histogram", len(a), a)
 
     @classmethod
     def beta(cls, alpha: float, beta: float, num_drafts: int) -> AcceptanceModel:
+        """Each request draws its acceptance from Beta(alpha, beta): some requests draft well, others badly."""
         return cls("beta", num_drafts, (), (float(alpha), float(beta)))
 
     # --- queries -----------------------------------------------------------------------------

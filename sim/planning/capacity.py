@@ -62,6 +62,7 @@ class RateKnob:
     scale: float = 1.0     # the trace's rate_scale at that rate
 
     def overrides(self, rate: float) -> list[Override]:
+        """The scenario overrides that make the workload arrive at `rate` requests per second."""
         if self.kind == "arrival":
             return [("workload.arrival.rate_rps", float(rate))]
         return [("workload.rate_scale", float(self.scale * rate / self.rate))]
@@ -72,6 +73,7 @@ SUPPORTED = ("plan sets the arrival rate, so the workload must be synthetic with
 
 
 def rate_knob(base: Base, extra: Iterable[Override] = ()) -> RateKnob:
+    """How the plan turns the rate up and down for this scenario: the arrival process, or a trace's rate scale."""
     sc = base.scenario(extra)
     wl = sc.workload
     if wl.kind == "synthetic":
@@ -105,6 +107,7 @@ class Point:
         return self.rate / self.replicas
 
     def mean(self, key: str) -> float | None:
+        """Mean of `key` over the replications (None when no run has it)."""
         vals = [r[key] for r in self.runs if r.get(key) is not None]
         return float(np.mean(vals)) if vals else None
 
@@ -121,10 +124,12 @@ class Point:
         return max(r["attainment"] for r in self.runs)
 
     def total(self, key: str) -> float | None:
+        """Sum of `key` over the replications (None when any run lacks it)."""
         vals = [r[key] for r in self.runs]
         return None if any(v is None for v in vals) else float(sum(vals))
 
     def costs(self) -> dict:
+        """GPU-seconds and energy per good result, over all replications together."""
         good = sum(r["good"] for r in self.runs)
         gpu, energy = self.total("gpu_seconds"), self.total("energy_j")
         return {"good": good,
@@ -132,6 +137,7 @@ class Point:
                 "energy_j_per_good": energy / good if good and energy is not None else None}
 
     def row(self) -> dict:
+        """One row of rates.csv: the rate, the attainment and its spread, each SLO's attainment, costs."""
         keys = [k for k in self.runs[0] if k.startswith("attainment_")]
         return {"rate_rps": self.rate, "rate_per_replica_rps": self.per_replica, "replicas": self.replicas,
                 "attainment": self.att, "attainment_min": self.att_min, "attainment_max": self.att_max,
@@ -149,6 +155,7 @@ def _div(a, b):
 
 @dataclass
 class PlanResult:
+    """Everything a plan found: capacity, the rates tried, replicas for the target, the search's ranking."""
     scenario: str
     slo: SLO
     target: float
@@ -170,9 +177,11 @@ class PlanResult:
     files: list[Path] = field(default_factory=list)
 
     def per_replica(self, x):
+        """A cluster-wide rate as a per-replica one (None stays None)."""
         return None if x is None else x / self.base_replicas
 
     def as_dict(self) -> dict:
+        """plan.json's content."""
         return {
             "scenario": self.scenario, "slo": self.slo.given(), "attainment_target": self.target,
             "replications": self.replications, "requests_per_run": self.requests_per_run,
@@ -192,6 +201,7 @@ class PlanResult:
 # ---- the plan --------------------------------------------------------------------------------
 
 class Planner:
+    """Runs the plan's simulations (on Dask) and caches each (configuration, rate) point."""
     def __init__(self, base: Base, slo: SLO, target: float, replications: int, requests: int | None,
                  runner: Runner, log: Callable[[str], None]):
         self.base, self.slo, self.target, self.k = base, slo, target, replications
@@ -236,6 +246,7 @@ class Planner:
         return [Point(rate, replicas, runs[j], label) for j, (_, rate, replicas, label) in enumerate(jobs)]
 
     def evaluate(self, rate: float) -> Point:
+        """The base configuration at `rate`, over every replication (cached)."""
         rate = float(rate)
         if rate not in self.cache:
             p = self.run_configs([([], rate, self.base_replicas, "")])[0]
@@ -295,6 +306,7 @@ class Planner:
         return self._bisect(ok, lo, hi, tol)
 
     def capacity(self, tol: float, start: float | None = None) -> tuple:
+        """Goodput capacity by bisection on the rate: the highest rate whose attainment meets the target."""
         r0 = start or self.knob.rate
         ok = self._ok("mean")
         self.log(f"capacity: bisection from {r0:g} req/s, {self.k} replication(s) per rate")
@@ -312,6 +324,7 @@ class Planner:
 
     # -- replicas for a target ----------------------------------------------------------------
     def replicas_for(self, target_rps: float, per_replica: float, max_replicas: int) -> dict:
+        """Replicas for `target_rps`: division by the per-replica capacity, then checked by simulation."""
         estimate = target_rps / per_replica
         n = max(1, math.ceil(estimate - 1e-9))
         cluster = lambda m: [("cluster.replicas", m), ("cluster.router.kind", "least_outstanding")]  # noqa: E731
@@ -405,6 +418,7 @@ def run_plan(scenario: str | Path, out_dir: str | Path, slo: SLO | None = None, 
              replications: int = 3, requests: int | None = None, tol: float = 0.02, start_rps: float | None = None,
              workers: int | None = None, address: str | None = None, max_replicas: int = 64,
              log: Callable[[str], None] | None = None, plots: bool = True) -> PlanResult:
+    """`capsim plan`: capacity, replicas for a target rate and the ranked search, written to `out_dir`."""
     if not 0 < target <= 1:
         raise ConfigError(f"--attainment: expected a fraction in (0, 1], got {target}")
     if replications < 1:
@@ -462,11 +476,13 @@ def _base_plane(pl: Planner, res: PlanResult) -> list[dict]:
 
 
 def plane_points_from_search(rows: list[dict]) -> list[dict]:
+    """The search's configurations as points of the memory / deadline plane."""
     return [{"label": r["config"], "memory_ratio": r["memory_ratio"], "deadline_ratio": r["deadline_ratio"],
              "feasible": r["feasible"]} for r in rows]
 
 
 def write_plan(res: PlanResult, out: Path, plots: bool = True) -> list[Path]:
+    """Write plan.json, rates.csv, search.csv and (with `plots`) the plan's figures into `out`."""
     import pandas as pd
     files = [out / "plan.json"]
     files[0].write_text(json.dumps(res.as_dict(), indent=2, default=str) + "\n")
@@ -490,6 +506,7 @@ def write_plan(res: PlanResult, out: Path, plots: bool = True) -> list[Path]:
 # ---- plots ------------------------------------------------------------------------------------
 
 def plot_attainment(res: PlanResult, path: Path) -> Path:
+    """SLO attainment against the offered rate, with the target and the capacity marked."""
     from matplotlib.figure import Figure
     fig = Figure(figsize=(8, 5), layout="constrained")
     ax = fig.subplots()
@@ -522,6 +539,7 @@ def _f(x, fmt="{:.4g}") -> str:
 
 
 def print_plan(res: PlanResult, file=None) -> None:
+    """The plan as text tables on `file` (stdout by default)."""
     file = file or sys.stdout
     d = res.as_dict()
     cap = d["capacity"]

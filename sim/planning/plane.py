@@ -20,6 +20,7 @@ QUADRANTS = {(False, False): ("feasible", "C2"), (True, False): ("out of memory"
 
 
 def quadrant(memory_ratio: float, deadline_ratio: float | None) -> str:
+    """Which quadrant of the memory / deadline plane a configuration falls in (feasible, out of memory, late, both)."""
     late = deadline_ratio is not None and deadline_ratio > 1
     return QUADRANTS[(memory_ratio > 1, late)][0]
 
@@ -96,6 +97,7 @@ def plane_rows(paths: Iterable[str | Path], overrides: Iterable[str] = (), deadl
 
 def run_plane(paths: Iterable[str | Path], out_dir: str | Path, overrides: Iterable[str] = (),
               deadline_s: float | None = None, plots: bool = True) -> tuple[list[dict], list[Path]]:
+    """`capsim plan-plane`: simulate each scenario, place it on the plane, write plane.csv and the figure."""
     import pandas as pd
     rows = plane_rows(paths, overrides, deadline_s)
     out = Path(out_dir)
@@ -109,6 +111,7 @@ def run_plane(paths: Iterable[str | Path], out_dir: str | Path, overrides: Itera
 
 
 def print_plane(rows: list[dict], file=None) -> None:
+    """The plane's rows as a text table on `file` (stdout by default)."""
     file = file or sys.stdout
     print(f"{'scenario':<22}{'KV need':>12}{'budget':>12}{'need/budget':>12}{'makespan':>10}{'deadline':>9}"
           f"{'/deadline':>10}  {'quadrant':<24}", file=file)

@@ -19,15 +19,18 @@ from sim.io.errors import ConfigError
 
 @dataclass(frozen=True)
 class SLO:
+    """Latency bounds in seconds (None: no bound); a request attains when it is within all of them."""
     ttft_s: float | None = None
     tpot_s: float | None = None
     e2e_s: float | None = None
     itl_s: float | None = None
 
     def given(self) -> dict[str, float]:
+        """The bounds that are set, by name."""
         return {k: v for k, v in asdict(self).items() if v is not None}
 
     def describe(self) -> str:
+        """The bounds as text, e.g. "TTFT <= 2 s, TPOT <= 0.1 s"."""
         names = {"ttft_s": "TTFT", "tpot_s": "TPOT", "e2e_s": "E2E", "itl_s": "max ITL"}
         return ", ".join(f"{names[k]} <= {v:g} s" for k, v in self.given().items())
 
@@ -68,6 +71,7 @@ def parse_slo(text: str) -> SLO:
 
 
 def slo_from_scenario(scenario) -> SLO:
+    """The scenario's own slo section as an SLO."""
     s = scenario.slo
     return SLO(ttft_s=s.ttft_s, e2e_s=s.e2e_s, itl_s=s.itl_s if s.itl_stat == "max" else None)
 

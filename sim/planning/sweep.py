@@ -45,10 +45,12 @@ Override = tuple[str, Any]
 
 @dataclass(frozen=True)
 class Axis:
+    """One axis of a sweep grid: a dotted scenario key and the values it takes."""
     key: str
     values: tuple
 
     def label(self, value: Any) -> str:
+        """"key=value" for one point of this axis."""
         return f"{self.key}={display_value(value)}"
 
 
@@ -89,6 +91,7 @@ def parse_axis(text: str, flag: str = "--grid") -> Axis:
 
 
 def parse_axes(texts: Iterable[str | Axis], flag: str = "--grid") -> list[Axis]:
+    """Parse every --grid/--search text into an Axis, refusing a key given twice."""
     axes = [t if isinstance(t, Axis) else parse_axis(t, flag) for t in texts]
     keys = [a.key for a in axes]
     for k in keys:
@@ -135,6 +138,7 @@ class Base:
 
     @classmethod
     def load(cls, path: str | Path, overrides: Iterable[str] = ()) -> "Base":
+        """The scenario file as a plain mapping with --set overrides applied (validated per point later)."""
         from sim.io.config import parse_override
         from sim.io.schema import read_yaml_mapping
         path = Path(path)
@@ -142,6 +146,7 @@ class Base:
         return cls(data, str(path), str(path.resolve().parent), tuple(parse_override(t) for t in overrides))
 
     def scenario(self, extra: Iterable[Override] = ()):
+        """The validated Scenario of this base with `extra` overrides on top."""
         from sim.io.config import Scenario, set_dotted
         from sim.io.schema import validate_mapping
         data = copy.deepcopy(self.data)
@@ -150,6 +155,7 @@ class Base:
         return validate_mapping(Scenario, data, self.source)
 
     def simulate(self, extra: Iterable[Override] = ()):
+        """Run this base with `extra` overrides and return its Result."""
         from sim.core.simulation import Simulation
         return Simulation(self.scenario(extra), Path(self.base_dir)).run()
 
@@ -213,6 +219,7 @@ class Runner:
         return bool(self.address) or self.workers > 1
 
     def describe(self) -> str:
+        """Where the work runs, in words (in-process, a LocalCluster, or a cluster's address)."""
         if self.address:
             return f"Dask cluster at {self.address}"
         return f"Dask LocalCluster of {self.workers} worker processes" if self.workers > 1 else "in-process"
@@ -239,6 +246,7 @@ class Runner:
         return self._client
 
     def imap(self, fn: Callable, tasks: list, shared: Any = None) -> Iterator[tuple[int, Any]]:
+        """Run fn(shared, task) for every task and yield (index, result) as each one finishes."""
         if not tasks:
             return
         if not self.distributed:
@@ -260,12 +268,14 @@ class Runner:
             client.cancel([f for f in futures if not f.done()])
 
     def map(self, fn: Callable, tasks: list, shared: Any = None) -> list:
+        """Run fn(shared, task) for every task and return the results in task order."""
         out = [None] * len(tasks)
         for i, r in self.imap(fn, tasks, shared):
             out[i] = r
         return out
 
     def close(self) -> None:
+        """Close the Dask client (and the LocalCluster it started)."""
         if self._client is not None:
             self._client.close()
             self._client = None
@@ -291,6 +301,7 @@ class ProgressBar:
         self.done = 0
 
     def update(self, done: int, note: str = "") -> None:
+        """Redraw the bar at `done` points, with an optional note."""
         self.done = done
         if not self.enabled:
             return
@@ -304,6 +315,7 @@ class ProgressBar:
         self.stream.flush()
 
     def close(self) -> None:
+        """End the bar's line on the stream."""
         if self.enabled and self.done < self.total:
             self.stream.write("\n")
             self.stream.flush()
@@ -313,6 +325,7 @@ class ProgressBar:
 
 @dataclass
 class SweepOutcome:
+    """What a sweep did: its table, how many points ran now or were resumed, failures, files written."""
     out_dir: Path
     rows: Any                      # pandas DataFrame, one row per point in grid order
     total: int
@@ -373,6 +386,7 @@ def _validate_points(base: Base, axes: list[Axis], points: list[list[Override]])
 
 
 def results_frame(axes: list[Axis], points: list[list[Override]], records: dict[str, dict]):
+    """One row per grid point, in grid order: the axes' values and the flattened summary."""
     import pandas as pd
     rows = []
     for i, ov in enumerate(points):
@@ -393,6 +407,7 @@ def results_frame(axes: list[Axis], points: list[list[Override]], records: dict[
 
 
 def write_tables(frame, out: Path, stem: str = "results") -> list[Path]:
+    """Write the table as CSV, and as Parquet when pyarrow is installed."""
     files = [out / f"{stem}.csv"]
     frame.to_csv(files[0], index=False)
     try:
@@ -470,6 +485,7 @@ def run_sweep(scenario: str | Path, grid: Iterable[str | Axis], out_dir: str | P
 # ---- plots ------------------------------------------------------------------------------------
 
 def slug(text: str) -> str:
+    """`text` made safe as a file name."""
     return re.sub(r"[^A-Za-z0-9]+", "_", text).strip("_")
 
 
@@ -526,6 +542,7 @@ def plot_sweep(frame, axes: list[Axis], out: Path, max_lines: int = 12) -> list[
 
 
 def print_results(outcome: SweepOutcome, axes: list[Axis], file=None) -> None:
+    """The sweep's table on `file` (stdout by default), the key metrics per point."""
     file = file or sys.stdout
     frame = outcome.rows
     if not len(frame):

@@ -197,6 +197,7 @@ def compression_pays(decompress_bytes_per_s: float, link_bytes_per_s: float, siz
 
 @dataclass(frozen=True)
 class CompressedTransfer:
+    """Moving compressed KV: the raw transfer time against compressed transfer plus decompression."""
     raw_s: float
     compressed_transfer_s: float
     decompress_s: float
