@@ -26,18 +26,18 @@ def mooncake_trace(data_dir: str | Path | None = None) -> Path | None:
     return p if p.is_file() else None
 
 
-# The step-time model of benchmarks/bench_sim.py (and prefix_cache_sweep.py): reference section 7's
-# Llama-3.1-8B H100 decode fit plus a prefill term at an assumed 60 % MFU. Assumed, not measured.
-PREFIX_MODEL, PREFIX_HARDWARE, PREFIX_MFU = "llama-3.1-8b", "h100-sxm", 0.6
+# The step-time model of benchmarks/bench_sim.py (and prefix_cache_sweep.py), shipped as
+# profiles/assumed/llama-3.1-8b__h100-sxm__section7.yaml. Assumed, not measured.
+ASSUMED_STEP_TIME = "llama-3.1-8b__h100-sxm__section7"
+PREFIX_MODEL, PREFIX_HARDWARE = "llama-3.1-8b", "h100-sxm"
 
 
 def _prefix_step_time() -> dict:
-    from sim.models.spec import ModelSpec
-    from sim.io.profiles import load_hardware, load_model
-    spec = ModelSpec(load_model(PREFIX_MODEL))
-    peak = load_hardware(PREFIX_HARDWARE).peak_flops_per_s("bf16")
-    return {"kind": "linear", "constant_s": 6.44e-3, "per_kv_token_s": 4.37e-8,
-            "per_new_token_s": 2 * spec.active_params / (peak * PREFIX_MFU)}
+    from sim.models.assumed import linear_step_time
+    model, name, hardware = linear_step_time(ASSUMED_STEP_TIME)
+    if (name, hardware) != (PREFIX_MODEL, PREFIX_HARDWARE):
+        raise ValueError(f"{ASSUMED_STEP_TIME}: is for {name} on {hardware}, the figure runs {PREFIX_MODEL} on {PREFIX_HARDWARE}")
+    return model
 
 
 def prefix_cache_curve(trace: str | Path | None = None, budgets_gib: Sequence[float] = (8, 16, 32, 64, 128, 256),
