@@ -127,9 +127,9 @@ def validate_point(cfg, python: Path, overrides: list[str], out: Path, label: di
     scenario, base = load_scenario(cfg.scenario, overrides)
     choice = V.choose_profile(scenario, base, cfg.profile, cfg.use)
     spec, wl = build_spec(scenario, base, cfg.clock)
+    simulated = V.simulation(scenario, base, choice).run()   # first: a profile that cannot run it fails early
     log(f"[{V.label_text(label) or scenario.name}] replaying on vLLM ...")
     runs, results = _replay_all(cfg, spec, wl, out, python, log)
-    simulated = V.simulation(scenario, base, choice).run()
     simulated.write(out / "simulated")
     results[0].write(out / "measured")
     summaries = [r.summary for r in results if r.summary["complete"]] or [results[0].summary]
