@@ -184,7 +184,7 @@ def error_summary(records: list[dict]) -> list[dict]:
     for r in records:
         if "predicted" not in r:
             continue
-        for metric in ("ttft_ms", "tpot_ms"):
+        for metric in r["predicted"]:
             err = abs(r["predicted"][metric] - r["measured"][metric]) / r["measured"][metric]
             groups.setdefault((r["system"], r["backend"], r["mode"], metric), []).append(err)
     out = []

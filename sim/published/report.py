@@ -40,25 +40,70 @@ def _record(row, result: dict) -> dict:
     return rec
 
 
+def _header(path: str | Path) -> list[str]:
+    try:
+        with Path(path).open(newline="") as fh:
+            return next(csv.reader(fh), [])
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: file not found") from None
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
+
+
+def _fan_out(fn, tasks: list, workers: int | None, progress: bool, stream) -> list:
+    from sim.planning.sweep import ProgressBar, Runner
+    todo = [i for i, t in enumerate(tasks) if t is not None]
+    out: list = [None] * len(tasks)
+    bar = ProgressBar(len(todo), "rows", stream or sys.stderr, enabled=progress)
+    with Runner(workers=workers, max_parallel=len(todo) or 1) as runner:
+        for done, (k, res) in enumerate(runner.imap(fn, [tasks[i] for i in todo]), start=1):
+            out[todo[k]] = res
+            bar.update(done)
+    bar.close()
+    return out
+
+
 def validate_published(path: str | Path, backend: str | None = None, system: str | None = None,
                        mode: str | None = None, workers: int | None = 1, progress: bool = False,
                        per_user: int | None = None, start: str = "staggered", stream=None) -> dict:
-    """Simulate the selected rows (fanned out over Dask workers when workers > 1) and build the report."""
-    from sim.planning.sweep import ProgressBar, Runner
+    """Simulate the selected rows (fanned out over Dask workers when workers > 1) and build the report.
+    A file with a `total_output_tokens_per_s` column is TensorRT-LLM's max-throughput table."""
+    from sim.published.throughput import is_throughput_file
+    if is_throughput_file(_header(path)):
+        return _validate_throughput(path, backend, system, mode, workers, progress, stream)
     rows = select_rows(read_published(path), backend, system, mode)
     cases = [build_case(r, per_user, start) for r in rows]
-    todo = [i for i, c in enumerate(cases) if c.scenario is not None]
-    results: dict[int, dict] = {i: {"skipped": c.skipped} for i, c in enumerate(cases) if c.scenario is None}
-    bar = ProgressBar(len(todo), "rows", stream or sys.stderr, enabled=progress)
-    with Runner(workers=workers, max_parallel=len(todo) or 1) as runner:
-        for done, (k, res) in enumerate(runner.imap(simulate_case, [cases[i] for i in todo]), start=1):
-            results[todo[k]] = res
-            bar.update(done)
-    bar.close()
-    records = [_record(r, results[i]) for i, r in enumerate(rows)]
+    results = _fan_out(simulate_case, [c if c.scenario is not None else None for c in cases], workers, progress,
+                       stream)
+    records = [_record(r, results[i] if cases[i].scenario is not None else {"skipped": cases[i].skipped})
+               for i, r in enumerate(rows)]
     used = sorted({r.backend for r in rows})
     return {"file": str(path), "requests_per_user": per_user or "1 + ceil(16384 / osl), 3 to 6", "start": start,
             "engines": {b: ENGINES[b].describe() for b in used},
+            "rows": records, "summary": error_summary(records)}
+
+
+def _validate_throughput(path, backend, system, mode, workers, progress, stream) -> dict:
+    from sim.published.throughput import read_throughput, simulate_throughput, throughput_case
+    rows = [r for r in read_throughput(path) if backend in (None, "trtllm") and system in (None, r.gpu)
+            and mode in (None, "max_throughput")]
+    items = [(r, *throughput_case(r)) for r in rows]
+    results = _fan_out(simulate_throughput, [it if it[1] is not None else None for it in items], workers, progress,
+                       stream)
+    records = []
+    for (row, scenario, why), res in zip(items, results):
+        rec = {"id": row.id, "line": row.line, "system": row.gpu, "backend": "trtllm", "mode": "max_throughput",
+               "model": row.checkpoint, "precision": row.precision, "isl": row.isl, "osl": row.osl,
+               "concurrency": None, "tp": row.tp, "measured": {"output_tok_s": row.tok_s}}
+        res = res if scenario is not None else {"skipped": why}
+        if "skipped" in res:
+            rec["skipped"] = res["skipped"]
+        else:
+            rec["predicted"] = {"output_tok_s": res["output_tok_s"]}
+            rec["error"] = {"output_tok_s": res["output_tok_s"] / row.tok_s - 1}
+        records.append(rec)
+    return {"file": str(path), "engines": {"trtllm": ENGINES["trtllm"].describe() + "; every request at once, "
+                                           "output tokens / makespan"},
             "rows": records, "summary": error_summary(records)}
 
 
@@ -69,51 +114,44 @@ def _pct(x) -> str:
 def print_report(report: dict, file=None) -> None:
     """Per-row table (predicted vs measured), skipped rows with reasons, then the error summary."""
     file = file or sys.stdout
-    print(f"{'id':<58}{'TTFT ms':>10}{'pred':>10}{'err':>9}{'TPOT ms':>10}{'pred':>9}{'err':>9}", file=file)
-    skipped = 0
+    predicted = [r for r in report["rows"] if "predicted" in r]
+    metrics = list(predicted[0]["measured"]) if predicted else []
+    print(f"{'id':<58}" + "".join(f"{m:>12}{'pred':>11}{'err':>9}" for m in metrics), file=file)
+    for r in predicted:
+        print(f"{r['id'][:57]:<58}" + "".join(f"{r['measured'][m]:>12.2f}{r['predicted'][m]:>11.2f}"
+                                              f"{_pct(r['error'][m]):>9}" for m in metrics), file=file)
+    reasons: dict[str, int] = {}
     for r in report["rows"]:
-        m = r["measured"]
         if "skipped" in r:
-            skipped += 1
-            continue
-        p, e = r["predicted"], r["error"]
-        print(f"{r['id'][:57]:<58}{m['ttft_ms']:>10.1f}{p['ttft_ms']:>10.1f}{_pct(e['ttft_ms']):>9}"
-              f"{m['tpot_ms']:>10.2f}{p['tpot_ms']:>9.2f}{_pct(e['tpot_ms']):>9}", file=file)
-    if skipped:
-        reasons: dict[str, int] = {}
-        for r in report["rows"]:
-            if "skipped" in r:
-                reasons[r["skipped"]] = reasons.get(r["skipped"], 0) + 1
-        print(f"\n{skipped} of {len(report['rows'])} rows skipped:", file=file)
+            reasons[r["skipped"]] = reasons.get(r["skipped"], 0) + 1
+    if reasons:
+        print(f"\n{sum(reasons.values())} of {len(report['rows'])} rows skipped:", file=file)
         for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
             print(f"  {n:>5}  {why}", file=file)
     print("\nengine settings simulated (defaults, not fitted):", file=file)
     for text in report["engines"].values():
         print(f"  {text}", file=file)
-    print(f"\n{'system':<12}{'backend':<9}{'mode':<8}{'metric':<9}{'n':>6}{'median |err|':>14}{'p90 |err|':>11}",
+    print(f"\n{'system':<38}{'backend':<9}{'mode':<16}{'metric':<14}{'n':>6}{'median |err|':>14}{'p90 |err|':>11}",
           file=file)
     for s in report["summary"]:
-        print(f"{s['system']:<12}{s['backend']:<9}{s['mode']:<8}{s['metric']:<9}{s['n']:>6}"
+        print(f"{s['system']:<38}{s['backend']:<9}{s['mode']:<16}{s['metric']:<14}{s['n']:>6}"
               f"{s['median_abs_error'] * 100:>13.1f}%{s['p90_abs_error'] * 100:>10.1f}%", file=file)
 
 
-ROW_COLUMNS = ("id", "line", "system", "backend", "mode", "model", "precision", "isl", "osl", "concurrency", "tp",
-               "measured_ttft_ms", "predicted_ttft_ms", "measured_tpot_ms", "predicted_tpot_ms", "skipped")
-
-
 def write_report(report: dict, out_dir: str | Path) -> list[Path]:
-    """report.json, rows.csv and summary.csv under out_dir."""
+    """report.json, rows.csv (one line per row and metric) and summary.csv under out_dir."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     with (out / "rows.csv").open("w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(ROW_COLUMNS)
+        w.writerow(["id", "line", "system", "backend", "mode", "model", "precision", "isl", "osl", "concurrency",
+                    "tp", "metric", "measured", "predicted", "skipped"])
         for r in report["rows"]:
-            p = r.get("predicted", {})
-            w.writerow([r["id"], r["line"], r["system"], r["backend"], r["mode"], r["model"], r["precision"] or "",
-                        r["isl"], r["osl"], r["concurrency"], r["tp"], r["measured"]["ttft_ms"], p.get("ttft_ms", ""),
-                        r["measured"]["tpot_ms"], p.get("tpot_ms", ""), r.get("skipped", "")])
+            for m, value in r["measured"].items():
+                w.writerow([r["id"], r["line"], r["system"], r["backend"], r["mode"], r["model"],
+                            r["precision"] or "", r["isl"], r["osl"], r["concurrency"] or "", r["tp"], m, value,
+                            r.get("predicted", {}).get(m, ""), r.get("skipped", "")])
     with (out / "summary.csv").open("w", newline="") as fh:
         w = csv.DictWriter(fh, ["system", "backend", "mode", "metric", "n", "median_abs_error", "p90_abs_error"])
         w.writeheader()

@@ -52,7 +52,7 @@ def _text(row: dict, col: str) -> str:
     return "" if v is None else v.strip()
 
 
-def _integer(where: str, col: str, raw: str, default: int | None, minimum: int) -> int:
+def integer_field(where: str, col: str, raw: str, default: int | None, minimum: int) -> int:
     """A whole number written as 8, 8.0 or 8e0; empty -> default (an error when there is none)."""
     if raw == "":
         if default is None:
@@ -67,13 +67,14 @@ def _integer(where: str, col: str, raw: str, default: int | None, minimum: int) 
     return int(x)
 
 
-def _positive(where: str, col: str, raw: str) -> float:
+def positive_field(where: str, col: str, raw: str) -> float:
+    """A finite number > 0 (a measured time or rate)."""
     try:
         x = float(raw)
     except ValueError:
-        raise ConfigError(f"{where}, column {col}: expected a positive number (ms), got {raw!r}") from None
+        raise ConfigError(f"{where}, column {col}: expected a positive number, got {raw!r}") from None
     if not math.isfinite(x) or x <= 0:
-        raise ConfigError(f"{where}, column {col}: expected a positive number (ms), got {raw!r}")
+        raise ConfigError(f"{where}, column {col}: expected a positive number, got {raw!r}")
     return x
 
 
@@ -90,7 +91,7 @@ def parse_row(row: dict, where: str, line: int) -> PublishedRow:
         raise ConfigError(f"{where}, column mode: expected agg or disagg, got {_text(row, 'mode')!r}")
     # disaggregated rows describe their pools in prefill_* / decode_* columns: batch and tp may be empty
     pool = 0 if mode == "disagg" else None
-    ints = {c: _integer(where, c, _text(row, c), d, m) for c, d, m in (
+    ints = {c: integer_field(where, c, _text(row, c), d, m) for c, d, m in (
         ("isl", None, 1), ("osl", None, 1), ("batch_size", pool, 1), ("tp_size", pool, 1), ("pp_size", 1, 0),
         ("attention_dp_size", 1, 0), ("moe_tp_size", 1, 0), ("moe_ep_size", 1, 0))}
     for c in ("pp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size"):
@@ -101,8 +102,8 @@ def parse_row(row: dict, where: str, line: int) -> PublishedRow:
         precision=_text(row, "precision").lower(), gemm_quant_mode=_text(row, "gemm_quant_mode").lower(),
         mode=mode, isl=ints["isl"], osl=ints["osl"], concurrency=ints["batch_size"], tp=ints["tp_size"],
         pp=ints["pp_size"], attention_dp=ints["attention_dp_size"], moe_tp=ints["moe_tp_size"],
-        moe_ep=ints["moe_ep_size"], ttft_ms=_positive(where, "silicon_ttft_ms", _text(row, "silicon_ttft_ms")),
-        tpot_ms=_positive(where, "silicon_tpot_ms", _text(row, "silicon_tpot_ms")))
+        moe_ep=ints["moe_ep_size"], ttft_ms=positive_field(where, "silicon_ttft_ms", _text(row, "silicon_ttft_ms")),
+        tpot_ms=positive_field(where, "silicon_tpot_ms", _text(row, "silicon_tpot_ms")))
 
 
 def read_published(path: str | Path) -> list[PublishedRow]:

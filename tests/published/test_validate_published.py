@@ -103,7 +103,7 @@ def test_out_dir_and_table(tmp_path):
     written = {p.name for p in (tmp_path / "res").iterdir()}
     assert written == {"report.json", "rows.csv", "summary.csv"}
     with (tmp_path / "res" / "rows.csv").open() as fh:
-        assert len(list(csv.DictReader(fh))) == 3
+        assert len(list(csv.DictReader(fh))) == 2 * 3  # one line per row and metric
 
 
 def _copy_with(tmp_path, line: int, column: str, value: str) -> Path:
@@ -122,7 +122,7 @@ def _copy_with(tmp_path, line: int, column: str, value: str) -> Path:
 @pytest.mark.parametrize("column,value,expected", [
     ("isl", "abc", "expected an integer >= 1, got 'abc'"),
     ("batch_size", "8.5", "expected an integer >= 1, got '8.5'"),
-    ("silicon_tpot_ms", "-3", "expected a positive number (ms), got '-3'"),
+    ("silicon_tpot_ms", "-3", "expected a positive number, got '-3'"),
     ("backend", "tgi", "expected one of vllm, sglang, trtllm, got 'tgi'"),
 ])
 def test_malformed_row_names_line_and_column(tmp_path, column, value, expected):
@@ -145,3 +145,24 @@ def test_missing_column_and_ragged_row(tmp_path):
     assert code == 2 and f"{path}: line 4: " in err and "fields, the header has" in err
     code, _, err = capsim("validate-published", str(tmp_path / "none.csv"), "--no-progress")
     assert code == 2 and "file not found" in err
+
+
+THROUGHPUT = Path(__file__).with_name("trtllm_throughput_5rows.csv")
+"""Lines 224, 3, 43, 118 and 223 of ../shared/data/benchmarks/trtllm_perf_overview_throughput.csv (TensorRT-LLM
+docs/source/performance/perf-overview.md at 00f37686, transcribed; Apache-2.0), unchanged."""
+
+
+def test_max_throughput_table():
+    code, out, err = capsim("validate-published", str(THROUGHPUT), "--json", "--workers", "1", "--no-progress")
+    assert code == 0, err
+    rows = json.loads(out)["rows"]
+    assert len(rows) == 5
+    done = [r for r in rows if "predicted" in r]
+    assert [r["system"] for r in done] == ["H100"]
+    assert 0.5 < done[0]["predicted"]["output_tok_s"] / done[0]["measured"]["output_tok_s"] < 2.0
+    text = " | ".join(r["skipped"] for r in rows if "skipped" in r)
+    for needle in ("'GB200'", "pipeline parallelism", "MoE", "gemm_fp8"):
+        assert needle in text, needle
+    summary = json.loads(out)["summary"]
+    assert [(s["system"], s["mode"], s["metric"], s["n"]) for s in summary] == [
+        ("H100", "max_throughput", "output_tok_s", 1)]
