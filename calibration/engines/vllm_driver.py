@@ -56,12 +56,15 @@ class Clock:
         self.t0 = self.read()
 
     def start(self):
+        """Restart the clock at 0."""
         self.base, self.t0 = 0.0, self.read()
 
     def now(self):
+        """Seconds since start()."""
         return self.base + self.read() - self.t0
 
     def wait_until(self, t):
+        """Sleep (wall) or jump (thread) to time t."""
         if self.kind == "thread":
             self.base += max(0.0, t - self.now())
             return
@@ -73,6 +76,7 @@ class Clock:
 
 
 def build_engine(spec, model_dir):
+    """An in-process LLMEngine with the spec's settings and dummy weights from model_dir/config.json."""
     from vllm import EngineArgs, LLMEngine
     e = spec["engine"]
     kw = dict(model=str(model_dir), load_format="dummy", skip_tokenizer_init=True, dtype=e.get("dtype", "bfloat16"),
@@ -112,6 +116,7 @@ class Recorder:
         scheduler._preempt_request = wrapped_preempt
 
     def take(self):
+        """The SchedulerOutputs and preempted ids captured since the last call."""
         outs, pre = self.outputs, self.preempted
         self.outputs, self.preempted = [], []
         return outs, pre
@@ -129,6 +134,7 @@ def describe(so, prompt_len):
 
 
 def warm_up(engine, n, vocab):
+    """n untimed requests through the engine before the replay."""
     from vllm import SamplingParams
     for k in range(n):
         ids = [(7 * k + j) % vocab for j in range(64 + 32 * k)]
@@ -167,6 +173,7 @@ class Replay:
         return nxt
 
     def log_iterations(self, tau, end, cpu, wake):
+        """Write the iteration(s) of the step that ran from tau to end."""
         sos, pre = self.recorder.take()
         pool = self.engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool
         for so in sos:
@@ -182,6 +189,7 @@ class Replay:
         self.it_file.flush()
 
     def on_outputs(self, outs, end):
+        """Token times of the step's outputs; a finished request's record."""
         for o in outs:
             rid = _rid(o.request_id)
             times = self.token_times.setdefault(rid, [])
@@ -204,6 +212,7 @@ class Replay:
             self.done += 1
 
     def run(self, meta):
+        """Replay every request; meta gets the counts (also when the engine fails)."""
         n, nxt, wake, tau = len(self.reqs), 0, 0.0, 0.0   # tau: when the next iteration is planned
         self.t0_mono = time.monotonic()
         self.clock.start()
@@ -233,6 +242,7 @@ class Replay:
 
 
 def main(argv):
+    """vllm_driver.py SPEC.json OUT_DIR; the exit status says how it ended (module docstring)."""
     if len(argv) != 3:
         print("usage: vllm_driver.py SPEC.json OUT_DIR", file=sys.stderr)
         return 2

@@ -31,6 +31,8 @@ from sim.io.errors import ConfigError
 
 
 class VllmV1Config(SchedulerConfig):
+    """Settings of the vllm_v1 policy (vLLM's max_num_seqs, max_num_batched_tokens, long_prefill_token_threshold)."""
+
     kind: Literal["vllm_v1"] = "vllm_v1"
     max_num_batched_tokens: PositiveInt = Field(8192, description="Token budget per iteration, decodes included")
     long_prefill_token_threshold: NonNegativeInt = Field(
