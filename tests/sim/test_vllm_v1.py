@@ -98,3 +98,22 @@ def test_simulates_like_chunked_when_kv_is_plentiful():
     assert a.summary["completed"] == b.summary["completed"] == 60
     assert list(a.iterations["new_tokens"]) == list(b.iterations["new_tokens"])
     assert a.requests["e2e_s"].tolist() == pytest.approx(b.requests["e2e_s"].tolist())
+
+
+def test_blocks_scheduled_this_iteration_are_already_prefix_hits():
+    """vLLM caches a chunk's full blocks when it schedules them: a request admitted later in the same
+    iteration hits them; `chunked` indexes them only when the iteration ends."""
+    shared = ((1, 7), 0, 64)
+
+    def pair():
+        return (Request(0, 0.0, 64, 4, 0.0, segments=(shared,)),
+                Request(1, 0.0, 80, 4, 0.0, segments=(shared, ((0, 1), 0, 16))))
+    s = _vllm(100, budget=256)
+    for r in pair():
+        s.admit(r, 0.0)
+    assert _items(s.plan(0.0)) == [(0, 64), (1, 16)]
+    pool = BlockManager(100, 16, 1.0)
+    ch = ChunkedPrefill(ChunkedConfig(max_num_seqs=8, max_num_batched_tokens=256, chunk_tokens=256), pool, "on_demand")
+    for r in pair():
+        ch.admit(r, 0.0)
+    assert _items(ch.plan(0.0)) == [(0, 64), (1, 80)]

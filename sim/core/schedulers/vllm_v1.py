@@ -11,6 +11,9 @@ kv_cache_manager.py of vLLM 0.32.0), where they differ from capsim's `chunked` p
    chunk's blocks are allocated. `chunked` with on_demand admission checks the first chunk only.
 3. One block of the pool is vLLM's null block (block_pool.null_block) and never holds KV: the usable
    pool is num_blocks - 1.
+4. A prompt chunk's full blocks enter the prefix cache when the chunk is scheduled (allocate_slots
+   caches them), so a request admitted later in the same iteration already hits them; `chunked`
+   indexes them when the iteration ends.
 As in `chunked`: a request that cannot grow preempts the most recently admitted running request not
 yet scheduled (recompute; itself last), and an iteration that preempted admits nobody; waiting
 requests are admitted in order while the budget lasts and fewer than max_num_seqs run.
@@ -87,6 +90,14 @@ class VllmV1(Scheduler):
             if n == 0:
                 break
             self._add(plan, head, n)
+
+    def _add(self, plan: StepPlan, req: Request, n: int, drafts: int = 0) -> None:
+        """As vLLM, a prompt chunk's full blocks are prefix-cache entries from the moment they are
+        scheduled: a request admitted later in the same iteration hits them (each layer writes the
+        batch's KV before its attention reads it). `chunked` indexes them when the iteration ends."""
+        super()._add(plan, req, n, drafts)
+        if req.computed_tokens < req.prompt_tokens:
+            self.pool.register(req, min(req.computed_tokens + n, req.prompt_tokens), self.now_s)
 
     def _first_chunk(self, tokens_to_compute: int, left: int) -> int:
         return min(tokens_to_compute, left, self._cap())
