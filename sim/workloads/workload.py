@@ -19,6 +19,7 @@ import pandas as pd
 from sim.io.config import (AllAtOnce, ClosedLoop, ConstantRate, Empirical, Fixed, GammaArrivals, LogNormal, Poisson,
                         RequestList, Synthetic, Trace, Uniform)
 from sim.io.errors import ConfigError
+from sim.workloads.trace_prefixes import prefix_segments, read_prefix_columns
 from sim.workloads.traces import read_trace_with_blocks
 
 
@@ -221,6 +222,9 @@ def build_workload(cfg, seed: int, base_dir: Path) -> Workload:
         if hashes is not None and any(h is not None for h in hashes):
             segments = [_mooncake_segments(hashes[k], int(p[i]), cfg.trace_block_tokens, f"{path}: line {k + 1}")
                         for i, k in enumerate(idx.tolist())]
+        prefixes = read_prefix_columns(path, cfg.format)   # csv / jsonl: optional prefix_id, prefix_tokens
+        if prefixes is not None:
+            segments = prefix_segments(prefixes, p, idx, path)
         n = len(t)
         return Workload(t, p, o, np.zeros(n), np.full(n, np.nan), np.full(n, np.nan), segments,
                         shared_streams=_shared(segments))
