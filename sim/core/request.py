@@ -63,6 +63,9 @@ class Request:
     """Leading tokens whose content another request may share (only their blocks are indexed); None: all of them."""
     swapped_blocks: int = 0
     """Blocks held in the host tier while swapped out (0 when not swapped)."""
+    remote_kv_tokens: int = 0
+    """Disaggregated serving: tokens whose KV a prefill pool computed and sent here; admission
+    allocates blocks for them without computing them (0 once admitted, and in aggregated runs)."""
     admit_seq: int | None = None
     """Position in the running order (admission order; a re-admitted request goes to the back)."""
     planned_iter: int | None = None

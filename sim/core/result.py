@@ -54,6 +54,19 @@ class RunFacts:
     fault_retries: int
     kv_demand_blocks: int
     speculation: dict | None
+    gpus: int | None = None
+    """GPUs of every replica of every pool (None: replicas x the replica memory's GPUs)."""
+    busy_gpu_s: float | None = None
+    """Sum over replicas of busy seconds x that replica's GPUs (None: busy_s x the memory's GPUs)."""
+
+
+def card_fits(mem, hw) -> bool:
+    """Whether one replica's memory fits its cards: weights, KV budget and activations (per GPU
+    over several GPUs: the fullest GPU's weights, its share of the KV budget and activations)."""
+    gpus = getattr(mem, "gpus", 1)
+    if gpus == 1:
+        return mem.weight_bytes + mem.kv_budget_bytes + mem.activation_bytes <= hw.memory_bytes
+    return mem.weight_bytes_per_gpu + mem.kv_budget_bytes_per_gpu + mem.activation_bytes // gpus <= hw.memory_bytes
 
 
 def merge_speculation(reports: list[dict]) -> dict | None:
@@ -162,6 +175,8 @@ def _cost_part(summary: dict, facts: RunFacts) -> dict:
     sc, mem = facts.scenario, facts.memory
     n_rep, window, n_good = len(facts.timelines), summary["makespan_s"], summary["good"]
     busy_s = summary["busy_s"]
+    if facts.gpus is not None:  # pools of different layouts (disaggregated serving) count their own
+        n_rep, busy_s = facts.gpus, facts.busy_gpu_s
     cap_w = facts.hardware.tdp_w.value
     if sc.power.model == "cap":
         energy = n_rep * cap_w * window if cap_w is not None else None

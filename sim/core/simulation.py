@@ -194,6 +194,9 @@ class Simulation:
         """Run the scenario to the end: on SimPy's virtual clock with the step-time model by default;
         a replay passes its own executor (and environment) to run the same loop for real."""
         sc = self.scenario
+        if getattr(sc, "disaggregation", None) is not None:  # a prefill pool and a decode pool (sim.core.pools)
+            from sim.core.pools import run_disaggregated
+            return run_disaggregated(self, executor, env)
         env = env or simpy.Environment()
         executor = executor or ModelledExecutor(self.step_time)
         deadline = self._deadline_check()

@@ -11,6 +11,7 @@ from pydantic import (Discriminator, Field, NonNegativeFloat, NonNegativeInt, Po
 
 from sim.io.errors import ConfigError
 from sim.core.cluster import ClusterConfig
+from sim.core.disagg_config import DisaggregationConfig
 from sim.io.profiles import EfficiencyStepTime, LinearStepTime
 from sim.io.ops_schema import OpsStepTime
 from sim.core.schedulers import AnySchedulerConfig
@@ -341,6 +342,8 @@ class Scenario(StrictModel):
     offload: OffloadConfig | None = None
     lora: LoRAConfig | None = None
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
+    disaggregation: DisaggregationConfig | None = Field(
+        None, description="Prefill and decode in separate pools, KV sent between them (docs/disaggregation.md)")
 
 
 # ---- loading ---------------------------------------------------------------------------------

@@ -60,6 +60,9 @@ class HardwareProfile(StrictModel):
     tdp_w: OptionalSourced = Field(description="Board power cap, W (null when unpublished)")
     idle_w: OptionalSourced | None = Field(None, description="Idle power, W, for the busy/idle energy model")
     host_link: HostLink
+    kv_transfer_link: HostLink | None = Field(
+        None, description="Scale-out link per GPU (NIC) that disaggregated prefill pools send KV to decode pools over; "
+                          "absent: a disaggregated scenario gives disaggregation.link.bandwidth_gbs")
     unified_memory: bool = Field(False, description="CPU and accelerator share one memory (Apple, GH200's LPDDR side not counted)")
     measured: MeasuredCeilings = Field(default_factory=MeasuredCeilings)
 

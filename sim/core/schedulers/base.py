@@ -99,7 +99,7 @@ class Scheduler:
         if self.pool.blocks_for(self._reserve_tokens(req)) > self.pool.num_blocks:
             self._reject(req, "kv: request needs more blocks than the whole pool")
             return
-        refusal = self._refusal(req)
+        refusal = None if req.remote_kv_tokens else self._refusal(req)  # KV sent by a prefill pool: no prefill here
         if refusal:
             self._reject(req, refusal)
             return
@@ -245,8 +245,9 @@ class Scheduler:
             self._reject(req, "deadline: cannot finish in time")
             return None
         swapped = req.swapped_blocks > 0
-        hits = [] if swapped else self.pool.match(req)
-        computed = req.computed_tokens if swapped else len(hits) * self.pool.block_tokens
+        carried = swapped or req.remote_kv_tokens > 0  # its KV exists elsewhere: the host tier, or a prefill pool
+        hits = [] if carried else self.pool.match(req)
+        computed = req.computed_tokens if carried else len(hits) * self.pool.block_tokens
         n = self._first_chunk(req.prompt_tokens + req.output_tokens - computed, left)
         if n <= 0:
             return 0
@@ -261,6 +262,8 @@ class Scheduler:
         self._unqueue(req)
         if swapped:
             self._plan.swap_bytes += self.pool.swap_in(req)
+        elif req.remote_kv_tokens:
+            req.remote_kv_tokens = 0  # the transferred KV now lives in the blocks just allocated
         else:
             req.computed_tokens = computed
             if req.admitted_s is None:

@@ -1,0 +1,44 @@
+"""Scenario schema of disaggregated serving: a prefill pool, a decode pool, and the link between them.
+
+    disaggregation:
+      prefill: {replicas: 2, scheduler: {...}}    # scheduler optional: the scenario's by default
+      decode:  {replicas: 1}
+      link: {bandwidth_gbs: 50, latency_s: 0.0001}  # bandwidth optional: the card's kv_transfer_link
+
+A pool may also carry its own `parallel` layout when the scenario schema has one (the pool's value
+replaces the scenario's for that pool). See docs/disaggregation.md.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
+
+from sim.core.schedulers import AnySchedulerConfig
+from sim.io.schema import StrictModel
+
+
+class PoolConfig(StrictModel):
+    """One pool: how many replicas, and what it does differently from the scenario's defaults."""
+
+    replicas: PositiveInt = Field(description="Replicas in this pool (each spans the pool's layout of GPUs)")
+    scheduler: AnySchedulerConfig | None = Field(None, description="This pool's scheduler (default: the scenario's)")
+    parallel: dict[str, Any] | None = Field(
+        None, description="This pool's parallel layout (same keys as the scenario's `parallel`; default: the scenario's)")
+
+
+class LinkConfig(StrictModel):
+    """The link prefill replicas send KV over to decode replicas (per GPU, one direction)."""
+
+    bandwidth_gbs: PositiveFloat | None = Field(
+        None, description="GB/s (1e9 B/s) per GPU, one direction; default: the hardware profile's kv_transfer_link")
+    latency_s: NonNegativeFloat = Field(0.0, description="Fixed cost per transfer (handshake, first byte), seconds")
+
+
+class DisaggregationConfig(StrictModel):
+    """Prefill in one pool, decode in another, the prompt's KV sent between them."""
+
+    prefill: PoolConfig
+    decode: PoolConfig
+    link: LinkConfig = Field(default_factory=LinkConfig)

@@ -1,0 +1,186 @@
+"""Disaggregated serving's front end: requests are prefilled in the prefill pool, their KV is sent
+over the link, and the decode pool finishes them.
+
+A request the workload sends (the *original*) is first served as a one-token *prefill leg* in the
+prefill pool: prompt and first token. When the leg finishes, the original takes its state (prompt
+computed, one output, first-token time, cache hits, preemptions) and its prompt's KV goes over the
+:class:`KVLink` from the leg's prefill replica; only when the last byte has arrived is the original
+put in a decode replica's inbox, where admission allocates blocks for the transferred KV without
+computing it (Request.remote_kv_tokens). Everything the recorder sees is the original.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import simpy
+
+from sim.core.cluster import Replica
+from sim.core.frontend import Frontend
+from sim.core.request import Request, Status
+
+HANDOFF_COLUMNS = ("prefill_replica", "prefill_done_s", "kv_transfer_bytes", "transfer_start_s", "transfer_end_s",
+                   "decode_admitted_s")
+"""Extra requests.csv columns of a disaggregated run (NaN / -1 where a request never got there)."""
+
+
+class KVLink:
+    """The link from each prefill replica to the decode pool: one transfer at a time per sending
+    replica (FIFO), each taking latency_s + bytes / (per-GPU bandwidth x GPUs sending in parallel).
+
+    A replica's KV is spread over its GPUs (heads under TP, layers under PP) and each GPU sends its
+    share over its own NIC, so `lanes` GPUs send at once (the smaller of the two pools' GPUs per
+    replica: the receiving side takes its shares on as many)."""
+
+    def __init__(self, bytes_per_s_per_gpu: float, latency_s: float, lanes: int, senders: int):
+        self.bytes_per_s = bytes_per_s_per_gpu * lanes
+        self.latency_s = latency_s
+        self.lanes = lanes
+        self._free_at = [0.0] * senders
+
+    def transfer_s(self, nbytes: float) -> float:
+        """Seconds one transfer of `nbytes` takes on an idle link."""
+        return self.latency_s + nbytes / self.bytes_per_s
+
+    def book(self, sender: int, nbytes: float, now_s: float) -> tuple[float, float]:
+        """Queue a transfer from prefill replica `sender` (index in its pool) at `now_s`:
+        (start, end) of the transfer; the link is busy from start to end - latency."""
+        start = max(now_s, self._free_at[sender])
+        busy = nbytes / self.bytes_per_s
+        self._free_at[sender] = start + busy
+        return start, start + busy + self.latency_s
+
+
+@dataclass
+class Handoff:
+    """One request's way through the two pools."""
+
+    original: Request
+    leg: Request
+    prefill_replica: int = -1
+    prefill_admitted_s: float | None = None
+    prefill_done_s: float = math.nan
+    kv_bytes: float = math.nan
+    transfer_start_s: float = math.nan
+    transfer_end_s: float = math.nan
+    decode_admitted_s: float = math.nan
+
+
+class DisaggFrontend(Frontend):
+    """The front end of two pools: routes into the prefill pool (`replicas`), hands off to the decode
+    pool (`decode_replicas`, chosen by `decode_router`) after the KV transfer."""
+
+    def __init__(self, env: simpy.Environment, scenario, workload, replicas: list[Replica], router,
+                 decode_replicas: list[Replica], decode_router, link: KVLink, kv_bytes_per_token: float, recorder,
+                 progress=None):
+        super().__init__(env, scenario, workload, replicas, router, recorder, progress)
+        self.decode_replicas = decode_replicas
+        self.decode_router = decode_router
+        self.link = link
+        self.kv_bytes_per_token = kv_bytes_per_token
+        self._first_decode = decode_replicas[0].index if decode_replicas else 0
+        self.handoffs: dict[int, Handoff] = {}   # rid -> the latest attempt's way through the pools
+
+    # ---- into the prefill pool -------------------------------------------------------------
+    def route(self, req: Request) -> None:
+        """An original request (or an accuracy retry) starts as a one-token leg in the prefill pool."""
+        leg = Request(req.rid, req.arrival_s, req.prompt_tokens, 1, req.engine_arrival_s, deadline_s=req.deadline_s,
+                      attempt=req.attempt, preemptions=req.preemptions, recomputed_tokens=req.recomputed_tokens,
+                      segments=req.segments, shareable_tokens=req.shareable_tokens, adapter=req.adapter)
+        self.handoffs[req.rid] = Handoff(req, leg)
+        super().route(leg)
+
+    def _handoff_of_leg(self, req: Request) -> Handoff | None:
+        h = self.handoffs.get(req.rid)
+        return h if h is not None and h.leg is req else None
+
+    def _judge(self, req: Request, now_s: float) -> None:
+        h = self._handoff_of_leg(req)
+        if h is None:
+            super()._judge(req, now_s)  # an original, finished in the decode pool
+        else:
+            self._prefilled(h, now_s)
+
+    def leave(self, req: Request, now_s: float) -> None:
+        """A leg that leaves early (rejected, cancelled) takes its original with it; an original
+        leaves with its prefill admission as `admitted_s` (the decode pool's is kept apart)."""
+        h = self._handoff_of_leg(req)
+        if h is not None:
+            o = h.original
+            o.status, o.reject_reason, o.finish_s = req.status, req.reject_reason, req.finish_s
+            o.admitted_s, o.first_token_s, o.replica = req.admitted_s, req.first_token_s, req.replica
+            o.cached_tokens, o.preemptions, o.recomputed_tokens = req.cached_tokens, req.preemptions, req.recomputed_tokens
+            o.kv_waited = req.kv_waited
+            h.prefill_replica = -1 if req.replica is None else req.replica
+            super().leave(o, now_s)
+            return
+        h = self.handoffs.get(req.rid)
+        if h is not None and h.original is req and h.prefill_admitted_s is not None:
+            if req.admitted_s is not None and not math.isnan(h.transfer_end_s):
+                h.decode_admitted_s = req.admitted_s
+            req.admitted_s = h.prefill_admitted_s
+        super().leave(req, now_s)
+
+    # ---- the handoff -----------------------------------------------------------------------
+    def _prefilled(self, h: Handoff, now_s: float) -> None:
+        """The leg has its first token: the original takes its state; its KV goes to the decode pool."""
+        leg, o = h.leg, h.original
+        h.prefill_replica, h.prefill_admitted_s, h.prefill_done_s = leg.replica, leg.admitted_s, now_s
+        o.output_tokens, o.computed_tokens = 1, leg.prompt_tokens
+        o.first_token_s = o.last_token_s = leg.first_token_s
+        o.cached_tokens, o.preemptions, o.recomputed_tokens = leg.cached_tokens, leg.preemptions, leg.recomputed_tokens
+        o.kv_waited, o.max_itl_s, o.last_iteration = leg.kv_waited, 0.0, None
+        if o.done:  # one-token outputs never reach the decode pool
+            o.status, o.finish_s, o.replica, o.admitted_s = Status.FINISHED, now_s, leg.replica, leg.admitted_s
+            super()._judge(o, now_s)
+            return
+        if o.status is Status.CANCELLED:  # the client gave up while the leg was finishing
+            o.finish_s, o.replica = now_s, leg.replica
+            super().leave(o, now_s)
+            return
+        o.status, o.admitted_s, o.remote_kv_tokens = Status.WAITING, None, o.computed_tokens
+        h.kv_bytes = o.computed_tokens * self.kv_bytes_per_token
+        h.transfer_start_s, h.transfer_end_s = self.link.book(leg.replica, h.kv_bytes, now_s)
+        self.env.process(self._deliver_after_transfer(h))
+
+    def _deliver_after_transfer(self, h: Handoff):
+        o = h.original
+        yield self.env.timeout(h.transfer_end_s - self.env.now)
+        if o.status is Status.CANCELLED:  # cancelled in flight: nothing to decode
+            o.finish_s = self.env.now
+            super().leave(o, self.env.now)
+            return
+        replica = self.decode_router.choose(o, [r for r in self.decode_replicas if r.marked_up])
+        o.replica = replica.index
+        replica.inbox.put(o)
+
+    def cancel(self, req: Request) -> None:
+        """The client gave up: on the prefill leg, in transfer (dropped when it lands), or in decode."""
+        h = self.handoffs.get(req.rid)
+        if h is None or h.original is not req or req.status in (Status.FINISHED, Status.REJECTED, Status.FAILED):
+            return
+        if math.isnan(h.prefill_done_s):  # still the leg's
+            if h.leg.replica is not None and self.replicas[h.leg.replica].up:
+                self.replicas[h.leg.replica].scheduler.cancel(h.leg, self.env.now)
+            else:
+                req.status = Status.CANCELLED
+        elif req.replica is None:  # in transfer: it leaves when it lands
+            req.status = Status.CANCELLED
+        else:
+            self.decode_replicas[req.replica - self._first_decode].scheduler.cancel(req, self.env.now)
+
+    # ---- the per-request table -------------------------------------------------------------
+    def columns(self, ids: np.ndarray) -> dict[str, np.ndarray]:
+        """HANDOFF_COLUMNS for the requests `ids` (requests.csv order)."""
+        rows = [self.handoffs.get(int(i)) for i in ids]
+
+        def col(f, missing):
+            return np.array([missing if h is None else f(h) for h in rows], dtype=float)
+        return {"prefill_replica": col(lambda h: h.prefill_replica, -1).astype(np.int64),
+                "prefill_done_s": col(lambda h: h.prefill_done_s, math.nan),
+                "kv_transfer_bytes": col(lambda h: h.kv_bytes, math.nan),
+                "transfer_start_s": col(lambda h: h.transfer_start_s, math.nan),
+                "transfer_end_s": col(lambda h: h.transfer_end_s, math.nan),
+                "decode_admitted_s": col(lambda h: h.decode_admitted_s, math.nan)}

@@ -1,0 +1,176 @@
+"""Disaggregated serving: prefill pool, KV transfer over the link, decode pool (sim.core.pools)."""
+
+import numpy as np
+import pytest
+
+from sim.core.handoff import KVLink
+from sim.io.config import Scenario
+from sim.io.errors import ConfigError
+from sim.io.schema import validate_mapping
+from tests.sim.helpers import run, scenario
+
+# qwen3-8b in BF16: 36 layers x 8 KV heads x 128 dims x (K, V) x 2 bytes
+QWEN3_8B_KV_BYTES_PER_TOKEN = 36 * 8 * 128 * 2 * 2
+
+
+def disagg(prefill=1, decode=1, bandwidth_gbs=50.0, latency_s=0.0, prefill_pool=None, decode_pool=None):
+    link = {"latency_s": latency_s} if bandwidth_gbs is None else {"bandwidth_gbs": bandwidth_gbs, "latency_s": latency_s}
+    return {"prefill": {"replicas": prefill, **(prefill_pool or {})},
+            "decode": {"replicas": decode, **(decode_pool or {})}, "link": link}
+
+
+def requests(*specs):
+    return {"kind": "requests", "requests": [{"arrival_s": a, "prompt_tokens": p, "output_tokens": o} for a, p, o in specs]}
+
+
+def test_kv_bytes_per_token_is_the_hand_computed_one():
+    from sim.io.profiles import load_model
+    from sim.models.spec import ModelSpec
+    assert ModelSpec(load_model("qwen3-8b")).kv_bytes_per_token("bf16") == QWEN3_8B_KV_BYTES_PER_TOKEN == 147456
+
+
+def test_kv_transfer_time_is_exact_for_a_hand_computed_case():
+    # 1000 prompt tokens x 147,456 B = 147,456,000 B over 50 GB/s = 2.94912 ms, plus 0.5 ms latency
+    res = run(scenario(workload=requests((0.0, 1000, 10)), disaggregation=disagg(latency_s=0.0005)))
+    r = res.requests.iloc[0]
+    assert r["kv_transfer_bytes"] == 147_456_000
+    assert r["transfer_start_s"] == r["prefill_done_s"] == r["first_token_s"]
+    assert r["transfer_end_s"] - r["transfer_start_s"] == pytest.approx(0.00294912 + 0.0005, abs=1e-12)
+    tr = res.summary["disaggregation"]["transfer"]
+    assert tr["transfers"] == 1 and tr["bytes"] == 147_456_000
+    assert tr["transfer_s"]["max"] == pytest.approx(0.00344912, abs=1e-12)
+
+
+def test_a_link_sends_one_transfer_at_a_time_per_prefill_replica():
+    link = KVLink(10e9, 0.001, lanes=2, senders=2)  # 20 GB/s over two GPUs' NICs
+    assert link.transfer_s(2e9) == pytest.approx(0.101)
+    assert link.book(0, 2e9, 1.0) == pytest.approx((1.0, 1.101))
+    assert link.book(0, 2e9, 1.05) == pytest.approx((1.1, 1.201))   # waits for the first to leave the wire
+    assert link.book(1, 2e9, 1.05) == pytest.approx((1.05, 1.151))  # another replica's link is free
+
+
+def test_decode_never_starts_before_the_transfer_ends():
+    wl = {"kind": "synthetic", "num_requests": 200, "arrival": {"kind": "poisson", "rate_rps": 6.0},
+          "prompt_tokens": {"kind": "lognormal", "median": 1500, "sigma": 0.6, "max": 6000},
+          "output_tokens": {"kind": "lognormal", "median": 40, "sigma": 0.6, "max": 300}}
+    res = run(scenario(workload=wl, disaggregation=disagg(prefill=2, decode=1, bandwidth_gbs=5.0)))
+    req, its = res.requests, res.iterations
+    assert (req["status"] == "finished").all()
+    assert (req["transfer_end_s"] > req["prefill_done_s"]).all()
+    assert (req["decode_admitted_s"] >= req["transfer_end_s"]).all()
+    # the second token comes from an iteration that started at or after the transfer's end
+    dec = its[its["replica"] == 2]
+    ends = (dec["start_s"] + dec["duration_s"]).to_numpy()
+    for _, r in req.iterrows():
+        k = np.searchsorted(dec["start_s"].to_numpy(), r["transfer_end_s"], side="left")
+        assert k < len(dec) and ends[k] <= r["finish_s"] + 1e-12
+    # prefill replicas never decode; the decode replica never prefills
+    assert (its.loc[its["replica"] < 2, "decode_sequences"] == 0).all()
+    assert (dec["prefill_tokens"] == 0).all()
+
+
+def test_one_request_decodes_as_soon_as_its_kv_lands():
+    res = run(scenario(workload=requests((0.0, 800, 5)), disaggregation=disagg(latency_s=0.002)))
+    r, its = res.requests.iloc[0], res.iterations
+    first_decode = its[its["replica"] == 1].iloc[0]
+    assert first_decode["start_s"] == r["transfer_end_s"] == r["decode_admitted_s"]
+    assert r["ttft_s"] == r["prefill_done_s"] - r["arrival_s"]  # TTFT is the prefill pool's
+    assert r["replica"] == 1 and r["prefill_replica"] == 0 and r["output_tokens"] == 5
+    # TPOT counts the transfer (the client waits through it); the decode pool's own does not
+    assert r["tpot_s"] == pytest.approx((r["finish_s"] - r["first_token_s"]) / 4)
+    pool_tpot = res.summary["disaggregation"]["decode"]["tpot_s"]["mean"]
+    assert pool_tpot == pytest.approx((r["finish_s"] - r["decode_admitted_s"]) / 4)
+    assert pool_tpot < r["tpot_s"]
+
+
+def test_one_token_outputs_finish_in_the_prefill_pool():
+    res = run(scenario(workload=requests((0.0, 500, 1)), disaggregation=disagg()))
+    r = res.requests.iloc[0]
+    assert r["status"] == "finished" and r["replica"] == 0 and np.isnan(r["transfer_end_s"])
+    assert (res.iterations["replica"] == 0).all()
+
+
+def test_gpu_seconds_and_energy_count_every_gpu_of_every_pool():
+    res = run(scenario(workload=requests((0.0, 500, 20), (0.1, 700, 30)), disaggregation=disagg(prefill=2, decode=3)))
+    s = res.summary
+    assert s["gpus"] == 5 and s["replicas"] == 5
+    assert s["gpu_seconds"] == pytest.approx(5 * s["makespan_s"])
+    tdp = 600.0  # rtx-pro-6000-bw-ws power cap
+    assert s["energy_j"] == pytest.approx(5 * tdp * s["makespan_s"])
+    parts = s["disaggregation"]
+    assert parts["prefill"]["gpu_seconds"] + parts["decode"]["gpu_seconds"] == pytest.approx(s["gpu_seconds"])
+
+
+@pytest.mark.skipif("parallel" not in Scenario.model_fields, reason="the scenario schema has no parallel layout yet")
+def test_gpu_seconds_count_the_gpus_of_each_pools_layout():
+    sc = scenario(model="llama-3.1-70b", hardware="h100-sxm", kv={"block_tokens": 16, "budget": "20GiB"},
+                  workload=requests((0.0, 500, 20)),
+                  disaggregation=disagg(prefill=2, decode=1, prefill_pool={"parallel": {"tp": 2}},
+                                        decode_pool={"parallel": {"tp": 4}}))
+    s = run(sc).summary
+    assert s["gpus"] == 2 * 2 + 1 * 4
+    assert s["gpu_seconds"] == pytest.approx(8 * s["makespan_s"])
+    assert s["disaggregation"]["transfer"]["lanes"] == 2
+
+
+def test_pools_take_their_own_scheduler():
+    pools = {"prefill_pool": {"scheduler": {"kind": "continuous", "max_num_seqs": 4, "max_num_batched_tokens": 8192}},
+             "decode_pool": {"scheduler": {"kind": "continuous", "max_num_seqs": 128, "max_num_batched_tokens": 8192}}}
+    res = run(scenario(workload=requests(*[(0.0, 300, 10)] * 8), disaggregation=disagg(**pools)))
+    its = res.iterations
+    assert its.loc[its["replica"] == 0, "batch_size"].max() == 4
+    assert its.loc[its["replica"] == 1, "batch_size"].max() == 8
+
+
+def _load(data):
+    sc = validate_mapping(Scenario, data, "disagg.yaml")
+    return sc
+
+
+def test_a_pool_with_zero_replicas_is_refused_naming_the_field():
+    base = scenario().model_dump(mode="python")
+    base["disaggregation"] = disagg(prefill=0)
+    with pytest.raises(ConfigError) as err:
+        _load(base)
+    assert "disaggregation.prefill.replicas" in str(err.value)
+
+
+def test_a_missing_link_bandwidth_is_refused_naming_the_field():
+    # the RTX PRO 6000 workstation card has no kv_transfer_link in its profile
+    sc = scenario(workload=requests((0.0, 100, 5)), disaggregation=disagg(bandwidth_gbs=None))
+    with pytest.raises(ConfigError) as err:
+        run(sc)
+    assert "disaggregation.link.bandwidth_gbs" in str(err.value) and "rtx-pro-6000-bw-ws" in str(err.value)
+
+
+def test_the_card_link_is_used_when_the_scenario_gives_none():
+    sc = scenario(hardware="h100-sxm", workload=requests((0.0, 1000, 5)), disaggregation=disagg(bandwidth_gbs=None))
+    tr = run(sc).summary["disaggregation"]["transfer"]
+    assert tr["bandwidth_bytes_per_s"] == 50e9  # ConnectX-7, 400 Gb/s per GPU
+
+
+def test_what_disaggregation_does_not_model_is_refused_naming_the_field():
+    with pytest.raises(ConfigError) as err:
+        run(scenario(cluster={"replicas": 2}, workload=requests((0.0, 100, 5)), disaggregation=disagg()))
+    assert "cluster.replicas" in str(err.value)
+
+
+def test_same_seed_same_bytes():
+    wl = {"kind": "synthetic", "num_requests": 80, "arrival": {"kind": "poisson", "rate_rps": 5.0},
+          "prompt_tokens": {"kind": "uniform", "low": 100, "high": 2000},
+          "output_tokens": {"kind": "uniform", "low": 2, "high": 100}}
+    a = run(scenario(workload=wl, disaggregation=disagg(prefill=2, decode=2)))
+    b = run(scenario(workload=wl, disaggregation=disagg(prefill=2, decode=2)))
+    assert a.digest() == b.digest()
+
+
+def test_cancelled_in_transfer_leaves_without_decoding():
+    reqs = {"kind": "requests", "requests": [{"arrival_s": 0.0, "prompt_tokens": 4000, "output_tokens": 50,
+                                              "cancel_at_s": None}]}
+    first = run(scenario(workload=reqs, disaggregation=disagg(bandwidth_gbs=0.5))).requests.iloc[0]
+    mid = (first["transfer_start_s"] + first["transfer_end_s"]) / 2
+    reqs["requests"][0]["cancel_at_s"] = float(mid)
+    res = run(scenario(workload=reqs, disaggregation=disagg(bandwidth_gbs=0.5)))
+    r = res.requests.iloc[0]
+    assert r["status"] == "cancelled" and r["output_tokens"] == 1
+    assert (res.iterations["replica"] == 0).all()  # the decode replica never ran
