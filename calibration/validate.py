@@ -310,6 +310,9 @@ def add_validate_args(p: argparse.ArgumentParser) -> None:
                         "engine in its own interpreter (calibration/engines/validate_vllm.py)")
     p.add_argument("--engine-python", help="--engine vllm: python of the engine's venv (default "
                                            "/work/venvs/vllm/bin/python)")
+    p.add_argument("--record-only", action="store_true",
+                   help="--engine vllm: only replay and write the engine's records and tables (a calibration run for "
+                        "`capsim fit OUT/engine/replay-1/iterations.jsonl`); no profile needed")
 
 
 def _floats(text: str) -> list[float]:

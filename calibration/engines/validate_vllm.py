@@ -217,9 +217,25 @@ def print_vllm_report(report: dict, file=None) -> None:
             print(f"  note: {n}", file=file)
 
 
+def record_only(cfg, engine_python_path: str | None) -> int:
+    """Replay the scenario --replays times and write the engine's records and tables, nothing else."""
+    python = engine_python(engine_python_path)
+    scenario, base = load_scenario(cfg.scenario, cfg.overrides)
+    spec, wl = build_spec(scenario, base, cfg.clock)
+    log = (lambda s: print(s, file=cfg.stream, flush=True)) if cfg.stream is not None else (lambda s: None)
+    runs, _ = _replay_all(cfg, spec, wl, Path(cfg.out), python, log)
+    model = base / scenario.model if scenario.model.endswith(".yaml") else scenario.model
+    for run in runs:
+        print(f"wrote {run.out} (fit a profile: capsim fit {run.out / 'iterations.jsonl'} --model {model} "
+              "--out PROFILE.yaml)")
+    return 0 if all(r.complete for r in runs) else 1
+
+
 def vllm_main(args, cfg) -> int:
     """Entry from calibration.validate.validate_main when --engine vllm."""
     try:
+        if getattr(args, "record_only", False):
+            return record_only(cfg, args.engine_python)
         report = run_vllm_validation(cfg, args.engine_python)
     except (EngineError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
