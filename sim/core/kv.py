@@ -134,8 +134,13 @@ class BlockManager:
         self.eviction = eviction
         self.snapshot_tokens = snapshot_tokens
         self.block_value = block_value
-        self.blocks = [Block(i) for i in range(num_blocks)]
-        self.free_list: list[int] = list(range(num_blocks - 1, -1, -1))  # pop() hands out 0, 1, 2, ...
+        # Blocks come into being when first handed out (never one object per block up front: a pool
+        # of 1e24 blocks costs nothing). Logically the free list is a stack whose bottom holds the
+        # never-used ids in order (handed out 0, 1, 2, ...); `free_list` holds the freed ids on top of
+        # them and the never-used ones start at `_fresh`.
+        self.blocks: list[Block] = [Block(0)]
+        self.free_list: list[int] = [0]
+        self._fresh = 1
         self.cached_free: OrderedDict[int, None] = OrderedDict()        # LRU order: oldest first
         self.index: dict[int, int] = {}                                  # content hash -> block id
         self._dups: dict[int, list[int]] = {}                            # content hash -> live duplicates
@@ -149,7 +154,35 @@ class BlockManager:
     @property
     def free_blocks(self) -> int:
         """Blocks a new allocation can take: the free list plus evictable cached blocks."""
-        return len(self.free_list) + len(self.cached_free)
+        return len(self.free_list) + (self.num_blocks - self._fresh) + len(self.cached_free)
+
+    @property
+    def empty_blocks(self) -> int:
+        """Blocks with no content (freed or never used)."""
+        return len(self.free_list) + (self.num_blocks - self._fresh)
+
+    def free_ids(self) -> list[int]:
+        """The free list as a stack (last handed out first); materialises every id: for tests."""
+        return list(range(self.num_blocks - 1, self._fresh - 1, -1)) + self.free_list
+
+    def _take_empty(self, n: int) -> list[int]:
+        """n block ids with no content, in hand-out order: freed ones first (last freed first), then
+        never-used ones (created here with one reference)."""
+        fl = self.free_list
+        take = min(n, len(fl))
+        new = fl[len(fl) - take:]
+        del fl[len(fl) - take:]
+        new.reverse()  # pop() order: the most recently freed first
+        blocks = self.blocks
+        for bid in new:
+            blocks[bid].ref_count = 1
+        more = n - take
+        if more:
+            f0 = self._fresh
+            self._fresh = f0 + more
+            blocks.extend([Block(b, 1) for b in range(f0, f0 + more)])
+            new.extend(range(f0, f0 + more))
+        return new
 
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_tokens)
@@ -209,14 +242,14 @@ class BlockManager:
         if extra > self.free_blocks:
             raise RuntimeError(f"request {req.rid}: allocate {extra} blocks with {self.free_blocks} free; "
                                "call can_allocate first")
-        fl, blocks = self.free_list, self.blocks
-        take = min(extra, len(fl))
-        new = fl[len(fl) - take:]
-        del fl[len(fl) - take:]
-        new.reverse()  # pop() order: the most recently freed first
-        new.extend(self._evict(now_s) for _ in range(extra - take))
-        for bid in new:
-            blocks[bid].ref_count = 1
+        empty = self.empty_blocks
+        new = self._take_empty(min(extra, empty))
+        if extra > empty:
+            evicted = [self._evict(now_s) for _ in range(extra - empty)]
+            blocks = self.blocks
+            for bid in evicted:
+                blocks[bid].ref_count = 1
+            new.extend(evicted)
         table.extend(new)
         self.used_blocks += extra
         if self.used_blocks > self.peak_blocks:
@@ -347,10 +380,11 @@ class BlockManager:
         for depth, h in enumerate(hashes):
             if h in self.index:
                 continue
-            if not self.free_list:
+            if not self.empty_blocks:
                 raise ValueError(f"warm prefix of {tokens} tokens does not fit the KV pool of {self.num_blocks} blocks")
-            bid = self.free_list.pop()
+            bid, = self._take_empty(1)
             blk = self.blocks[bid]
+            blk.ref_count = 0
             blk.content_hash, blk.depth, blk.last_used_s, blk.cached_since_s = h, depth, now_s, now_s
             self.index[h] = bid
             self.cached_free[bid] = None

@@ -36,7 +36,7 @@ def test_allocation_hands_out_ids_in_order_and_free_returns_them():
     assert kv.free_blocks == 3 and kv.used_blocks == 7
     kv.free(a)
     # private blocks are not indexed: straight back to the free list, tail first
-    assert kv.free_list[-3:] == [2, 1, 0] and not kv.cached_free
+    assert kv.free_ids()[-3:] == [2, 1, 0] and not kv.cached_free
     c = req(2, 8)
     kv.allocate(c, 8)
     assert c.block_table == [0, 1]  # pop() takes the most recently freed head block first
@@ -52,7 +52,7 @@ def test_prefix_hit_reuses_exact_blocks_and_lru_evicts_oldest_first():
     assert a.block_table == [0, 1, 2] and a.indexed_blocks == 2  # only the 2 full shared blocks
     kv.free(a, now_s=2.0)
     assert list(kv.cached_free) == [1, 0]  # freed tail first: block 1 is evicted before block 0
-    assert kv.free_list == [5, 4, 3, 2]
+    assert kv.free_ids() == [5, 4, 3, 2]
     b = with_prefix(1, 9, "sys", 8)
     hits = kv.match(b)
     assert hits == [0, 1]

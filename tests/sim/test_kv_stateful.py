@@ -89,9 +89,11 @@ class BlockManagerMachine(RuleBasedStateMachine):
     @invariant()
     def pool_is_partitioned(self):
         kv = self.kv
-        assert len(kv.free_list) + kv.used_blocks + len(kv.cached_free) == kv.num_blocks
-        assert len(set(kv.free_list)) == len(kv.free_list)
-        assert not set(kv.free_list) & set(kv.cached_free)
+        free = kv.free_ids()
+        assert len(free) + kv.used_blocks + len(kv.cached_free) == kv.num_blocks
+        assert len(free) == kv.empty_blocks
+        assert len(set(free)) == len(free)
+        assert not set(free) & set(kv.cached_free)
 
     @invariant()
     def ref_counts_match_holders(self):
@@ -104,7 +106,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
     def index_entries_match_content(self):
         for h, bid in self.kv.index.items():
             assert self.kv.blocks[bid].content_hash == h
-            assert bid not in self.kv.free_list
+            assert bid not in self.kv.free_ids()
 
     @invariant()
     def computed_blocks_of_live_requests_are_indexed(self):
