@@ -13,6 +13,7 @@ two things it is given:
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Protocol
 
 import numpy as np
@@ -35,10 +36,15 @@ class StepExecutor(Protocol):
 
 
 class ModelledExecutor:
-    """Step times from a step-time model: the simulation's executor."""
+    """Step times from a step-time model: the simulation's executor.
 
-    def __init__(self, step_time):
+    With `fast_forward`, stretches of steady decode iterations (the same batch, one token longer
+    each, nothing arriving) are committed without an event per iteration; the outputs are the same
+    byte for byte (tests/sim/test_fast_decode.py)."""
+
+    def __init__(self, step_time, fast_forward: bool = True):
         self.step_time = step_time
+        self.fast_forward = fast_forward
 
     def begin(self, now_s: float) -> None:
         """Nothing to line up: simulated time is the only clock."""
@@ -71,6 +77,19 @@ def _cancel_at(env: simpy.Environment, req: Request, cancel):
     cancel(req)
 
 
+def _delay_to(now_s: float, t_s: float) -> float:
+    """The delay whose timeout from `now_s` lands exactly on `t_s` (now + delay == t_s in floats)."""
+    d = t_s - now_s
+    for _ in range(64):
+        if now_s + d < t_s:
+            d = math.nextafter(d, math.inf)
+        elif now_s + d > t_s:
+            d = math.nextafter(d, -math.inf)
+        else:
+            return d
+    raise AssertionError(f"no delay lands on {t_s!r} from {now_s!r}")
+
+
 def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_outcome, on_dropped):
     """One replica: admit arrivals, plan a step, let it pass, commit. Policy lives in the scheduler.
 
@@ -92,7 +111,12 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
             pool = scheduler.pool
             start, index = env.now, scheduler.iteration
             blocks = (pool.used_blocks, len(pool.cached_free), pool.host_used_blocks)
-            yield env.timeout(executor.execute(plan, start))
+            step = executor.execute(plan, start)
+            if getattr(executor, "fast_forward", False):  # a modelled step: skip steady decode stretches
+                start, step = scheduler.fast_forward(plan, start, step, env.peek(), executor.step_time.step_s,
+                                                     timeline, blocks)
+                index = scheduler.iteration
+            yield env.timeout(step if start == env.now else _delay_to(env.now, start + step))
             timeline.on_iteration(start, env.now, plan, blocks)
             outcome = scheduler.commit(plan, env.now)
             timeline.on_tokens(index, start, env.now, outcome)

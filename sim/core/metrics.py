@@ -135,6 +135,7 @@ class Timeline:
         self._ends = array("d")
         self._prev_end_s: float | None = None
         self.busy_s = 0.0
+        self._stretches: list[tuple] = []  # fast-forwarded iterations, kept compact (see table())
 
     # ---- iterations and tokens --------------------------------------------------------------
     def on_iteration(self, start_s: float, end_s: float, plan, blocks: tuple[int, int, int]) -> None:
@@ -151,7 +152,25 @@ class Timeline:
         return len(self._ends)
 
     def table(self) -> dict[str, np.ndarray]:
-        flat = np.frombuffer(self.rows, dtype=float).reshape(-1, len(ITERATION_COLUMNS)).copy()
+        """The iteration rows as columns (fast-forwarded stretches expanded in place)."""
+        flat = np.frombuffer(self.rows, dtype=float).reshape(-1, len(ITERATION_COLUMNS))
+        if not self._stretches:
+            flat = flat.copy()
+        else:
+            ends, durations = np.frombuffer(self._ends, dtype=float), np.frombuffer(self.durations, dtype=float)
+            parts, pos = [], 0
+            for row, first, k, start_s, const, pairs, count in self._stretches:
+                parts.append(flat[pos:row])
+                pos = row
+                block = np.empty((k, len(ITERATION_COLUMNS)))
+                block[:] = const
+                block[0, 1] = start_s  # each later one starts when the one before ends
+                block[1:, 1] = ends[first:first + k - 1]
+                block[:, 2] = durations[first:first + k]
+                block[:, 5] = pairs + count * np.arange(k, dtype=np.int64)
+                parts.append(block)
+            parts.append(flat[pos:])
+            flat = np.concatenate(parts)
         return {c: flat[:, k] for k, c in enumerate(ITERATION_COLUMNS)}
 
     def end_s(self, index: int) -> float:
@@ -166,6 +185,27 @@ class Timeline:
             req.max_itl_s = top
         if self.rec.track_request_gaps:
             self.rec.add_gaps(req, gaps.tolist())
+
+    def on_steady_iterations(self, starts: list[float], ends: list[float], plan, blocks: tuple[int, int, int],
+                             count: int) -> None:
+        """`on_iteration` + `on_tokens` of consecutive fast-forwarded iterations in which only the
+        `count` decode-set members emitted (all regular gaps); `plan` is already the plan of the
+        iteration after the last one (each iteration read `count` more KV tokens than the one before)."""
+        k = len(starts)
+        durations = [e - s for s, e in zip(starts, ends)]
+        busy = self.busy_s
+        for d in durations:  # summed one by one, as on_iteration does
+            busy += d
+        self.busy_s = busy
+        self.durations.extend(durations)
+        self._ends.extend(ends)
+        self.rec.itl_gap.extend(durations)
+        self.rec.itl_weight.extend([count] * k)
+        self._prev_end_s = ends[-1]
+        self._stretches.append((len(self.rows) // len(ITERATION_COLUMNS), len(self._ends) - k, k, starts[0],
+                                (self.replica, 0.0, 0.0, plan.prefill_tokens, plan.decode_seqs, 0.0, blocks[0],
+                                 blocks[1], blocks[2], plan.num_seqs, plan.new_tokens, plan.swap_bytes, count),
+                                plan.pairs - count * k, count))
 
     def on_tokens(self, index: int, start_s: float, end_s: float, outcome) -> None:
         """Token times of an iteration's emitters; decode-set members count as regular gaps."""

@@ -60,6 +60,9 @@ class Scheduler:
     """Base of all policies. Subclasses implement `_schedule(plan, now_s)` and set `kind`."""
 
     kind: ClassVar[str]
+    steady_decodes_only: ClassVar[bool] = False
+    """True when `_schedule` plans nothing but the decode set while no request waits and every
+    running request decodes (then stretches of such iterations may be fast-forwarded)."""
 
     def __init__(self, config: SchedulerConfig, pool: BlockManager, kv_admission: Literal["reserve", "on_demand"],
                  deadline_check: Callable[[Request, float], bool] | None = None, lazy_decode: bool = True,
@@ -406,6 +409,61 @@ class Scheduler:
             else:
                 del self._dec_adapters[req.adapter]
         req.lazy_version += 1
+
+    # ---- fast-forward ---------------------------------------------------------------------
+    def steady_iterations(self, plan: StepPlan) -> int:
+        """How many iterations, starting with the one `plan` describes, commit nothing but one token
+        for every decode-set member, if no event (arrival, cancellation, fault) comes first: the
+        batch stays the same, each iteration one token longer, until a member finishes or (on_demand)
+        needs its next block. 0 when anything else is going on."""
+        if (not self.steady_decodes_only or not self.lazy or self.speculator is not None or plan.items
+                or plan.lazy_decodes != plan.num_seqs or plan.swap_bytes or self.waiting or self._explicit
+                or self._cancelled_in_flight or self._pending_decoders or self.dropped or not self.decoding):
+            return 0
+        i = self.iteration
+        heap = self._finish_heap
+        while heap[0][2] != heap[0][3].lazy_version:  # stale entries (commit skips them too)
+            heapq.heappop(heap)
+        m = heap[0][0] - i  # iterations i .. top - 1 finish nobody
+        if self.kv_admission == "on_demand":
+            heap = self._block_heap
+            while heap and heap[0][2] != heap[0][3].lazy_version:
+                heapq.heappop(heap)
+            if heap:  # the plan of iteration top allocates: iterations up to top - 1 are planned here
+                m = min(m, heap[0][0] - i - 1)
+        return max(m, 0)
+
+    def fast_forward(self, plan: StepPlan, start_s: float, step_s: float, horizon_s: float,
+                     step_time: Callable[[StepPlan], float], timeline, blocks: tuple) -> tuple[float, float]:
+        """Commit the steady iterations (see `steady_iterations`) that end before `horizon_s`, the
+        next event of the run, without the event loop; exactly what plan/commit would have done,
+        iteration by iteration (same floats, same rows). `plan` becomes the next iteration's plan;
+        returns its start and step time. Nothing happens when the stretch is empty."""
+        m = self.steady_iterations(plan)
+        if m <= 0:
+            return start_s, step_s
+        count = plan.lazy_decodes
+        starts, ends = [], []
+        while m > 0:
+            end_s = start_s + step_s
+            if not end_s < horizon_s:
+                break
+            starts.append(start_s)
+            ends.append(end_s)
+            plan.pairs += count
+            plan.kv_tokens_read += count
+            plan.decode_kv_tokens += count
+            plan.decode_pairs += count
+            plan.max_context += 1
+            start_s, step_s = end_s, step_time(plan)
+            m -= 1
+        if starts:
+            k = len(starts)
+            timeline.on_steady_iterations(starts, ends, plan, blocks, count)
+            self.iteration += k
+            self._dec_computed += k * count
+            self.now_s = ends[-1]
+        return start_s, step_s
 
     # ---- committing -----------------------------------------------------------------------
     def commit(self, plan: StepPlan, now_s: float) -> Outcome:

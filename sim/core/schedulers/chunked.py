@@ -30,6 +30,7 @@ class ChunkedConfig(SchedulerConfig):
 
 class ChunkedPrefill(Scheduler):
     kind = "chunked"
+    steady_decodes_only = True
 
     def _first_chunk(self, tokens_to_compute: int, left: int) -> int:
         return min(self.config.chunk_tokens, tokens_to_compute, left)

@@ -26,6 +26,7 @@ class ContinuousConfig(SchedulerConfig):
 
 class ContinuousBatching(Scheduler):
     kind = "continuous"
+    steady_decodes_only = True
 
     def _refusal(self, req) -> str | None:
         budget = self.config.max_num_batched_tokens

@@ -13,6 +13,7 @@ class FixedConfig(SchedulerConfig):
 
 class FixedBatching(Scheduler):
     kind = "fixed"
+    steady_decodes_only = True
 
     def _schedule(self, plan: StepPlan, now_s: float) -> None:
         if self.running:  # the group decodes until its last member is done
