@@ -144,7 +144,12 @@ def _memory_part(req: pd.DataFrame, rec: Recorder, facts: RunFacts) -> dict:
     stats_of = [r.pool.stats for r in facts.replicas]
     kv_limited = int(req["kv_waited"].sum())
     kv_rejected = sum(1 for r in rec.reject_reasons if r.startswith("kv:"))
-    card_fit = mem.weight_bytes + mem.kv_budget_bytes + mem.activation_bytes <= hw.memory_bytes
+    gpus = getattr(mem, "gpus", 1)
+    if gpus == 1:
+        card_fit = mem.weight_bytes + mem.kv_budget_bytes + mem.activation_bytes <= hw.memory_bytes
+    else:  # per GPU: the fullest GPU's weights, its share of the KV budget and activations
+        card_fit = (mem.weight_bytes_per_gpu + mem.kv_budget_bytes_per_gpu + mem.activation_bytes // gpus
+                    <= hw.memory_bytes)
     memory_fit = bool(card_fit and kv_limited == 0 and kv_rejected == 0 and int(req["preemptions"].sum()) == 0)
     return {
         "peak_kv_bytes": float(peak_blocks * mem.block_bytes),
@@ -173,8 +178,9 @@ def _memory_part(req: pd.DataFrame, rec: Recorder, facts: RunFacts) -> dict:
 def _cost_part(summary: dict, facts: RunFacts) -> dict:
     """GPU-seconds and energy, in all and per good result."""
     sc, mem = facts.scenario, facts.memory
-    n_rep, window, n_good = len(facts.timelines), summary["makespan_s"], summary["good"]
-    busy_s = summary["busy_s"]
+    # every GPU of every replica counts (a replica spans getattr(mem, 'gpus', 1) GPUs)
+    n_rep, window, n_good = len(facts.timelines) * getattr(mem, "gpus", 1), summary["makespan_s"], summary["good"]
+    busy_s = summary["busy_s"] * getattr(mem, "gpus", 1)  # a busy replica keeps all its GPUs busy
     if facts.gpus is not None:  # pools of different layouts (disaggregated serving) count their own
         n_rep, busy_s = facts.gpus, facts.busy_gpu_s
     cap_w = facts.hardware.tdp_w.value
@@ -207,6 +213,8 @@ def summarise(rec: Recorder, facts: RunFacts) -> Result:
     summary["fault_retries"] = facts.fault_retries
     summary.update(_memory_part(req, rec, facts))
     summary.update(_cost_part(summary, facts))
+    if getattr(facts.memory, "gpus", 1) > 1:  # one-GPU summaries stay as they were
+        summary["parallel"] = dict(facts.memory.per_gpu(), gpus=summary["replicas"] * facts.memory.gpus)
     summary["speculative"] = facts.speculation
     summary["little_area"] = rec.area
     return Result(summary, req, its)

@@ -9,6 +9,8 @@ from sim.io.config import Scenario
 from sim.io.errors import ConfigError
 from sim.io.profiles import HardwareProfile, load_model
 from sim.models.memory import OffloadLayout, kv_budget_from_utilization, offload_layout
+from sim.models.parallel import (Layout, check_layout, kv_bytes_per_token_per_gpu, replica_weight_bytes,
+                                 weights_per_gpu)
 from sim.models.spec import ModelSpec
 
 
@@ -29,6 +31,25 @@ class ReplicaMemory:
     host_blocks: int
     offload: OffloadLayout | None
     drafter_spec: ModelSpec | None
+    layout: Layout = Layout()
+    """The replica's GPUs; for more than one, the byte counts above are the replica's (summed over its
+    GPUs) and the per-GPU ones below are the fullest GPU's."""
+    weight_bytes_per_gpu: int = 0
+    kv_bytes_per_token_per_gpu: float = 0
+    kv_budget_bytes_per_gpu: int = 0
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of one replica."""
+        return self.layout.gpus
+
+    def per_gpu(self) -> dict:
+        """What the fullest GPU holds (summary.json `parallel`)."""
+        return {"tp": self.layout.tp, "pp": self.layout.pp, "ep": self.layout.ep, "gpus_per_replica": self.gpus,
+                "weights_bytes_per_gpu": int(self.weight_bytes_per_gpu),
+                "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token_per_gpu,
+                "kv_budget_bytes_per_gpu": int(self.kv_budget_bytes_per_gpu),
+                "activation_bytes_per_gpu": int(self.activation_bytes // self.gpus)}
 
 
 def _drafter(scenario: Scenario) -> tuple[ModelSpec | None, int]:
@@ -58,8 +79,25 @@ def _offload(scenario: Scenario, spec: ModelSpec, hw: HardwareProfile) -> Offloa
     return layout
 
 
-def _kv_budget(scenario: Scenario, hw: HardwareProfile, weight_bytes: int) -> tuple[int, int]:
-    """(KV budget, activation bytes): given in bytes, or from the card's memory utilisation."""
+def replica_layout(scenario: Scenario, spec: ModelSpec) -> Layout:
+    """The replica's layout: `parallel`, else one GPU (or `step_time.model.tp` GPUs of a kind ops model,
+    its older way of saying tensor parallelism); checked against the model."""
+    cfg = getattr(scenario, "parallel", None)
+    ops_tp = getattr(scenario.step_time.model, "tp", 1)
+    if cfg is None:
+        layout, field = Layout(tp=ops_tp), "step_time.model"
+    else:
+        layout, field = Layout.of(cfg), "parallel"
+        if ops_tp not in (1, layout.tp):
+            raise ConfigError(f"step_time.model.tp: {ops_tp} differs from parallel.tp ({layout.tp}); "
+                              f"allowed: {layout.tp} (or leave it out)")
+    check_layout(spec, layout, field)
+    return layout
+
+
+def _kv_budget(scenario: Scenario, hw: HardwareProfile, weight_bytes: int, gpus: int = 1) -> tuple[int, int]:
+    """(KV budget, activation bytes) of the replica: given in bytes, or from each card's memory
+    utilisation less the weights on the fullest GPU (`weight_bytes`), times the GPUs."""
     budget = scenario.kv.budget
     if isinstance(budget, int):
         return budget, 0
@@ -68,30 +106,46 @@ def _kv_budget(scenario: Scenario, hw: HardwareProfile, weight_bytes: int) -> tu
                                         budget.activation_bytes, budget.other_bytes)
     except ValueError as exc:
         raise ConfigError(f"kv.budget: {exc}") from None
-    return kv, budget.activation_bytes
+    return kv * gpus, budget.activation_bytes * gpus
 
 
 def replica_memory(scenario: Scenario, spec: ModelSpec, hw: HardwareProfile) -> ReplicaMemory:
-    """Size one replica of `scenario` on `hw`; a budget that holds no block is a configuration error."""
+    """Size one replica of `scenario` on `hw`; a budget that holds no block is a configuration error.
+
+    Over several GPUs (sim.models.parallel): the KV pool holds what the fullest GPU holds, its blocks
+    costing `block_tokens` x that GPU's KV bytes per token on each of the replica's GPUs."""
     kv = scenario.kv
+    layout = replica_layout(scenario, spec)
+    gpus = layout.gpus
     drafter, draft_bytes = _drafter(scenario)
     per_token = spec.kv_bytes_per_token(kv.format)
+    per_token_gpu = kv_bytes_per_token_per_gpu(spec, layout, kv.format)
     if drafter is not None:
         # the drafter keeps KV for every token too: charged per token, in the same blocks
         per_token += drafter.kv_bytes_per_token(kv.format)
-    block_bytes = kv.block_tokens * per_token
+        per_token_gpu += drafter.kv_bytes_per_token(kv.format) / gpus
+    block_bytes = kv.block_tokens * (per_token if gpus == 1 else per_token_gpu * gpus)
     offload = _offload(scenario, spec, hw)
-    weight_bytes = spec.weight_bytes(scenario.weight_format) - (offload.net_freed_bytes if offload else 0)
+    if offload is not None and gpus > 1:
+        raise ConfigError(f"offload: offloading layers is modelled for one-GPU replicas only (parallel: "
+                          f"{layout.describe()}); allowed: no offload, or parallel tp 1, pp 1")
+    gpu_weights = weights_per_gpu(spec, layout, scenario.weight_format).total
+    if gpus == 1:
+        weight_bytes = spec.weight_bytes(scenario.weight_format) - (offload.net_freed_bytes if offload else 0)
+        gpu_weights = weight_bytes
+    else:
+        weight_bytes = replica_weight_bytes(spec, layout, scenario.weight_format)
     lora_bytes = 0
     if scenario.lora is not None:
         lora_bytes = scenario.lora.adapters * spec.lora_adapter_bytes(scenario.lora.rank, tuple(scenario.lora.targets),
                                                                      "bf16")
-    budget, activation = _kv_budget(scenario, hw, weight_bytes)
+    budget, activation = _kv_budget(scenario, hw, gpu_weights, gpus)
     num_blocks = int((budget - draft_bytes - lora_bytes) // block_bytes)
     if num_blocks < 1:
         raise ConfigError(f"kv.budget: {budget} B holds no {kv.block_tokens}-token block ({block_bytes} B each)")
     host_blocks = int(kv.host_budget // block_bytes)
     if host_blocks and not hw.host_link_bytes_per_s:
         raise ConfigError(f"kv.host_budget: hardware {hw.name} has no host link bandwidth to swap over")
-    return ReplicaMemory(per_token, block_bytes, weight_bytes, budget, activation, draft_bytes, lora_bytes, num_blocks,
-                         host_blocks, offload, drafter)
+    return ReplicaMemory(per_token if gpus == 1 else per_token_gpu * gpus, block_bytes, weight_bytes, budget,
+                         activation, draft_bytes, lora_bytes, num_blocks, host_blocks, offload, drafter, layout,
+                         gpu_weights, per_token_gpu, budget // gpus)

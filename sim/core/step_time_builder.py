@@ -41,13 +41,19 @@ def build_step_time(scenario: Scenario, base_dir: Path, spec: ModelSpec, hw, str
     if isinstance(cfg, LinearStepTime):
         model = costmod.LinearModel(cfg)
     elif isinstance(cfg, EfficiencyStepTime):
+        if getattr(scenario, "parallel", None) is not None and scenario.parallel.gpus > 1:
+            raise ConfigError("step_time.model: kind efficiency models one GPU's roofline; a replica over "
+                              f"{scenario.parallel.gpus} GPUs (parallel) needs kind ops, or a profile / linear model "
+                              "measured on that layout (allowed kinds: ops, profile, linear)")
         model = costmod.EfficiencyModel(cfg, spec, spec.weight_read_bytes(scenario.weight_format),
                                         spec.kv_bytes_per_token(scenario.kv.format),
                                         hw.peak_flops_per_s("fp8" if scenario.weight_format == "fp8" else "bf16"),
                                         st.allow_extrapolation)
     elif isinstance(cfg, OpsStepTime):
-        from sim.models.ops import build_ops_model
-        model = build_ops_model(cfg, spec, hw, scenario.weight_format, scenario.kv.format, st.allow_extrapolation, stream)
+        from sim.core.sizing import replica_layout
+        from sim.models.parallel_ops import build_replica_ops_model
+        model = build_replica_ops_model(cfg, spec, hw, replica_layout(scenario, spec), scenario.weight_format,
+                                        scenario.kv.format, st.allow_extrapolation, stream)
     else:
         raise AssertionError(cfg)
     if st.graph_sizes:

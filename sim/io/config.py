@@ -14,6 +14,7 @@ from sim.core.cluster import ClusterConfig
 from sim.core.disagg_config import DisaggregationConfig
 from sim.io.profiles import EfficiencyStepTime, LinearStepTime
 from sim.io.ops_schema import OpsStepTime
+from sim.io.parallel_schema import ParallelConfig
 from sim.core.schedulers import AnySchedulerConfig
 from sim.io.schema import StrictModel, parse_yaml, read_yaml_mapping, validate_mapping
 from sim.io.units import parse_bytes
@@ -344,6 +345,8 @@ class Scenario(StrictModel):
     cluster: ClusterConfig = Field(default_factory=ClusterConfig)
     disaggregation: DisaggregationConfig | None = Field(
         None, description="Prefill and decode in separate pools, KV sent between them (docs/disaggregation.md)")
+    parallel: ParallelConfig | None = Field(
+        None, description="A replica's GPUs: {tp, pp, ep} (default one GPU); see sim.io.parallel_schema")
 
 
 # ---- loading ---------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ GEMM_COLUMNS = ("m", "n", "k", "latency_us")
 CONTEXT_COLUMNS = ("batch", "seq_len", "heads", "kv_heads", "head_dim", "latency_us")
 GENERATION_COLUMNS = ("batch", "kv_len", "heads", "kv_heads", "head_dim", "latency_us")
 NCCL_COLUMNS = ("op", "gpus", "bytes", "latency_us")
-NCCL_OPS = ("all_reduce", "all_gather")
+NCCL_OPS = ("all_reduce", "all_gather", "alltoall", "send_recv")  # the last two: nccl_parallel.csv (sim.models.parallel_ops)
 
 
 class OutOfRange(Exception):

@@ -1,0 +1,52 @@
+"""Scenario schema of a replica's parallel layout (`parallel: {tp: 4, pp: 1, ep: 1}`).
+
+Kept apart from sim.models.parallel (the arithmetic) so that sim.io.config validates scenarios without
+loading model profiles; whether a model can take a layout (heads, experts, layers) is checked against
+the model by sim.models.parallel.check_layout when the simulation or `capsim memory` loads it.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import Field, NonNegativeFloat, model_validator
+
+from sim.io.schema import StrictModel
+
+MAX_GPUS = 1024
+"""Most GPUs of one replica's layout (any degree above it is a typo)."""
+Degree = Annotated[int, Field(ge=1, le=MAX_GPUS)]
+
+
+class ParallelConfig(StrictModel):
+    """How one replica spans GPUs: tp x pp GPUs. Attention and dense FFNs are split over the tp GPUs of
+    a stage (KV heads replicated when tp exceeds them); MoE layers split their experts over `ep` of those
+    tp GPUs and each expert over the remaining tp / ep; layers are split into pp pipeline stages."""
+
+    tp: Degree = Field(1, description="Tensor-parallel GPUs per pipeline stage")
+    pp: Degree = Field(1, description="Pipeline stages (consecutive layers per stage)")
+    ep: Degree = Field(1, description="Expert-parallel GPUs (MoE only): divides tp; experts are whole on a GPU "
+                                      "when ep = tp, else split tp / ep ways")
+    micro_batches: Degree = Field(1, description="Pipeline micro-batches an iteration is split into (pp > 1): the "
+                                                 "bubble is (pp - 1) / (micro_batches + pp - 1) of the stage time")
+    expert_imbalance: Annotated[float, Field(ge=1.0, le=64.0)] = Field(
+        1.0, description="Tokens on the busiest expert-parallel GPU / the mean (1 = perfectly balanced); an "
+                         "iteration waits for the busiest GPU")
+    routing_skew: NonNegativeFloat = Field(
+        0.0, le=8.0, description="Zipf exponent of expert popularity (0 = uniform routing): skewed routing "
+                                 "touches fewer distinct experts, so fewer expert weights are read")
+
+    @model_validator(mode="after")
+    def _ep_divides_tp(self):
+        if self.tp % self.ep:
+            allowed = [d for d in range(1, self.tp + 1) if self.tp % d == 0]
+            raise ValueError(f"ep ({self.ep}) must divide tp ({self.tp}): expert-parallel GPUs are the tensor-"
+                             f"parallel GPUs of a stage; allowed ep for tp {self.tp}: {allowed}")
+        if self.micro_batches > 1 and self.pp == 1:
+            raise ValueError(f"micro_batches ({self.micro_batches}) needs pp > 1 (pipeline stages); allowed: 1")
+        return self
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of one replica."""
+        return self.tp * self.pp

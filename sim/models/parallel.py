@@ -1,0 +1,290 @@
+"""A replica spread over GPUs: what each GPU holds (weights, KV per token) under a tensor / pipeline /
+expert-parallel layout, which layouts a model can take, and how many distinct experts a batch touches.
+
+Per GPU of a stage of `tp` GPUs (what vLLM and SGLang shard):
+- attention: Q and O split by heads (tp divides the heads); K and V split by KV heads, each KV head
+  replicated tp / kv_heads times when tp exceeds them; MLA (DeepSeek-V3): the down-projections
+  (q_a, kv_a, their norms) replicated, the up-projections (q_b, kv_b) and O split by heads, and the
+  latent KV cache replicated on every GPU of the stage (it has no head axis to split);
+- dense FFN (and shared experts): gate, up and down split tp ways;
+- routed experts: E / ep experts per GPU, each split tp / ep ways (so E / tp experts' worth of bytes);
+  the router replicated;
+- embedding and lm_head: split by vocabulary rows (ceil(V / tp)) on the first / last stage;
+- norms (vectors) replicated.
+Pipeline stages take consecutive layers, ceil(L / pp) on the first stages; the per-GPU figures are
+the fullest GPU's (the one that must fit).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from sim.io.errors import ConfigError
+from sim.models.formats import kv_bytes_per_element, weight_bytes_per_element
+from sim.models.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class Layout:
+    """tp x pp GPUs; ep of the tp GPUs hold experts (MoE). See sim.io.parallel_schema.ParallelConfig."""
+
+    tp: int = 1
+    pp: int = 1
+    ep: int = 1
+    micro_batches: int = 1
+    expert_imbalance: float = 1.0
+    routing_skew: float = 0.0
+
+    @property
+    def gpus(self) -> int:
+        """GPUs of one replica."""
+        return self.tp * self.pp
+
+    @property
+    def moe_tp(self) -> int:
+        """Ways each expert is split (tp / ep)."""
+        return self.tp // self.ep
+
+    @property
+    def trivial(self) -> bool:
+        """One GPU, nothing split."""
+        return self.gpus == 1
+
+    def describe(self) -> str:
+        """tp4, tp8 ep8, tp2 pp2 ..."""
+        parts = [f"tp{self.tp}"] + ([f"pp{self.pp}"] if self.pp > 1 else []) + ([f"ep{self.ep}"] if self.ep > 1 else [])
+        return " ".join(parts)
+
+    @classmethod
+    def of(cls, cfg) -> "Layout":
+        """From a ParallelConfig (or None: one GPU)."""
+        if cfg is None:
+            return cls()
+        return cls(cfg.tp, cfg.pp, cfg.ep, cfg.micro_batches, cfg.expert_imbalance, cfg.routing_skew)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def layout_problems(spec: ModelSpec, layout: Layout, field: str = "parallel") -> list[str]:
+    """Why `spec` cannot take `layout` (empty when it can): each line names the field and the allowed values."""
+    p, out = spec.profile, []
+    tp, pp, ep = layout.tp, layout.pp, layout.ep
+    if p.num_attention_heads % tp:
+        out.append(f"{field}.tp: {tp} does not divide {p.name}'s {p.num_attention_heads} attention heads "
+                   f"(allowed: {_divisors(p.num_attention_heads)})")
+    elif p.mla is None and p.num_kv_heads % tp and tp % p.num_kv_heads:
+        ok = [d for d in _divisors(p.num_attention_heads) if p.num_kv_heads % d == 0 or d % p.num_kv_heads == 0]
+        out.append(f"{field}.tp: {tp} neither divides nor is a multiple of {p.name}'s {p.num_kv_heads} KV heads "
+                   f"(allowed: {ok})")
+    dense_ffn = p.moe is None or p.moe.num_dense_layers > 0
+    if not out and dense_ffn and p.intermediate_size % tp:
+        out.append(f"{field}.tp: {tp} does not divide {p.name}'s FFN width {p.intermediate_size} "
+                   f"(allowed: {[d for d in _divisors(p.num_attention_heads) if p.intermediate_size % d == 0]})")
+    if pp > p.num_layers:
+        out.append(f"{field}.pp: {pp} stages for {p.name}'s {p.num_layers} layers (allowed: 1..{p.num_layers})")
+    if ep > 1 and p.moe is None:
+        out.append(f"{field}.ep: {ep} on {p.name}, a dense model without experts (allowed: 1)")
+    elif p.moe is not None:
+        m = p.moe
+        if m.num_experts % ep:
+            out.append(f"{field}.ep: {ep} does not divide {p.name}'s {m.num_experts} experts "
+                       f"(allowed: {[d for d in _divisors(m.num_experts) if tp % d == 0]} with tp {tp})")
+        elif m.expert_intermediate_size % layout.moe_tp:
+            out.append(f"{field}.ep: tp / ep = {layout.moe_tp} does not divide {p.name}'s expert width "
+                       f"{m.expert_intermediate_size} (allowed ep for tp {tp}: "
+                       f"{[d for d in _divisors(tp) if m.expert_intermediate_size % (tp // d) == 0]})")
+    return out
+
+
+def check_layout(spec: ModelSpec, layout: Layout, field: str = "parallel") -> None:
+    """Raise ConfigError naming the field and the allowed values when `spec` cannot take `layout`."""
+    problems = layout_problems(spec, layout, field)
+    if problems:
+        raise ConfigError(problems)
+
+
+def stage_layers(num_layers: int, pp: int) -> list[range]:
+    """The layers of each pipeline stage: consecutive, the first L % pp stages one layer longer."""
+    base, extra = divmod(num_layers, pp)
+    out, start = [], 0
+    for s in range(pp):
+        n = base + (1 if s < extra else 0)
+        out.append(range(start, start + n))
+        start += n
+    return out
+
+
+# ---- weights per GPU -------------------------------------------------------------------------
+
+
+def _attention_per_gpu(spec: ModelSpec, tp: int) -> tuple[int, int]:
+    """(matrix, vector) parameters of one layer's attention on one GPU of a stage of tp."""
+    p, h = spec.profile, spec.profile.hidden_size
+    if p.mla is not None:
+        m, heads = p.mla, p.num_attention_heads // tp
+        qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+        if m.q_lora_rank:
+            q = h * m.q_lora_rank + m.q_lora_rank * heads * qk   # q_a replicated, q_b split by heads
+        else:
+            q = h * heads * qk
+        kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * heads * (m.qk_nope_head_dim + m.v_head_dim)
+        o = heads * m.v_head_dim * h
+        vec = h + m.kv_lora_rank + (m.q_lora_rank or 0)
+        return q + kv + o, vec
+    heads, kvh, hd = p.num_attention_heads // tp, max(p.num_kv_heads // tp, 1), p.head_dim
+    mat = h * heads * hd + 2 * h * kvh * hd + heads * hd * h
+    vec = h + ((heads + 2 * kvh) * hd if p.qkv_bias else 0) + (2 * hd if p.qk_norm else 0)
+    return mat, vec
+
+
+def _ffn_per_gpu(spec: ModelSpec, layout: Layout, layer: int) -> int:
+    """Matrix parameters of one layer's FFN on one GPU."""
+    p, h, tp = spec.profile, spec.profile.hidden_size, layout.tp
+    if p.moe is None or layer < p.moe.num_dense_layers:
+        return 3 * h * p.intermediate_size // tp
+    m = p.moe
+    expert = 3 * h * m.expert_intermediate_size
+    routed = (m.num_experts // layout.ep) * expert // layout.moe_tp
+    return h * m.num_experts + routed + m.num_shared_experts * expert // tp
+
+
+@dataclass(frozen=True)
+class GpuWeights:
+    """Weight bytes on the fullest GPU of a layout, by part (their sum is `total`)."""
+
+    attention: int
+    ffn: int
+    """Dense FFNs, routed experts, shared experts and routers."""
+    embedding: int
+    lm_head: int
+    norms: int
+    stage: int
+    """The pipeline stage of the fullest GPU."""
+
+    @property
+    def total(self) -> int:
+        """All weight bytes on that GPU."""
+        return self.attention + self.ffn + self.embedding + self.lm_head + self.norms
+
+    def as_dict(self) -> dict:
+        """By part, with the total (JSON)."""
+        return {"attention": self.attention, "ffn": self.ffn, "embedding": self.embedding, "lm_head": self.lm_head,
+                "norms": self.norms, "total": self.total, "stage": self.stage}
+
+
+def stage_weights(spec: ModelSpec, layout: Layout, fmt: str = "bf16") -> list[GpuWeights]:
+    """Weight bytes of one GPU of each pipeline stage. Quantised formats apply to layer matrices;
+    embedding, lm_head and norms stay BF16 (as ModelSpec.weight_bytes counts them)."""
+    p, tp = spec.profile, layout.tp
+    b = weight_bytes_per_element(fmt)
+    other = b if fmt in ("fp32", "fp16", "bf16") else 2
+    rows = math.ceil(p.vocab_size / tp) * p.hidden_size
+    att_mat, att_vec = _attention_per_gpu(spec, tp)
+    stages = stage_layers(p.num_layers, layout.pp)
+    out = []
+    for s, layers in enumerate(stages):
+        first, last = s == 0, s == len(stages) - 1
+        att = int(math.ceil(len(layers) * att_mat * b))
+        ffn = int(math.ceil(sum(_ffn_per_gpu(spec, layout, i) for i in layers) * b))
+        vecs = len(layers) * (att_vec + p.hidden_size) + (p.hidden_size if last else 0)
+        emb = rows * other if (first and not (p.tie_word_embeddings and last)) else 0
+        head = rows * other if last else 0
+        out.append(GpuWeights(att, ffn, emb, head, vecs * other, s))
+    return out
+
+
+def weights_per_gpu(spec: ModelSpec, layout: Layout, fmt: str = "bf16") -> GpuWeights:
+    """Weight bytes of the fullest GPU. With one GPU the total equals ModelSpec.weight_bytes(fmt)."""
+    if layout.trivial:
+        return _single_gpu(spec, fmt)
+    return max(stage_weights(spec, layout, fmt), key=lambda w: (w.total, -w.stage))
+
+
+def replica_weight_bytes(spec: ModelSpec, layout: Layout, fmt: str = "bf16") -> int:
+    """Weight bytes over all GPUs of a replica (replicated parts counted on every GPU holding them)."""
+    if layout.trivial:
+        return spec.weight_bytes(fmt)
+    return layout.tp * sum(w.total for w in stage_weights(spec, layout, fmt))
+
+
+def _single_gpu(spec: ModelSpec, fmt: str) -> GpuWeights:
+    """One GPU: the parts of ModelSpec.weight_bytes (their total equals it)."""
+    p = spec.profile
+    b = weight_bytes_per_element(fmt)
+    other = b if fmt in ("fp32", "fp16", "bf16") else 2
+    total = spec.weight_bytes(fmt)
+    att = int(math.ceil(p.num_layers * spec.attention_matrix_params * b))
+    emb = 0 if p.tie_word_embeddings else spec.embedding_params * other
+    head = spec.lm_head_params * other
+    norms = spec.vector_params * other
+    return GpuWeights(att, total - att - emb - head - norms, emb, head, norms, 0)
+
+
+# ---- KV per GPU ------------------------------------------------------------------------------
+
+
+def kv_bytes_per_token_per_gpu(spec: ModelSpec, layout: Layout, fmt: str = "bf16") -> float:
+    """KV bytes one token costs on the fullest GPU: its stage's layers x the KV heads that GPU holds
+    (one when tp exceeds the KV heads), or the whole MLA latent (replicated over the stage). With
+    one GPU this equals ModelSpec.kv_bytes_per_token(fmt) exactly."""
+    if layout.trivial:
+        return spec.kv_bytes_per_token(fmt)
+    p = spec.profile
+    layers = len(stage_layers(p.num_layers, layout.pp)[0])
+    if p.mla is not None:
+        per_layer = p.mla.kv_lora_rank + p.mla.qk_rope_head_dim
+    else:
+        per_layer = 2 * max(p.num_kv_heads // layout.tp, 1) * p.head_dim
+    v = layers * per_layer * kv_bytes_per_element(fmt)
+    return int(v) if v.denominator == 1 else float(v)
+
+
+def kv_replication(spec: ModelSpec, layout: Layout) -> int:
+    """How many copies of each KV element the replica keeps (1 unless tp exceeds the KV heads, or MLA)."""
+    p = spec.profile
+    if p.mla is not None:
+        return layout.tp
+    return max(layout.tp // p.num_kv_heads, 1)
+
+
+# ---- MoE routing -----------------------------------------------------------------------------
+
+
+def expert_probabilities(num_experts: int, skew: float) -> list[float]:
+    """Each expert's share of routing picks: uniform for skew 0, else Zipf(skew) over popularity rank."""
+    w = [1.0 / (r + 1) ** skew for r in range(num_experts)]
+    s = sum(w)
+    return [x / s for x in w]
+
+
+def distinct_experts(num_experts: int, top_k: int, tokens: float, skew: float = 0.0) -> float:
+    """Expected distinct experts `tokens` tokens touch in one MoE layer, each choosing `top_k`: a token
+    picks expert e with probability q_e = min(1, k p_e), so sum_e 1 - (1 - q_e)^T; uniform routing gives
+    E (1 - (1 - k/E)^T)."""
+    if tokens <= 0:
+        return 0.0
+    if skew == 0.0:
+        return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+    return sum(1.0 - (1.0 - min(1.0, top_k * q)) ** tokens for q in expert_probabilities(num_experts, skew))
+
+
+def smallest_fitting_layout(spec: ModelSpec, memory_bytes: int, fmt: str, reserve_bytes: int = 0,
+                            max_gpus: int = 64) -> Layout | None:
+    """The layout with the fewest GPUs (then the least pipeline, then the least expert parallelism) whose
+    fullest GPU holds its weights plus `reserve_bytes` in `memory_bytes`; None if none up to `max_gpus`."""
+    cands = []
+    for tp in range(1, max_gpus + 1):
+        for pp in range(1, max_gpus // tp + 1):
+            eps = [e for e in _divisors(tp) if spec.profile.moe is not None] or [1]
+            for ep in eps:
+                lay = Layout(tp, pp, ep)
+                if layout_problems(spec, lay):
+                    continue
+                cands.append(((tp * pp, pp, -ep), lay))
+    for _, lay in sorted(cands, key=lambda c: c[0]):
+        if weights_per_gpu(spec, lay, fmt).total + reserve_bytes <= memory_bytes:
+            return lay
+    return None

@@ -1,0 +1,265 @@
+"""Operator-level step times of a replica spread over GPUs (issue [parallel]): the ops model
+(sim.models.ops) extended to pipeline stages, MoE layers with expert parallelism, and MLA attention.
+
+Per layer on one GPU (tp GPUs per stage, see sim.models.parallel for what each holds):
+
+- attention GEMMs at M = the pass's tokens: QKV and O split by heads, or MLA's q_a and kv_a (replicated)
+  and q_b, kv_b, O (split by heads); one all-reduce of M x hidden BF16 values after O under tp;
+- dense layers: gate+up and down split tp ways and an all-reduce, as in sim.models.ops;
+- MoE layers: the router (M x hidden x E, replicated); the routed experts as one grouped GEMM per
+  projection over the GPU's E / ep experts: with T tokens touching D = sum_e 1 - (1 - q_e)^T distinct
+  experts (q_e = k p_e, uniform p_e = 1/E unless parallel.routing_skew gives Zipf popularity), the
+  busiest GPU runs D / ep experts with T k x expert_imbalance / D tokens each, costing D / E of the
+  GEMM over all its experts at that M (weights read: the touched experts'; FLOPs: the active ones');
+  shared experts as a dense FFN split tp ways; communication: an all-reduce over tp when ep = 1, else
+  all-to-all dispatch and combine of each GPU's T k / ep routed token vectors (nccl_parallel.csv),
+  plus an all-reduce over the tp / ep GPUs that split each expert when that exceeds one;
+- attention kernels from the tables: GQA / MHA as sim.models.ops; MLA (no measured kernel): context
+  attention as MHA of the GPU's heads at head_dim 128 scaled by (qk 192 + v 128) / 256 = 1.25 (FLOPs),
+  generation attention as MQA (1 KV head) of the GPU's heads scaled by the latent's bytes per token,
+  (512 + 64) / (2 x 128) = 2.25 (decode attention reads the cache, bandwidth bound);
+- small element-wise ops as sim.models.ops, over the widths this GPU sees.
+
+Pipeline (pp > 1): stage s runs its layers (the last adds lm_head); an iteration split into m
+micro-batches takes sum_s t_s(T/m) + (m - 1) max_s t_s(T/m) + (pp - 1) send/recv(T/m x hidden x 2 B),
+so with m = 1 every stage waits for the others: the bubble, (pp - 1) / (m + pp - 1) of each GPU's time,
+shows in the iteration times. One host overhead per iteration.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from sim.io.errors import ConfigError
+from sim.io.ops_schema import DEFAULT_HOST_OVERHEAD_S, OpsStepTime
+from sim.models.ops import OpsModel, SMALL_OPS, REFERENCE_BANDWIDTH_GBS, ops_dtype
+from sim.models.ops_tables import MCurve, NcclTable, TableSet, _cached, find_table, load_table_set
+from sim.models.parallel import Layout, distinct_experts, expert_probabilities, stage_layers
+from sim.models.spec import ModelSpec
+
+MLA_CONTEXT_SCALE = (192 + 128) / 256
+"""MLA prefill per head: QK over 192 dims and PV over 128, against the 128 + 128 of the measured MHA kernel."""
+MLA_GENERATION_SCALE = (512 + 64) / (2 * 128)
+"""MLA decode reads the latent (512 + 64 values) per token per layer, against one KV head's 2 x 128."""
+
+
+class ParallelOpsModel(OpsModel):
+    """`step_s(plan)` of a replica under `layout` (pipeline, MoE / expert parallelism, MLA); see the module."""
+
+    def __init__(self, cfg: OpsStepTime, spec: ModelSpec, tables: TableSet, dtype: str, memory_bandwidth_gbs: float,
+                 layout: Layout, allow_extrapolation: bool = False, stream=None):
+        p = spec.profile
+        self.cfg, self.spec, self.tables, self.dtype, self.layout = cfg, spec, tables, dtype, layout
+        self.tp = tp = layout.tp
+        self.layers = p.num_layers
+        self.heads = p.num_attention_heads // tp
+        self.kv_heads = 1 if p.mla is not None else max(p.num_kv_heads // tp, 1)
+        self.allow, self.stream, self._warned = allow_extrapolation, stream or sys.stderr, False
+        self.host_s = DEFAULT_HOST_OVERHEAD_S if cfg.host_overhead_s is None else cfg.host_overhead_s
+        self.mixed = cfg.mixed
+        self.moe = p.moe
+        self._probs = expert_probabilities(p.moe.num_experts, layout.routing_skew) if p.moe else None
+        self._attention_tables(tables)
+        self._build_curves(tables, dtype)
+        self.nccl = tables.nccl() if tp > 1 else None
+        self.net = None
+        if layout.ep > 1 or layout.pp > 1:
+            path = find_table(tables.folder, "nccl_parallel")
+            if path is None:
+                raise ConfigError(f"{tables.folder}: no nccl_parallel.csv (all-to-all and send/recv for expert and "
+                                  "pipeline parallelism; benchmarks/parallel_collectives.py writes it)")
+            self.net = _cached(NcclTable, path)
+        self._check_collectives()
+        self._scale = REFERENCE_BANDWIDTH_GBS / memory_bandwidth_gbs
+        self.stages = stage_layers(p.num_layers, layout.pp)
+        dense_upto = p.moe.num_dense_layers if p.moe else p.num_layers
+        self.stage_kinds = [(sum(1 for i in r if i < dense_upto), sum(1 for i in r if i >= dense_upto))
+                            for r in self.stages]
+        self._layer_cache: dict = {}
+
+    # ---- construction ---------------------------------------------------------------------
+    def _attention_tables(self, tables: TableSet) -> None:
+        p = self.spec.profile
+        if p.mla is None:
+            self.context = tables.context().shape(self.heads, self.kv_heads, p.head_dim)
+            self.generation = tables.generation().shape(self.heads, self.kv_heads, p.head_dim)
+            self.context_scale = self.generation_scale = 1.0
+        else:
+            self.context = tables.context().shape(self.heads, self.heads, 128)
+            self.generation = tables.generation().shape(self.heads, 1, 128)
+            self.context_scale, self.generation_scale = MLA_CONTEXT_SCALE, MLA_GENERATION_SCALE
+
+    def _shapes(self) -> tuple[dict, dict, dict]:
+        """(attention, dense FFN, MoE) GEMM shapes (n, k) on one GPU."""
+        p, lay, h, H = self.spec.profile, self.layout, self.spec.profile.hidden_size, self.heads
+        if p.mla is None:
+            hd = p.head_dim
+            att = {"qkv": ((H + 2 * self.kv_heads) * hd, h), "o": (h, H * hd)}
+        else:
+            m = p.mla
+            qk = m.qk_nope_head_dim + m.qk_rope_head_dim
+            att = {"kv_a": (m.kv_lora_rank + m.qk_rope_head_dim, h),
+                   "kv_b": (H * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank), "o": (h, H * m.v_head_dim)}
+            if m.q_lora_rank:
+                att.update(q_a=(m.q_lora_rank, h), q_b=(H * qk, m.q_lora_rank))
+            else:
+                att["q"] = (H * qk, h)
+        dense = {"gate_up": (2 * p.intermediate_size // lay.tp, h), "down": (h, p.intermediate_size // lay.tp)}
+        moe = {}
+        if p.moe is not None:
+            e = p.moe
+            local = e.num_experts // lay.ep
+            width = e.expert_intermediate_size // lay.moe_tp
+            moe = {"router": (e.num_experts, h), "experts_gate_up": (local * 2 * width, h),
+                   "experts_down": (local * h, width)}
+            if e.num_shared_experts:
+                shared = e.num_shared_experts * e.expert_intermediate_size // lay.tp
+                moe.update(shared_gate_up=(2 * shared, h), shared_down=(h, shared))
+        return att, dense, moe
+
+    def _build_curves(self, tables: TableSet, dtype: str) -> None:
+        p = self.spec.profile
+        g = tables.gemm(dtype)
+        att, dense, moe = self._shapes()
+        self.gemm_shapes = {**att, **dense, **moe}
+        curve = {name: MCurve(g.ms, g.curve(n, k), f"{g.path.name}: {name} GEMM m (tokens)")
+                 for name, (n, k) in self.gemm_shapes.items()}
+        self.att_gemms = {k: curve[k] for k in att}
+        self.dense_gemms = {k: curve[k] for k in dense}
+        self.moe_gemms = {k: curve[k] for k in moe}
+        self.gemms = {**self.att_gemms, **self.dense_gemms}  # what OpsModel.breakdown_s names
+        lm = tables.gemm("bf16")
+        self.lm_head = MCurve(lm.ms, lm.curve(p.vocab_size / self.tp, p.hidden_size),
+                              f"{lm.path.name}: lm_head GEMM m (sequences)")
+
+    def _check_collectives(self) -> None:
+        lay = self.layout
+        need = []
+        if self.nccl is not None:
+            need.append((self.nccl, "all_reduce", lay.tp, "parallel.tp"))
+        if lay.ep > 1:
+            need.append((self.net, "alltoall", lay.ep, "parallel.ep"))
+            if lay.moe_tp > 1:
+                need.append((self.nccl, "all_reduce", lay.moe_tp, "parallel.tp / parallel.ep"))
+        if lay.pp > 1:
+            need.append((self.net, "send_recv", 2, "parallel.pp"))
+        for table, op, gpus, field in need:
+            if gpus not in table.gpus(op):
+                raise ConfigError(f"{field}: {table.path} has no {op} measurement on {gpus} GPUs "
+                                  f"(measured: {table.gpus(op)}); allowed: those GPU counts")
+
+    # ---- per layer --------------------------------------------------------------------------
+    def _small_s(self, tokens: float, ffn_width: float) -> float:
+        p = self.spec.profile
+        rope = (self.heads + self.kv_heads) * (p.head_dim if p.mla is None else p.mla.qk_rope_head_dim)
+        widths = {"hidden": p.hidden_size, "qk": rope, "intermediate": ffn_width}
+        const = sum(c * a for c, a, _, _ in SMALL_OPS.values())
+        return const + tokens * sum(c * b * widths[w] * self._scale for c, _, b, w in SMALL_OPS.values())
+
+    def _all_reduce(self, gpus: int, tokens: float) -> float:
+        if gpus <= 1:
+            return 0.0
+        return self._look(self.nccl.at, "all_reduce", gpus, tokens * self.spec.profile.hidden_size * 2)
+
+    def _moe_ffn_s(self, tokens: float) -> float:
+        """Router, routed and shared experts and their communication for one MoE layer."""
+        e, lay, h = self.moe, self.layout, self.spec.profile.hidden_size
+        g = self.moe_gemms
+        t = self._look(g["router"].at, tokens)
+        touched = distinct_experts(e.num_experts, e.experts_per_token, tokens, lay.routing_skew)
+        per_expert = tokens * e.experts_per_token * lay.expert_imbalance / max(touched, 1e-9)
+        share = touched / e.num_experts
+        t += share * (self._look(g["experts_gate_up"].at, per_expert) + self._look(g["experts_down"].at, per_expert))
+        if "shared_gate_up" in g:
+            t += self._look(g["shared_gate_up"].at, tokens) + self._look(g["shared_down"].at, tokens)
+        if lay.ep == 1:
+            t += self._all_reduce(lay.tp, tokens)
+        else:
+            routed = tokens * e.experts_per_token * h * 2 / lay.ep
+            t += 2 * self._look(self.net.at, "alltoall", lay.ep, routed) + self._all_reduce(lay.moe_tp, tokens)
+        width = (e.experts_per_token * lay.expert_imbalance / lay.ep * e.expert_intermediate_size / lay.moe_tp
+                 + e.num_shared_experts * e.expert_intermediate_size / lay.tp)
+        return t + self._small_s(tokens, width)
+
+    def layer_linear_s(self, tokens: float, moe: bool = False) -> float:
+        """One layer's GEMMs, collectives and small ops for a pass over `tokens` tokens."""
+        key = (tokens, moe)
+        t = self._layer_cache.get(key)
+        if t is None:
+            t = sum(self._look(c.at, tokens) for c in self.att_gemms.values()) + self._all_reduce(self.tp, tokens)
+            if moe:
+                t += self._moe_ffn_s(tokens)
+            else:
+                t += sum(self._look(c.at, tokens) for c in self.dense_gemms.values()) + self._all_reduce(self.tp, tokens)
+                t += self._small_s(tokens, self.spec.profile.intermediate_size / self.tp)
+            if len(self._layer_cache) < 65536:
+                self._layer_cache[key] = t
+        return t
+
+    def context_attention_s(self, seqs: float, pairs: float) -> float:
+        """One layer's prefill attention (MLA scaled, see the module)."""
+        return self.context_scale * super().context_attention_s(seqs, pairs)
+
+    def generation_attention_s(self, seqs: float, kv_tokens: float) -> float:
+        """One layer's decode attention (MLA scaled, see the module)."""
+        return self.generation_scale * super().generation_attention_s(seqs, kv_tokens)
+
+    # ---- a pass -------------------------------------------------------------------------------
+    def stage_s(self, stage: int, tokens: float, pre_seqs: float, pre_pairs: float, dec_seqs: float,
+                dec_kv: float, logits: float) -> float:
+        """One pipeline stage's time for (a micro-batch of) the pass."""
+        dense, moe = self.stage_kinds[stage]
+        att = self.context_attention_s(pre_seqs, pre_pairs) + self.generation_attention_s(dec_seqs, dec_kv)
+        t = dense * (self.layer_linear_s(tokens) + att) if dense else 0.0
+        if moe:
+            t += moe * (self.layer_linear_s(tokens, True) + att)
+        if stage == len(self.stages) - 1:
+            t += self.head_s(logits)
+        return t
+
+    def pass_s(self, tokens: int, pre_seqs: int, pre_pairs: int, dec_seqs: int, dec_kv: int, logits: int) -> float:
+        """One forward pass: host overhead, the stages (pipelined over micro-batches), lm_head."""
+        if tokens == 0:
+            return 0.0
+        pp = self.layout.pp
+        if pp == 1:
+            return self.host_s + self.stage_s(0, tokens, pre_seqs, pre_pairs, dec_seqs, dec_kv, logits)
+        m = max(1, min(self.layout.micro_batches, pre_seqs + dec_seqs))
+        f = 1.0 / m
+        ts = [self.stage_s(s, tokens * f, pre_seqs * f, pre_pairs * f, dec_seqs * f, dec_kv * f, logits * f)
+              for s in range(pp)]
+        hop = self._look(self.net.at, "send_recv", 2, tokens * f * self.spec.profile.hidden_size * 2)
+        return self.host_s + sum(ts) + (m - 1) * max(ts) + (pp - 1) * hop
+
+    def breakdown_s(self, tokens: int, pre_seqs: int, pre_pairs: int, dec_seqs: int, dec_kv: int,
+                    logits: int) -> dict[str, float]:
+        """One pass by component (seconds, whole pass; pipeline waits and send/recv in `pipeline`)."""
+        dense = sum(d for d, _ in self.stage_kinds)
+        moe = sum(m for _, m in self.stage_kinds)
+        att_g = (dense + moe) * sum(self._look(c.at, tokens) for c in self.att_gemms.values())
+        ffn = dense * (self.layer_linear_s(tokens) - sum(self._look(c.at, tokens) for c in self.att_gemms.values()))
+        ffn += moe * (self.layer_linear_s(tokens, True) - sum(self._look(c.at, tokens) for c in self.att_gemms.values()))
+        L = dense + moe
+        out = {"attention_gemms": att_g, "ffn_and_collectives": ffn,
+               "context_attention": L * self.context_attention_s(pre_seqs, pre_pairs),
+               "generation_attention": L * self.generation_attention_s(dec_seqs, dec_kv),
+               "lm_head": self.head_s(logits), "host": self.host_s}
+        out["pipeline"] = self.pass_s(tokens, pre_seqs, pre_pairs, dec_seqs, dec_kv, logits) - sum(out.values())
+        return out
+
+
+def build_replica_ops_model(cfg: OpsStepTime, spec: ModelSpec, hw, layout: Layout, weight_format: str,
+                            kv_format: str, allow_extrapolation: bool, stream=None) -> OpsModel:
+    """The ops model of a replica: OpsModel for one stage of a dense GQA model (TP from the layout),
+    ParallelOpsModel for pipelines, MoE or MLA."""
+    from sim.models.ops import build_ops_model
+    p = spec.profile
+    if layout.pp == 1 and p.moe is None and p.mla is None:
+        if cfg.tp != layout.tp:
+            cfg = cfg.model_copy(update={"tp": layout.tp})
+        return build_ops_model(cfg, spec, hw, weight_format, kv_format, allow_extrapolation, stream)
+    if kv_format not in ("bf16", "fp16"):
+        raise ConfigError(f"kv.format: kind ops has attention tables for a BF16 KV cache only, got {kv_format!r}")
+    tables = load_table_set(cfg.tables or hw.name)
+    return ParallelOpsModel(cfg, spec, tables, ops_dtype(cfg, weight_format), hw.memory_bandwidth_gbs.value, layout,
+                            allow_extrapolation, stream)
