@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from sim.core.csvout import csv_text, write_csv
 from sim.core.metrics import ITERATION_COLUMNS, Recorder, Status, Timeline, stats, weighted_stats
 
 STATUS_NAMES = [s.value for s in Status]
@@ -30,15 +31,19 @@ class Result:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
-        self.requests.to_csv(out / "requests.csv", index=False)
-        self.iterations.to_csv(out / "iterations.csv", index=False)
+        write_csv(out / "requests.csv", _columns(self.requests))  # pandas' to_csv text, column by column
+        write_csv(out / "iterations.csv", _columns(self.iterations))
 
     def digest(self) -> str:
         """sha256 over the three outputs: equal digests mean byte-identical files."""
         h = hashlib.sha256(json.dumps(self.summary, sort_keys=True).encode())
-        h.update(self.requests.to_csv(index=False).encode())
-        h.update(self.iterations.to_csv(index=False).encode())
+        h.update(csv_text(_columns(self.requests)).encode())
+        h.update(csv_text(_columns(self.iterations)).encode())
         return h.hexdigest()
+
+
+def _columns(df: pd.DataFrame) -> dict[str, np.ndarray]:
+    return {c: df[c].to_numpy() for c in df.columns}
 
 
 @dataclass(frozen=True)
