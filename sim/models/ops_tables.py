@@ -137,8 +137,8 @@ def _grid(path: Path, axes: list[list[float]], keys: list[tuple], values: list[f
           fill_first_axis: bool = False) -> np.ndarray:
     """Dense array over the axes' cartesian grid, duplicates averaged, monotone. Holes take the
     smallest larger measured point; with `fill_first_axis` (attention: large batches of long
-    sequences were not measured) a hole first takes the next smaller measured batch scaled by the
-    batch ratio (attention work is linear in batch)."""
+    sequences were not measured; GEMM: some cards lack the largest shapes) a hole first takes the
+    next smaller point of the first axis scaled by the ratio (work is linear in batch and in m)."""
     index = [{v: i for i, v in enumerate(ax)} for ax in axes]
     total = np.zeros([len(ax) for ax in axes])
     count = np.zeros_like(total)
@@ -199,7 +199,9 @@ class GemmTable:
         self.ns = sorted(set(t["n"]))
         self.ks = sorted(set(t["k"]))
         keys = list(zip(t["m"], t["n"], t["k"]))
-        self.grid = _grid(path, [self.ms, self.ns, self.ks], keys, [v * 1e-6 for v in t["latency_us"]])
+        # the largest GEMMs were not measured on every card: a hole takes the next smaller m scaled by m
+        self.grid = _grid(path, [self.ms, self.ns, self.ks], keys, [v * 1e-6 for v in t["latency_us"]],
+                          fill_first_axis=True)
 
     def curve(self, n: float, k: float) -> list[float]:
         """Latency over the m grid for one (n, k): bilinear in n and k, split when beyond the grid."""

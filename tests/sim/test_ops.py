@@ -231,3 +231,21 @@ def test_scenario_runs_with_kind_ops_deterministically():
     bad = yaml.safe_load("{kind: ops, dtype: int4}")
     with pytest.raises(Exception, match="dtype"):
         scenario(step_time={"model": bad})
+
+
+def test_every_shipped_table_set_loads_and_composes():
+    from sim.models.ops_tables import known_table_sets
+    sets = known_table_sets()
+    assert {"h100-sxm", "h200-sxm", "b200", "a100-80g-sxm", "l40s", "rtx-pro-6000-server"} <= set(sets)
+    spec = ModelSpec(load_model("llama-3.1-8b"))
+    hw = load_hardware("h100-sxm")  # only its bandwidth is read (small ops); the tables are each card's
+    steps = {}
+    for name in sets:
+        tables = load_table_set(name)
+        assert "aiconfigurator" in tables.source()
+        for tp in (1, 2, 8):
+            m = build_ops_model(OpsStepTime(tables=name, tp=tp), spec, hw, "bf16", "bf16", False)
+            steps[name, tp] = m.step_s(decode_plan(16, 2048))
+            assert 1e-3 < steps[name, tp] < 0.1
+    # the faster card is faster: B200 < H200 <= H100 < A100 < L40S on a memory-bound decode
+    assert steps["b200", 1] < steps["h200-sxm", 1] <= steps["h100-sxm", 1] < steps["a100-80g-sxm", 1] < steps["l40s", 1]
