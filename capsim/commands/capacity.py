@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from capsim.commands.report import add_report_flag, report_after
+from capsim.commands.plan_layouts import add_layout_flags, cmd_plan_layouts
 from sim.io.errors import ConfigError
 from sim.io.units import fmt_bytes, parse_bytes
 
@@ -73,11 +74,14 @@ def _add_plan(sub) -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print plan.json instead of the tables")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     add_report_flag(p)
+    add_layout_flags(p)
     return p
 
 
 def cmd_plan(args) -> int:
     """`capsim plan`: goodput capacity, replicas for a target rate, the ranked search."""
+    if args.gpus is not None:  # the layout search (capsim.commands.plan_layouts)
+        return cmd_plan_layouts(args)
     from sim.planning.capacity import print_plan, run_plan
     from sim.planning.slo import parse_slo
 

@@ -55,7 +55,7 @@ def check_supported(scenario) -> None:
     """Refuse what a disaggregated run does not model yet, naming the field."""
     d = scenario.disaggregation
     problems = []
-    if "replicas" in scenario.cluster.model_fields_set:
+    if scenario.cluster.replicas != 1:
         problems.append("cluster.replicas: with disaggregation give replicas per pool "
                         "(disaggregation.prefill.replicas, disaggregation.decode.replicas)")
     if scenario.cluster.faults:

@@ -1,0 +1,51 @@
+"""`capsim plan --gpus N`: the layout search (sim.planning.layouts), reached through `capsim plan`'s
+parser (capsim.commands.capacity adds these flags and hands over when --gpus is given)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from sim.io.errors import ConfigError
+
+
+def add_layout_flags(p) -> None:
+    """The layout search's flags on `capsim plan`."""
+    g = p.add_argument_group("layout search (with --gpus: rank deployments of a GPU budget; docs/disaggregation.md)")
+    g.add_argument("--gpus", type=int, metavar="N",
+                   help="GPU budget: rank aggregated and disaggregated deployments (tp, pp, ep, replicas, P:D split) "
+                        "of N cards by goodput per GPU")
+    g.add_argument("--card", metavar="HARDWARE", help="the budget's card (a hardware profile; default: the scenario's)")
+    g.add_argument("--tp", metavar="1,2,4,8", help="tensor-parallel degrees to try (default: 1,2,4,8 within N)")
+    g.add_argument("--pp", metavar="1,2", help="pipeline stages to try (default: 1)")
+    g.add_argument("--ep", metavar="1,8", help="expert-parallel degrees to try, dividing tp (default: 1)")
+    g.add_argument("--modes", default="agg,disagg", metavar="agg,disagg",
+                   help="aggregated replicas, disaggregated prefill/decode pools, or both (default)")
+    g.add_argument("--price-per-gpu-hour", type=float, metavar="USD",
+                   help="rank by requests per dollar at capacity instead of goodput per GPU")
+
+
+def cmd_plan_layouts(args) -> int:
+    """Run the layout search of `capsim plan --gpus` and print its ranking."""
+    from sim.planning.layouts import parse_degrees, print_layout_plan, run_layout_plan
+    from sim.planning.slo import parse_slo
+    if args.gpus < 1:
+        raise ConfigError(f"--gpus: expected a positive GPU count, got {args.gpus}")
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    res = run_layout_plan(args.scenario, args.out, args.gpus, card=args.card, price_per_gpu_hour=args.price_per_gpu_hour,
+                          tp=parse_degrees(args.tp, "--tp", None), pp=parse_degrees(args.pp, "--pp", None),
+                          ep=parse_degrees(args.ep, "--ep", None),
+                          modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
+                          slo=parse_slo(args.slo) if args.slo else None, target=args.attainment,
+                          replications=args.replications, requests=args.requests, tol=args.tol,
+                          overrides=args.overrides, workers=args.workers, address=args.dask,
+                          log=None if args.quiet else log)
+    if args.json:
+        print(json.dumps(res.as_dict(), indent=2, default=str))
+    else:
+        print_layout_plan(res)
+        print("wrote " + ", ".join(str(f) for f in res.files))
+    return 0

@@ -1,0 +1,78 @@
+"""capsim plan --gpus: deployments of a GPU budget, ranked by goodput per GPU (sim.planning.layouts)."""
+
+from pathlib import Path
+
+import pytest
+
+from sim.io.errors import ConfigError
+from sim.planning.layouts import Layout, enumerate_deployments, rank, run_layout_plan
+
+TP1, TP2 = Layout(1), Layout(2)
+
+# One request at a time per replica, 1000-token prompts and 2-token outputs, step = 10 ms + 0.1 ms per
+# new token: a prefill takes 110 ms, a decode 10.1 ms, so (links at 50 GB/s add 3 ms of transfer,
+# overlapped with the next prefill) per replica and pool, by hand:
+#   aggregated: 1 / 0.1201 s = 8.33 req/s  -> 3 replicas: 24.98 req/s
+#   prefill pool: 1 / 0.110 s = 9.09 req/s; decode pool: 1 / 0.0101 s = 99 req/s
+#   2 prefill : 1 decode -> min(18.18, 99) = 18.18 req/s;  1 : 2 -> min(9.09, 198) = 9.09 req/s
+CASE = """name: plan-case
+seed: 1
+model: qwen3-8b
+hardware: h100-sxm
+kv: {block_tokens: 16, budget: 8GiB}
+scheduler: {kind: continuous, max_num_seqs: 1, max_num_batched_tokens: 2048}
+step_time:
+  model: {kind: linear, constant_s: 0.010, per_new_token_s: 0.0001, per_pair_s: 0.0}
+workload:
+  kind: synthetic
+  num_requests: 400
+  arrival: {kind: constant, rate_rps: 5}
+  prompt_tokens: {kind: fixed, value: 1000}
+  output_tokens: {kind: fixed, value: 2}
+slo: {e2e_s: 1.0}
+"""
+
+
+def test_deployments_of_four_gpus_are_the_hand_enumerated_ones():
+    labels = [d.label for d in enumerate_deployments(4, [TP1, TP2])]
+    assert labels == ["agg 4xtp1", "agg 2xtp2",
+                      "disagg 1xtp1 : 3xtp1", "disagg 2xtp1 : 2xtp1", "disagg 3xtp1 : 1xtp1",
+                      "disagg 2xtp1 : 1xtp2",   # 1xtp1 : 1xtp2 would leave a GPU for another prefill replica
+                      "disagg 1xtp2 : 2xtp1", "disagg 1xtp2 : 1xtp2"]
+    assert all(d.gpus == 4 for d in enumerate_deployments(4, [TP1, TP2]))
+    assert [d.label for d in enumerate_deployments(3, [TP2], ("agg",))] == ["agg 1xtp2"]
+
+
+def test_rank_by_goodput_per_gpu_or_per_dollar():
+    rows = [{"deployment": "a", "gpus": 4, "capacity_rps": 10.0}, {"deployment": "b", "gpus": 2, "capacity_rps": 6.0},
+            {"deployment": "c", "gpus": 2, "capacity_rps": None}]
+    ranked = rank([dict(r) for r in rows], None)
+    assert [r["deployment"] for r in ranked] == ["b", "a", "c"]
+    assert ranked[0]["goodput_per_gpu_rps"] == 3.0 and ranked[1]["goodput_per_gpu_rps"] == 2.5
+    priced = rank([dict(r) for r in rows], 2.0)
+    assert priced[0]["requests_per_dollar"] == pytest.approx(6.0 * 3600 / (2 * 2.0))
+
+
+def test_the_search_ranks_a_hand_checkable_case(tmp_path: Path):
+    path = tmp_path / "case.yaml"
+    path.write_text(CASE)
+    res = run_layout_plan(path, tmp_path / "out", gpus=3, tp=[1], workers=1, tol=0.02)
+    got = {r["deployment"]: r for r in res.rows}
+    assert [r["deployment"] for r in res.rows] == ["agg 3xtp1", "disagg 2xtp1 : 1xtp1", "disagg 1xtp1 : 2xtp1"]
+    for label, hand in (("agg 3xtp1", 3 / 0.1201), ("disagg 2xtp1 : 1xtp1", 2 / 0.110),
+                        ("disagg 1xtp1 : 2xtp1", 1 / 0.110)):
+        # bisection's bracket plus the finite run's slack above the service rate: within 8%
+        assert got[label]["capacity_rps"] == pytest.approx(hand, rel=0.08)
+        assert got[label]["goodput_per_gpu_rps"] == pytest.approx(got[label]["capacity_rps"] / 3)
+    assert (tmp_path / "out" / "layouts.json").exists() and (tmp_path / "out" / "layouts.csv").exists()
+
+
+def test_bad_budgets_and_modes_are_refused(tmp_path: Path):
+    path = tmp_path / "case.yaml"
+    path.write_text(CASE)
+    with pytest.raises(ConfigError, match="--gpus"):
+        run_layout_plan(path, tmp_path / "o", gpus=0)
+    with pytest.raises(ConfigError, match="--modes"):
+        run_layout_plan(path, tmp_path / "o", gpus=2, modes=("both",))
+    with pytest.raises(ConfigError, match="--price-per-gpu-hour"):
+        run_layout_plan(path, tmp_path / "o", gpus=2, price_per_gpu_hour=-1.0)
