@@ -9,6 +9,7 @@ from pathlib import Path
 
 from sim.io.errors import ConfigError
 from sim.io.units import fmt_bytes, parse_bytes
+from capsim.commands.memory_parallel import add_parallel_args, kv_budget_of, parallel_rows, parallel_view
 
 
 MAX_TOKENS = 100_000_000  # sim.io.config.MAX_TOKENS
@@ -78,12 +79,13 @@ def _add_memory(sub) -> argparse.ArgumentParser:
     p.add_argument("--batch", type=_int_list, help="reads view: batch sizes, e.g. 1,4,16,64")
     p.add_argument("--context", type=_count(1), help="reads view: context tokens per sequence (default: --prompt)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    add_parallel_args(p)
     return p
 
 
 def cmd_memory(args) -> int:
     """`capsim memory`: weights, KV per request, how many requests fit, and what each step reads."""
-    from sim.models.memory import kv_budget_from_utilization, kv_footprint
+    from sim.models.memory import kv_footprint
     from sim.models.spec import ModelSpec
     from sim.io.profiles import load_hardware, load_model
     from sim.models.roofline import b_kv, decode_reads
@@ -96,17 +98,7 @@ def cmd_memory(args) -> int:
         hw = load_hardware(args.hardware) if args.hardware else None
     except ConfigError as exc:
         raise ConfigError([f"--hardware: {line}" for line in exc.lines]) from None
-    budget = args.kv_budget
-    if args.gpu_memory_utilization is not None:
-        if hw is None:
-            raise ConfigError("--gpu-memory-utilization needs --hardware")
-        if budget is not None:
-            raise ConfigError("give either --kv-budget or --gpu-memory-utilization, not both")
-        try:
-            budget = kv_budget_from_utilization(hw, spec.weight_bytes(args.weight_format), args.gpu_memory_utilization,
-                                                args.activation)
-        except ValueError as exc:
-            raise ConfigError(f"--gpu-memory-utilization {args.gpu_memory_utilization}: {exc}") from None
+    layout, budget = kv_budget_of(args, spec, hw)  # --tp/--pp/--ep: the KV figures below are then per GPU
     if args.shared_prefix > args.prompt:
         raise ConfigError(f"--shared-prefix ({args.shared_prefix}) exceeds --prompt ({args.prompt})")
     try:
@@ -137,6 +129,9 @@ def cmd_memory(args) -> int:
                           "memory_bound": r.memory_bound})
         out["reads"] = reads
         out["b_kv"] = b_kv(spec.weight_read_bytes(args.weight_format), ctx, spec.kv_bytes_per_token(args.kv_format))
+    if not layout.trivial:
+        out["parallel"], plan = parallel_view(args, spec, hw, layout, budget)
+        out.update(plan.as_dict())
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
@@ -152,6 +147,8 @@ def cmd_memory(args) -> int:
     if budget is not None:
         rows += [("KV budget", fmt_bytes(budget)), ("fits", "yes" if plan.fits else "NO"),
                  ("max requests", str(plan.max_requests))]
+    if "parallel" in out:
+        rows += parallel_rows(out["parallel"])
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")

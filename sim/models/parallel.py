@@ -180,7 +180,7 @@ def stage_weights(spec: ModelSpec, layout: Layout, fmt: str = "bf16") -> list[Gp
     embedding, lm_head and norms stay BF16 (as ModelSpec.weight_bytes counts them)."""
     p, tp = spec.profile, layout.tp
     b = weight_bytes_per_element(fmt)
-    other = b if fmt in ("fp32", "fp16", "bf16") else 2
+    other = int(b) if fmt in ("fp32", "fp16", "bf16") else 2
     rows = math.ceil(p.vocab_size / tp) * p.hidden_size
     att_mat, att_vec = _attention_per_gpu(spec, tp)
     stages = stage_layers(p.num_layers, layout.pp)
@@ -214,7 +214,7 @@ def _single_gpu(spec: ModelSpec, fmt: str) -> GpuWeights:
     """One GPU: the parts of ModelSpec.weight_bytes (their total equals it)."""
     p = spec.profile
     b = weight_bytes_per_element(fmt)
-    other = b if fmt in ("fp32", "fp16", "bf16") else 2
+    other = int(b) if fmt in ("fp32", "fp16", "bf16") else 2
     total = spec.weight_bytes(fmt)
     att = int(math.ceil(p.num_layers * spec.attention_matrix_params * b))
     emb = 0 if p.tie_word_embeddings else spec.embedding_params * other
@@ -271,20 +271,24 @@ def distinct_experts(num_experts: int, top_k: int, tokens: float, skew: float = 
     return sum(1.0 - (1.0 - min(1.0, top_k * q)) ** tokens for q in expert_probabilities(num_experts, skew))
 
 
+KV_HEADROOM = 0.2
+"""A layout suggested as fitting leaves at least this share of each GPU's usable memory for the KV cache."""
+
+
 def smallest_fitting_layout(spec: ModelSpec, memory_bytes: int, fmt: str, reserve_bytes: int = 0,
-                            max_gpus: int = 64) -> Layout | None:
-    """The layout with the fewest GPUs (then the least pipeline, then the least expert parallelism) whose
-    fullest GPU holds its weights plus `reserve_bytes` in `memory_bytes`; None if none up to `max_gpus`."""
+                            max_gpus: int = 64, max_pp: int = 64) -> Layout | None:
+    """The layout with the fewest GPUs (then the fewest pipeline stages, then the most expert parallelism)
+    whose fullest GPU holds its weights plus `reserve_bytes` in (1 - KV_HEADROOM) of `memory_bytes`;
+    tp a power of two up to 8 (one NVLink node), pp any; None if none up to `max_gpus` GPUs."""
     cands = []
-    for tp in range(1, max_gpus + 1):
-        for pp in range(1, max_gpus // tp + 1):
+    for tp in (1, 2, 4, 8):
+        for pp in range(1, min(max_gpus // tp, max_pp) + 1):
             eps = [e for e in _divisors(tp) if spec.profile.moe is not None] or [1]
             for ep in eps:
                 lay = Layout(tp, pp, ep)
-                if layout_problems(spec, lay):
-                    continue
-                cands.append(((tp * pp, pp, -ep), lay))
+                if not layout_problems(spec, lay):
+                    cands.append(((tp * pp, pp, -ep), lay))
     for _, lay in sorted(cands, key=lambda c: c[0]):
-        if weights_per_gpu(spec, lay, fmt).total + reserve_bytes <= memory_bytes:
+        if weights_per_gpu(spec, lay, fmt).total + reserve_bytes <= (1 - KV_HEADROOM) * memory_bytes:
             return lay
     return None
