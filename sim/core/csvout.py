@@ -55,7 +55,11 @@ def cells(v: np.ndarray) -> list[str]:
     if kind == "b":
         return ["True" if x else "False" for x in v.tolist()]
     if kind in "OU":
-        return [_quote(str(x)) for x in v.tolist()]
+        text = [str(x) for x in v.tolist()]
+        names = {t: _quote(t) for t in set(text)} if len(v) > 64 else None
+        if names is not None and len(names) * 4 < len(v):  # a few labels (status): quoted once each
+            return [names[t] for t in text]
+        return [_quote(t) for t in text]
     raise TypeError(f"cannot write a column of dtype {v.dtype} as CSV")
 
 

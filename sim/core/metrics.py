@@ -157,21 +157,32 @@ class Timeline:
         if not self._stretches:
             flat = flat.copy()
         else:
-            ends, durations = np.frombuffer(self._ends, dtype=float), np.frombuffer(self.durations, dtype=float)
-            parts, pos = [], 0
-            for row, first, k, start_s, const, pairs, count in self._stretches:
-                parts.append(flat[pos:row])
-                pos = row
-                block = np.empty((k, len(ITERATION_COLUMNS)))
-                block[:] = const
-                block[0, 1] = start_s  # each later one starts when the one before ends
-                block[1:, 1] = ends[first:first + k - 1]
-                block[:, 2] = durations[first:first + k]
-                block[:, 5] = pairs + count * np.arange(k, dtype=np.int64)
-                parts.append(block)
-            parts.append(flat[pos:])
-            flat = np.concatenate(parts)
+            flat = self._expand(flat)
         return {c: flat[:, k] for k, c in enumerate(ITERATION_COLUMNS)}
+
+    def _expand(self, flat: np.ndarray) -> np.ndarray:
+        """The explicit rows with every fast-forwarded stretch put back in place (vectorised)."""
+        st = self._stretches
+        row = np.array([x[0] for x in st], dtype=np.int64)      # explicit rows before the stretch
+        first = np.array([x[1] for x in st], dtype=np.int64)    # its first iteration index
+        k = np.array([x[2] for x in st], dtype=np.int64)
+        before = np.cumsum(k) - k                                # stretch rows before the stretch
+        total = len(flat) + int(k.sum())
+        out = np.empty((total, len(ITERATION_COLUMNS)))
+        # explicit row r moves down by the rows of the stretches recorded before it
+        shift = np.concatenate(([0], np.cumsum(k)))[np.searchsorted(row, np.arange(len(flat)), side="right")]
+        out[np.arange(len(flat)) + shift] = flat
+        j = np.arange(int(k.sum()), dtype=np.int64) - np.repeat(before, k)  # index within its stretch
+        it = np.repeat(first, k) + j                             # iteration index
+        block = np.repeat(np.array([x[4] for x in st], dtype=float), k, axis=0)
+        ends, durations = np.frombuffer(self._ends, dtype=float), np.frombuffer(self.durations, dtype=float)
+        # each iteration of a stretch starts when the one before ends; the first where it was told
+        block[:, 1] = np.where(j == 0, np.repeat(np.array([x[3] for x in st], dtype=float), k), ends[it - 1])
+        block[:, 2] = durations[it]
+        block[:, 5] = np.repeat(np.array([x[5] for x in st], dtype=np.int64), k) + np.repeat(
+            np.array([x[6] for x in st], dtype=np.int64), k) * j
+        out[np.repeat(row + before, k) + j] = block
+        return out
 
     def end_s(self, index: int) -> float:
         return self._ends[index]
