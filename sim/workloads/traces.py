@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from datetime import datetime
 from pathlib import Path
 
@@ -58,11 +59,15 @@ def _lines(fh, path: Path):
         raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start} of a read block); expected a trace") from None
 
 
+_AZURE_STAMP = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}")
+
+
 def _azure_time(text: str, path: Path, line: int, field: str = "TIMESTAMP") -> float:
     """'2023-11-16 18:15:46.6805900' (7 fractional digits) -> POSIX seconds, no zone (naive)."""
     head, _, frac = str(text).strip().partition(".")
     try:
-        t = datetime.strptime(head, "%Y-%m-%d %H:%M:%S")
+        # the usual shape parses in C; anything else goes through strptime (the same rules as before)
+        t = datetime.fromisoformat(head) if _AZURE_STAMP.fullmatch(head) else datetime.strptime(head, "%Y-%m-%d %H:%M:%S")
         f = float("0." + frac) if frac else 0.0
     except ValueError:
         raise ConfigError(f"{path}: line {line}: {field}: expected 'YYYY-MM-DD HH:MM:SS.fffffff', got {text!r}") from None
