@@ -47,6 +47,9 @@ def print_summary(s: dict, file=None) -> None:
           file=file)
     print(f"GPU-s per good {num(s['gpu_seconds_per_good'])}   energy per good "
           f"{num(s['energy_j_per_good'], '{:.1f}')} J", file=file)
+    if s.get("disaggregation"):  # prefill and decode pools (sim.core.pools)
+        from sim.core.pools import describe_pools
+        print("\n".join(describe_pools(s["disaggregation"])), file=file)
 
 
 class _Progress:

@@ -5,17 +5,16 @@
       decode:  {replicas: 1}
       link: {bandwidth_gbs: 50, latency_s: 0.0001}  # bandwidth optional: the card's kv_transfer_link
 
-A pool may also carry its own `parallel` layout when the scenario schema has one (the pool's value
-replaces the scenario's for that pool). See docs/disaggregation.md.
+A pool may also carry its own `parallel` layout (the pool's value replaces the scenario's for that
+pool). See docs/disaggregation.md.
 """
 
 from __future__ import annotations
 
-from typing import Any
-
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
 
 from sim.core.schedulers import AnySchedulerConfig
+from sim.io.parallel_schema import ParallelConfig
 from sim.io.schema import StrictModel
 
 
@@ -24,8 +23,8 @@ class PoolConfig(StrictModel):
 
     replicas: PositiveInt = Field(description="Replicas in this pool (each spans the pool's layout of GPUs)")
     scheduler: AnySchedulerConfig | None = Field(None, description="This pool's scheduler (default: the scenario's)")
-    parallel: dict[str, Any] | None = Field(
-        None, description="This pool's parallel layout (same keys as the scenario's `parallel`; default: the scenario's)")
+    parallel: ParallelConfig | None = Field(
+        None, description="This pool's parallel layout {tp, pp, ep} (default: the scenario's `parallel`)")
 
 
 class LinkConfig(StrictModel):

@@ -35,20 +35,8 @@ def pool_scenario(scenario, pool_cfg):
     if pool_cfg.scheduler is not None:
         update["scheduler"] = pool_cfg.scheduler
     if pool_cfg.parallel is not None:
-        if "parallel" not in type(scenario).model_fields:
-            raise ConfigError("disaggregation: a pool's parallel layout needs the scenario schema's `parallel` "
-                              "field, which this version does not have")
-        field_type = type(scenario).model_fields["parallel"].annotation
-        try:
-            update["parallel"] = _validate_layout(field_type, pool_cfg.parallel)
-        except ValueError as exc:
-            raise ConfigError(f"disaggregation: parallel: {exc}") from None
+        update["parallel"] = pool_cfg.parallel
     return scenario.model_copy(update=update)
-
-
-def _validate_layout(field_type, value):
-    from pydantic import TypeAdapter
-    return TypeAdapter(field_type).validate_python(value)
 
 
 def check_supported(scenario) -> None:
@@ -215,3 +203,21 @@ def _transfer_part(req, link: KVLink) -> dict:
             "bytes_per_request": stats(sub["kv_transfer_bytes"].to_numpy()),
             "transfer_s": stats((sub["transfer_end_s"] - sub["prefill_done_s"]).to_numpy()),
             "link_wait_s": stats((sub["transfer_start_s"] - sub["prefill_done_s"]).to_numpy())}
+
+
+def describe_pools(part: dict) -> list[str]:
+    """summary.json's `disaggregation` part as text lines (capsim run prints them)."""
+    def ms(st) -> str:
+        return "-" if st is None or st.get("median") is None else f"{1e3 * st['median']:.2f} ms median"
+    pre, tr, dec = part["prefill"], part["transfer"], part["decode"]
+    util = lambda p: "-" if p["utilization"] is None else f"{100 * p['utilization']:.0f}%"  # noqa: E731
+    return [f"prefill pool: {pre['replicas']} x {pre['gpus_per_replica']} GPU(s), busy {util(pre)}, "
+            f"queue {ms(pre['queue_s'])}, prefill done {ms(pre['prefill_s'])} after arrival",
+            f"KV transfer: {tr['transfers']} transfers, {_mb(tr['bytes_per_request'])} MB median each, "
+            f"{tr['bandwidth_bytes_per_s'] / 1e9:.4g} GB/s, {ms(tr['transfer_s'])} (link wait {ms(tr['link_wait_s'])})",
+            f"decode pool: {dec['replicas']} x {dec['gpus_per_replica']} GPU(s), busy {util(dec)}, "
+            f"queue after transfer {ms(dec['queue_s'])}, pool TPOT {ms(dec['tpot_s'])}"]
+
+
+def _mb(st) -> str:
+    return "-" if st is None or st.get("median") is None else f"{st['median'] / 1e6:.1f}"

@@ -62,8 +62,12 @@ class Simulation:
         self.hw = _load(load_hardware, scenario.hardware, self.base_dir)
         self.spec = ModelSpec(self.model)
         self.spec_cfg = getattr(scenario.scheduler, "speculative", None)
-        self.memory = replica_memory(scenario, self.spec, self.hw)
-        self.step_time = build_step_time(scenario, self.base_dir, self.spec, self.hw, stream)
+        sized = scenario  # a disaggregated scenario's defaults are its decode pool's (sim.core.pools builds each pool)
+        if getattr(scenario, "disaggregation", None) is not None:
+            from sim.core.pools import pool_scenario
+            sized = pool_scenario(scenario, scenario.disaggregation.decode)
+        self.memory = replica_memory(sized, self.spec, self.hw)
+        self.step_time = build_step_time(sized, self.base_dir, self.spec, self.hw, stream)
         self._add_step_overheads()
         self.workload = build_workload(scenario.workload, scenario.seed, self.base_dir)
         self._check_adapters()
