@@ -81,6 +81,11 @@ def calibrate_main(args: argparse.Namespace) -> int:
         print(f"no profile written: fewer than 2 shapes ran (see {res.points_path})", file=sys.stderr)
         return 1
     _print_summary(res)
+    from calibration.harness import heldout_warning
+    fit = res.profile.fit
+    warning = heldout_warning(fit.mape if fit is not None else None, args.clock)
+    if warning:
+        print(warning, file=sys.stderr)
     return 0
 
 
@@ -123,6 +128,7 @@ def add_fit_args(parser: argparse.ArgumentParser) -> None:
                                     "by `capsim calibrate`, or splitwise-sim's perf_model.csv (--format splitwise)")
     parser.add_argument("--model", required=True, help="model profile name or YAML path (for FLOPs and bytes)")
     parser.add_argument("--out", required=True, help="profile YAML to write")
+    parser.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     parser.add_argument("--columns", nargs="+", default=[], metavar="OURS=THEIRS",
                         help="map log columns to ours, e.g. duration_ms=iter_ms prefill_tokens=num_prefill_tokens")
     parser.add_argument("--format", choices=("iterations", "points", "splitwise", "vllm", "vllm-log"), default=None,
@@ -144,8 +150,9 @@ def add_fit_args(parser: argparse.ArgumentParser) -> None:
 
 def fit_main(args: argparse.Namespace) -> int:
     from calibration.logs import FitLogConfig, fit_log
-    from sim.api import load_hardware, load_model
+    from sim.api import check_out_file, load_hardware, load_model
     try:
+        check_out_file(args.out, getattr(args, "force", False))
         cfg = FitLogConfig(
             log=Path(args.log), model=load_model(args.model), out=Path(args.out),
             columns=_pairs(args.columns, "--columns"), where=_pairs(args.where, "--where"), fmt=args.format,

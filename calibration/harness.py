@@ -304,6 +304,35 @@ def _unsettled(times: list[float]) -> bool:
     return (st["time_p75_s"] - st["time_p25_s"]) > 0.1 * st["time_s"]
 
 
+HELDOUT_WARN = 0.25
+"""A held-out error above this (25%) is no fit of the device but of the noise around it."""
+
+
+def loaded_machine_warning(device: str, clock: str) -> str | None:
+    """A warning line when other processes load the CPU (load average > half the cores) on a CPU run:
+    wall-clock times are then noisy, and `--clock thread --threads 1` times the work itself."""
+    try:
+        load = os.getloadavg()
+    except (AttributeError, OSError):
+        return None
+    if device != "cpu" or load[0] <= 0.5 * (os.cpu_count() or 1):
+        return None
+    advice = ("times will be noisy; --clock thread --threads 1 times the torch thread's own CPU time instead"
+              if clock == "wall" else "the thread clock counts only this run's CPU time, but caches are shared")
+    return (f"warning: load average {' '.join(f'{x:.2f}' for x in load)} on {os.cpu_count()} cores: other "
+            f"processes are using the CPU; {advice}")
+
+
+def heldout_warning(mape: float | None, clock: str) -> str | None:
+    """A warning line when the fit's held-out error is huge (noisy timings), with what to do about it."""
+    if mape is None or mape <= HELDOUT_WARN:
+        return None
+    hint = ("rerun with --clock thread --threads 1 on a shared CPU, or on an idle machine" if clock == "wall"
+            else "rerun on an idle machine, with more --repeats")
+    return (f"warning: held-out error {mape:.1%} (> {HELDOUT_WARN:.0%}): the timings are too noisy for this profile "
+            f"to predict anything; {hint}")
+
+
 def _load1() -> float | None:
     try:
         return round(os.getloadavg()[0], 2)
@@ -406,6 +435,7 @@ def calibrate(cfg: RunConfig) -> RunResult:
     """Measure the grid (resuming from the points CSV), fit, write the profile. Raises ValueError on a
     bad configuration or when another run writes the same points; KeyboardInterrupt passes through
     after the finished points are on disk."""
+    check_device(cfg.device)  # before anything asks the device its name (CPU-only torch: an AssertionError)
     with _Lock(cfg.profile_path().with_suffix(".csv")):
         return _calibrate(cfg)
 
@@ -445,9 +475,9 @@ def _calibrate(cfg: RunConfig) -> RunResult:
             raise ValueError(f"--layers {layers_timed}: model {cfg.model.name} has {cfg.model.num_layers} layers")
         meta = _meta_for(cfg, layers_timed)
         print(f"measuring ceilings on {meta['device_name']} ...", file=out)
-        if cfg.device == "cpu" and os.getloadavg()[0] > 0.5 * (os.cpu_count() or 1):
-            print(f"warning: load average {meta['loadavg_start']}: other processes are using the CPU, "
-                  "times will be noisy", file=out)
+        warning = loaded_machine_warning(cfg.device, cfg.clock)
+        if warning:
+            print(warning, file=out)
         c = measure_ceilings(cfg.device, cfg.dtype, cfg.matmul_n, cfg.copy_bytes, clock=cfg.clock)
         meta.update(matmul_tflops=f"{c.matmul_tflops:.6g}", matmul_n=c.matmul_n, copy_gbs=f"{c.copy_gbs:.6g}",
                     copy_bytes=c.copy_bytes, total_memory_bytes=total_memory_bytes(cfg.device))

@@ -19,6 +19,7 @@ Rows with the same features are merged (median duration) before fitting.
 from __future__ import annotations
 
 import csv
+import math
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -61,9 +62,23 @@ class FitLogResult:
 def _read_csv(path: Path) -> list[dict[str, str]]:
     if not path.exists():
         raise ValueError(f"{path}: file not found")
-    with path.open(newline="") as fh:
-        lines = [line for line in fh if not line.startswith("#")]
-    return list(csv.DictReader(lines))
+    if path.is_dir():
+        raise ValueError(f"{path}: is a folder, expected a log CSV")
+    try:
+        with path.open(newline="", encoding="utf-8") as fh:
+            lines = [line for line in fh if not line.startswith("#")]
+    except UnicodeDecodeError:
+        raise ValueError(f"{path}: not a UTF-8 text file; expected a log CSV") from None
+    try:
+        rows = list(csv.DictReader(lines))
+    except csv.Error as exc:
+        raise ValueError(f"{path}: malformed CSV ({exc})") from None
+    for i, row in enumerate(rows, start=2):
+        if None in row or any(v is None for v in row.values()):  # DictReader's marks of a ragged row
+            header = [k for k in row if k is not None]
+            cells = sum(row[k] is not None for k in header) + len(row.get(None) or [])
+            raise ValueError(f"{path}: data row {i - 1}: {cells} cells, but the header has {len(header)} columns")
+    return rows
 
 
 def _filter(rows: list[dict[str, str]], where: dict[str, str], path: Path) -> list[dict[str, str]]:
@@ -89,9 +104,41 @@ def _num(row: dict, col: str, path: Path, default=None) -> float:
             raise ValueError(f"{path}: column {col!r} missing or empty")
         return default
     try:
-        return float(v)
+        f = float(v)
     except ValueError:
         raise ValueError(f"{path}: column {col!r}: not a number: {v!r}") from None
+    if not math.isfinite(f) or f < 0 or f > 1e15:
+        raise ValueError(f"{path}: column {col!r}: expected a finite number >= 0, got {v!r}")
+    return f
+
+
+@dataclass
+class RowCount:
+    """What became of a log's rows: read, kept by --where, used, and why the others were dropped."""
+
+    read: int = 0
+    kept_by_where: int = 0
+    dropped: dict[str, int] = field(default_factory=dict)
+    ignored_columns: list[str] = field(default_factory=list)
+
+    def drop(self, why: str) -> None:
+        self.dropped[why] = self.dropped.get(why, 0) + 1
+
+    @property
+    def used(self) -> int:
+        return self.kept_by_where - sum(self.dropped.values())
+
+    def line(self) -> str:
+        """`16,417 rows read, 2,535 used; dropped: ...; columns ignored: ...`."""
+        parts = [f"{self.read:,} rows read, {self.used:,} used"]
+        if self.kept_by_where != self.read:
+            parts.append(f"{self.read - self.kept_by_where:,} not matching --where")
+        if self.dropped:
+            parts.append("dropped: " + ", ".join(f"{n:,} {why}" for why, n in self.dropped.items()))
+        if self.ignored_columns:
+            parts.append("columns ignored (not ours; map one with --columns OURS=THEIRS): "
+                         + ", ".join(self.ignored_columns))
+        return "; ".join(parts)
 
 
 def iteration_observation(prefill_tokens: int, prefill_seqs: int, prefill_cached: int, decode_seqs: int,
@@ -121,12 +168,19 @@ def iteration_observation(prefill_tokens: int, prefill_seqs: int, prefill_cached
         prefill_pairs=prefill_pairs, prefill_cached_tokens=prefill_cached, max_context=max(1, max_context))
 
 
-def read_iterations(path: Path, columns: dict[str, str], where: dict[str, str]) -> list[fitmod.Observation]:
+def read_iterations(path: Path, columns: dict[str, str], where: dict[str, str],
+                    count: RowCount | None = None) -> list[fitmod.Observation]:
+    """Observations of a per-iteration log CSV; `count` (if given) learns what became of each row."""
+    count = count if count is not None else RowCount()
     unknown = set(columns) - set(CANONICAL)
     if unknown:
         raise ValueError(f"--columns: unknown column(s) {sorted(unknown)}; ours are: {', '.join(CANONICAL)}")
-    rows = _filter(_read_csv(path), where, path)
+    all_rows = _read_csv(path)
+    rows = _filter(all_rows, where, path)
+    count.read, count.kept_by_where = len(all_rows), len(rows)
     name = {c: columns.get(c, c) for c in CANONICAL}
+    count.ignored_columns = [c for c in (all_rows[0] if all_rows else {})
+                             if c not in set(name.values()) and c not in where]
     header = set(rows[0]) if rows else set()
     if name["duration_ms"] not in header and name["duration_s"] not in header:
         raise ValueError(f"{path}: needs a duration_ms or duration_s column (map yours with --columns "
@@ -141,11 +195,13 @@ def read_iterations(path: Path, columns: dict[str, str], where: dict[str, str]) 
         t = get("duration_s", None) if name["duration_s"] in r and r[name["duration_s"]] != "" else \
             _num(r, name["duration_ms"], path) / 1e3
         if not t or t <= 0:
+            count.drop("with a zero duration")
             continue
         pairs = int(get("pairs")) if name["pairs"] in r and r[name["pairs"]] != "" else None
         maxc = int(get("max_context")) if name["max_context"] in r and r[name["max_context"]] != "" else None
         pf, ds = int(get("prefill_tokens")), int(get("decode_seqs"))
         if pf == 0 and ds == 0:
+            count.drop(f"with neither {name['prefill_tokens']} nor {name['decode_seqs']} > 0")
             continue
         try:
             obs.append(iteration_observation(pf, int(get("prefill_seqs")), int(get("prefill_cached_tokens")), ds,
@@ -191,9 +247,10 @@ def merge_duplicates(obs: list[fitmod.Observation]) -> list[fitmod.Observation]:
     return out
 
 
-def fit_log(cfg: FitLogConfig) -> FitLogResult:
-    path = cfg.log
-    fmt = cfg.fmt
+def _read_observations(cfg: FitLogConfig) -> tuple[list, str, list[str], int | None, dict]:
+    """The log's observations in its format (given or sniffed): (observations, format, notes, devices,
+    points meta)."""
+    path, fmt = cfg.log, cfg.fmt
     if fmt is None:
         head = path.read_text()[:64] if path.exists() else ""
         fmt = "points" if head.startswith("# format=capsim") else "iterations"
@@ -227,10 +284,19 @@ def fit_log(cfg: FitLogConfig) -> FitLogResult:
             extra.append("vLLM's iteration-details lines carry no KV context: per-KV-token and pair terms assume "
                          "chunks at position 0 and decodes without context")
     else:
-        obs = read_iterations(path, cfg.columns, cfg.where)
+        count = RowCount()
+        obs = read_iterations(path, cfg.columns, cfg.where, count)
         raw = len(obs)
         obs = merge_duplicates(obs)
+        extra.append(count.line())
         extra.append(f"{raw} logged iterations, {len(obs)} distinct shapes")
+    return obs, fmt, extra, devices, meta
+
+
+def fit_log(cfg: FitLogConfig) -> FitLogResult:
+    """Fit a profile from an engine log or points file (cfg) and write it to cfg.out."""
+    path = cfg.log
+    obs, fmt, extra, devices, meta = _read_observations(cfg)
     if len(obs) < 2:
         raise ValueError(f"{path}: fewer than 2 usable iterations after filtering")
     devices = devices or 1

@@ -354,6 +354,10 @@ def validate_main(args: argparse.Namespace, argv: list[str] | None = None) -> in
     if getattr(args, "engine", "reference") == "vllm":
         from calibration.engines.validate_vllm import vllm_main
         return vllm_main(args, cfg)
+    from calibration.harness import loaded_machine_warning
+    warning = loaded_machine_warning(args.device, args.clock)
+    if warning:  # the measured side of the comparison is only as good as the machine is quiet
+        print(warning, file=sys.stderr)
     try:
         report = run_validation(cfg)
     except ValueError as exc:

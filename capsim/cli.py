@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         for line in exc.lines:
             print(f"error: {line}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("\ninterrupted", file=sys.stderr)
+        return 130
     except ModuleNotFoundError as exc:
         if exc.name == "torch":
             print("error: this command needs PyTorch: pip install 'capsim[calibrate]' "

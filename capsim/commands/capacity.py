@@ -7,15 +7,17 @@ import json
 import sys
 from pathlib import Path
 
-from capsim.commands.report import add_report_flag, report_after
+from capsim.commands.report import add_report_flag, check_report_args, report_after
+from capsim.argtypes import count, fraction, number, positive
 from capsim.commands.plan_layouts import add_layout_flags, cmd_plan_layouts
 from sim.io.errors import ConfigError
+from sim.io.outputs import staged_output
 from sim.io.units import fmt_bytes, parse_bytes
 
 
 def _add_fanout(p) -> None:
     where = p.add_mutually_exclusive_group()
-    where.add_argument("--workers", type=int, metavar="N",
+    where.add_argument("--workers", type=count(1, 4096), metavar="N",
                        help="worker processes of a local Dask cluster (default: one per core); 1 runs in-process")
     where.add_argument("--dask", metavar="ADDRESS",
                        help="send the work to an existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (workers need "
@@ -33,6 +35,8 @@ def _add_sweep(sub) -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="results.csv, points.jsonl (resumable) and plots go here")
     _add_fanout(p)
     p.add_argument("--fresh", action="store_true", help="ignore points already in OUT/points.jsonl")
+    p.add_argument("--force", action="store_true", help="write into an --out folder that holds other files "
+                                                        "(resuming a sweep in its own folder needs no --force)")
     p.add_argument("--no-progress", dest="progress", action="store_false", help="no progress bar on stderr")
     return p
 
@@ -42,7 +46,7 @@ def cmd_sweep(args) -> int:
     from sim.planning.sweep import parse_axes, print_results, run_sweep
     axes = parse_axes(args.grid)
     outcome = run_sweep(args.scenario, axes, args.out, args.overrides, workers=args.workers, address=args.dask,
-                        progress=args.progress, fresh=args.fresh)
+                        progress=args.progress, fresh=args.fresh, force=args.force)
     print_results(outcome, axes)
     print(f"{outcome.total} points: {outcome.computed} run now, {outcome.skipped} already done"
           f"{f', {len(outcome.failed)} failed' if outcome.failed else ''}; wrote "
@@ -57,19 +61,20 @@ def _add_plan(sub) -> argparse.ArgumentParser:
     p.add_argument("scenario", help="scenario YAML (synthetic workload with a rate, or a trace)")
     p.add_argument("--slo", help="bounds in seconds, e.g. ttft=2,tpot=0.1,e2e=30 (also itl=: each request's "
                                  "largest gap); default: the scenario's slo")
-    p.add_argument("--attainment", type=float, default=0.9,
+    p.add_argument("--attainment", type=fraction, default=0.9,
                    help="fraction of requests that must meet every SLO (default 0.9, DistServe's)")
-    p.add_argument("--target-rps", type=float, help="total arrival rate to size the cluster for")
+    p.add_argument("--target-rps", type=positive, help="total arrival rate to size the cluster for")
     p.add_argument("--search", action="append", default=[], metavar="dotted.key=v1,v2,...",
                    help="an axis of the configuration space (repeatable), e.g. --search scheduler.max_num_seqs=32,64")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value",
                    help="override a scenario field (repeatable)")
-    p.add_argument("--replications", type=int, default=3, help="seeds per rate (default 3)")
-    p.add_argument("--requests", type=int, help="requests per run (workload.num_requests, or a trace's max_requests)")
-    p.add_argument("--tol", type=float, default=0.02, help="relative width at which bisection stops (default 0.02)")
-    p.add_argument("--start-rps", type=float, help="first rate tried (default: the scenario's)")
-    p.add_argument("--max-replicas", type=int, default=64, help="largest cluster the replica check tries")
-    p.add_argument("--out", required=True, help="plan.json, rates.csv, search.csv and plots go here")
+    p.add_argument("--replications", type=count(1, 1000), default=3, help="seeds per rate (default 3)")
+    p.add_argument("--requests", type=count(1, 100_000_000), help="requests per run (workload.num_requests, or a trace's max_requests)")
+    p.add_argument("--tol", type=number(0.0, 1.0, low_open=True), default=0.02, help="relative width at which bisection stops (default 0.02)")
+    p.add_argument("--start-rps", type=positive, help="first rate tried (default: the scenario's)")
+    p.add_argument("--max-replicas", type=count(1, 100_000), default=64, help="largest cluster the replica check tries")
+    p.add_argument("--out", required=True, help="plan.json, rates.csv, search.csv and plots go here (all or nothing)")
+    p.add_argument("--force", action="store_true", help="overwrite files already in --out")
     _add_fanout(p)
     p.add_argument("--json", action="store_true", help="print plan.json instead of the tables")
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
@@ -88,11 +93,10 @@ def cmd_plan(args) -> int:
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    res = run_plan(args.scenario, args.out, slo=parse_slo(args.slo) if args.slo else None, target=args.attainment,
-                   target_rps=args.target_rps, search=args.search, overrides=args.overrides,
-                   replications=args.replications, requests=args.requests, tol=args.tol, start_rps=args.start_rps,
-                   workers=args.workers, address=args.dask, max_replicas=args.max_replicas,
-                   log=None if args.quiet else log)
+    check_report_args(args)
+    with staged_output(args.out, args.force) as stage:
+        res = _run_plan(args, stage, parse_slo, run_plan, log)
+    res.files = [Path(args.out) / Path(f).relative_to(stage) for f in res.files]
     if args.json:
         print(json.dumps(res.as_dict(), indent=2, default=str))
     else:
@@ -103,13 +107,22 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def _run_plan(args, out, parse_slo, run_plan, log):
+    return run_plan(args.scenario, out, slo=parse_slo(args.slo) if args.slo else None, target=args.attainment,
+                   target_rps=args.target_rps, search=args.search, overrides=args.overrides,
+                   replications=args.replications, requests=args.requests, tol=args.tol, start_rps=args.start_rps,
+                   workers=args.workers, address=args.dask, max_replicas=args.max_replicas,
+                    log=None if args.quiet else log)
+
+
 def _add_plane(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("plan-plane", help="place scenarios on the memory / deadline plane (reference section 9)")
     p.add_argument("scenarios", nargs="+")
-    p.add_argument("--deadline", type=float, help="seconds (default: each scenario's slo.e2e_s)")
+    p.add_argument("--deadline", type=positive, help="seconds (default: each scenario's slo.e2e_s)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value",
                    help="override applied to every scenario (repeatable)")
-    p.add_argument("--out", required=True, help="plane.csv and memory_deadline_plane.png go here")
+    p.add_argument("--out", required=True, help="plane.csv and memory_deadline_plane.png go here (all or nothing)")
+    p.add_argument("--force", action="store_true", help="overwrite files already in --out")
     p.add_argument("--json", action="store_true", help="print one JSON object per scenario")
     return p
 
@@ -117,7 +130,9 @@ def _add_plane(sub) -> argparse.ArgumentParser:
 def cmd_plane(args) -> int:
     """`capsim plan-plane`: the given scenarios on the memory / deadline plane."""
     from sim.planning.plane import print_plane, run_plane
-    rows, files = run_plane(args.scenarios, args.out, args.overrides, args.deadline)
+    with staged_output(args.out, args.force) as stage:
+        rows, files = run_plane(args.scenarios, stage, args.overrides, args.deadline)
+    files = [Path(args.out) / Path(f).relative_to(stage) for f in files]
     if args.json:
         print(json.dumps(rows, indent=2))
     else:

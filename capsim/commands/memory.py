@@ -8,55 +8,9 @@ import sys
 from pathlib import Path
 
 from sim.io.errors import ConfigError
-from sim.io.units import fmt_bytes, parse_bytes
+from capsim.argtypes import count as _count, fraction as _fraction, int_list as _int_list, size as _size
+from sim.io.units import fmt_bytes
 from capsim.commands.memory_parallel import add_parallel_args, kv_budget_of, parallel_rows, parallel_view
-
-
-MAX_TOKENS = 100_000_000  # sim.io.config.MAX_TOKENS
-MAX_BYTES = 10**15  # sim.io.schema.MAX_MAGNITUDE: 1 PB
-
-
-def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,4,16,64, got {text!r}") from None
-    if not values or min(values) < 1 or max(values) > MAX_TOKENS:
-        raise argparse.ArgumentTypeError(f"expected integers in 1..{MAX_TOKENS:,}, got {text!r}")
-    return values
-
-
-def _size(text: str) -> int:
-    try:
-        value = parse_bytes(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    if value > MAX_BYTES:
-        raise argparse.ArgumentTypeError(f"expected at most 1 PB, got {text!r}")
-    return value
-
-
-def _count(low: int, high: int = MAX_TOKENS):
-    """An argparse type: an integer in [low, high], the message naming the range and the value."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or not low <= value <= high:
-            raise argparse.ArgumentTypeError(f"expected an integer in {low:,}..{high:,}, got {text!r}")
-        return value
-    return parse
-
-
-def _fraction(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        value = None
-    if value is None or not 0 < value <= 1:
-        raise argparse.ArgumentTypeError(f"expected a fraction in (0, 1], such as 0.9, got {text!r}")
-    return value
 
 
 def _add_memory(sub) -> argparse.ArgumentParser:

@@ -15,7 +15,8 @@ from sim.io.units import fmt_bytes, parse_bytes
 def _add_run(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="simulate a scenario and print its summary")
     p.add_argument("scenario", help="scenario YAML")
-    p.add_argument("--out", help="write summary.json, requests.csv and iterations.csv here")
+    p.add_argument("--out", help="write summary.json, requests.csv and iterations.csv here (all or nothing)")
+    p.add_argument("--force", action="store_true", help="overwrite those files if --out already holds them")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value",
                    help="override a scenario field (repeatable), e.g. --set scheduler.max_num_seqs=32")
     p.add_argument("--json", action="store_true", help="print summary.json instead of the table")
@@ -29,6 +30,7 @@ def _fmt_ms(x) -> str:
 
 
 def print_summary(s: dict, file=None) -> None:
+    """The run's headline numbers as text on `file` (stdout by default)."""
     file = file or sys.stdout
     def num(x, fmt="{:.3f}"):
         return "-" if x is None else fmt.format(x)
@@ -68,12 +70,21 @@ class _Progress:
             self.stream.flush()
 
 
+RUN_FILES = ("summary.json", "requests.csv", "iterations.csv")
+
+
 def cmd_run(args) -> int:
+    """`capsim run`: simulate one scenario, print its summary, write its tables with --out."""
     from sim.api import run_scenario
+    from sim.io.outputs import check_out_dir, staged_output
     check_report_args(args)
+    names = RUN_FILES + (("report.html", "scenario.json") if args.report else ())
+    if args.out:  # refuse a bad --out before the run, not after it
+        check_out_dir(args.out, args.force, names)
     result = run_scenario(args.scenario, args.overrides, progress=_Progress() if args.progress else None)
     if args.out:
-        result.write(args.out)
+        with staged_output(args.out, args.force, names) as stage:
+            result.write(stage)
     if args.json:
         print(json.dumps(result.summary, indent=2))
     else:
@@ -92,6 +103,7 @@ def _add_validate(sub) -> argparse.ArgumentParser:
 
 
 def cmd_validate(args) -> int:
+    """`capsim validate-scenario`: check scenario files and print every error of every file."""
     from sim.io.config import load_scenario
     errors = []
     for f in args.files:
@@ -112,7 +124,12 @@ def _add_compare(sub) -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value",
                    help="override applied to every scenario (repeatable)")
     p.add_argument("--json", action="store_true", help="print one JSON object per scenario")
+    p.add_argument("--out", help="also write the table as compare.csv and compare.json here (all or nothing)")
+    p.add_argument("--force", action="store_true", help="overwrite compare.csv / compare.json in --out")
     return p
+
+
+COMPARE_FILES = ("compare.csv", "compare.json")
 
 
 def compare_rows(paths: list[str], overrides: list[str]) -> list[dict]:
@@ -132,7 +149,17 @@ def compare_rows(paths: list[str], overrides: list[str]) -> list[dict]:
 
 
 def cmd_compare(args) -> int:
+    """`capsim compare`: several scenarios side by side (memory need, deadlines, cost per good result)."""
+    from sim.io.outputs import check_out_dir, staged_output
+    if args.out:
+        check_out_dir(args.out, args.force, COMPARE_FILES)
     rows = compare_rows(args.scenarios, args.overrides)
+    if args.out:
+        import pandas as pd
+        with staged_output(args.out, args.force, COMPARE_FILES) as stage:
+            pd.DataFrame(rows).to_csv(stage / "compare.csv", index=False)
+            (stage / "compare.json").write_text(json.dumps(rows, indent=2) + "\n")
+        print(f"wrote {Path(args.out) / 'compare.csv'}, compare.json", file=sys.stderr)
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

@@ -20,6 +20,7 @@ Dask is imported only when a sweep fans out (`import sim` stays light).
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import hashlib
 import itertools
@@ -27,6 +28,7 @@ import json
 import math
 import os
 import re
+import signal
 import sys
 import time
 import traceback
@@ -37,6 +39,7 @@ from typing import Any, Callable, Iterable, Iterator
 import yaml
 
 from sim.io.errors import ConfigError
+from sim.io.outputs import check_out_dir
 
 Override = tuple[str, Any]
 
@@ -180,6 +183,14 @@ def run_point(base: Base, task: dict) -> dict:
 
 # ---- where the work runs ----------------------------------------------------------------------
 
+@contextlib.contextmanager
+def _restore_sigint(handler):
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, handler)
+
+
 def _stop_profiler(dask_worker=None) -> None:
     """Stop a Dask worker's statistical profiler: it samples the running task's stack every 10 ms,
     costs CPU time in a CPU-bound simulation, and keeps frames alive (it once exposed a numpy view
@@ -237,7 +248,10 @@ class Runner:
                     raise ConfigError(f"--dask {self.address}: cannot reach the Dask scheduler ({exc})") from None
             else:
                 # no statistical profiler on the workers: see _stop_profiler
-                with dask.config.set({"distributed.worker.profile.enabled": False}):
+                # Ctrl-C is the parent's to handle: worker processes started while SIGINT is ignored
+                # keep ignoring it, instead of each printing a KeyboardInterrupt traceback
+                old_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
+                with dask.config.set({"distributed.worker.profile.enabled": False}), _restore_sigint(old_sigint):
                     self._cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
                                                  host="127.0.0.1", dashboard_address=None,
                                                  silence_logs=logging.ERROR)
@@ -365,8 +379,12 @@ def _check_manifest(path: Path, new: dict) -> None:
         return
     try:
         old = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        old = f"not valid JSON ({getattr(exc, 'msg', exc)}, line {getattr(exc, 'lineno', '?')})"
+    if not isinstance(old, dict) or not isinstance(old.get("scenario_sha256"), str):
+        why = old if isinstance(old, str) else "not a sweep manifest"
+        raise ConfigError(f"{path}: {why}; this folder's sweep cannot be resumed: --fresh to start over, or "
+                          "another --out")
     if old.get("scenario_sha256") != new["scenario_sha256"] or old.get("set") != new["set"]:
         raise ConfigError(f"{path.parent}: holds a sweep of another scenario or other --set overrides "
                           f"({old.get('scenario')}); use another --out, or --fresh to start over")
@@ -406,6 +424,9 @@ def results_frame(axes: list[Axis], points: list[list[Override]], records: dict[
     return frame
 
 
+_NOTED: dict[str, bool] = {}
+
+
 def write_tables(frame, out: Path, stem: str = "results") -> list[Path]:
     """Write the table as CSV, and as Parquet when pyarrow is installed."""
     files = [out / f"{stem}.csv"]
@@ -413,6 +434,10 @@ def write_tables(frame, out: Path, stem: str = "results") -> list[Path]:
     try:
         import pyarrow  # noqa: F401
     except ImportError:
+        if not _NOTED.get("parquet"):  # said once per process
+            _NOTED["parquet"] = True
+            print("note: no .parquet tables written: pyarrow is not installed (pip install pyarrow); the .csv "
+                  "files hold the same tables", file=sys.stderr)
         return files
     pq = out / f"{stem}.parquet"
     table = frame.copy()
@@ -425,7 +450,7 @@ def write_tables(frame, out: Path, stem: str = "results") -> list[Path]:
 
 def run_sweep(scenario: str | Path, grid: Iterable[str | Axis], out_dir: str | Path, overrides: Iterable[str] = (),
               workers: int | None = None, address: str | None = None, progress: bool = True, fresh: bool = False,
-              plots: bool = True, stream=None) -> SweepOutcome:
+              plots: bool = True, stream=None, force: bool = False) -> SweepOutcome:
     """Run every point of the grid not already in OUT/points.jsonl; write results.csv and plots."""
     axes = parse_axes(grid)
     if not axes:
@@ -434,7 +459,12 @@ def run_sweep(scenario: str | Path, grid: Iterable[str | Axis], out_dir: str | P
     points = grid_points(axes)
     _validate_points(base, axes, points)
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    # resuming into a sweep's own folder is no overwrite; any other folder with files needs --force
+    check_out_dir(out, force or (out / "sweep.json").is_file())
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ConfigError(f"--out {out}: cannot create the folder ({exc.strerror})") from None
     jsonl, manifest_path = out / "points.jsonl", out / "sweep.json"
     manifest = _manifest(scenario, base, axes, len(points))
     if fresh:

@@ -104,7 +104,7 @@ def test_set_needs_a_key(capsys):
 @pytest.mark.parametrize("argv, expected", [
     (["--block-size", "0"], "argument --block-size: expected an integer in 1..65,536, got '0'"),
     (["--gpu-memory-utilization", "2", "--hardware", "h100-sxm"],
-     "argument --gpu-memory-utilization: expected a fraction in (0, 1], such as 0.9, got '2'"),
+     "argument --gpu-memory-utilization: expected a fraction in (0, 1], got '2'"),
     (["--context", "-5", "--batch", "1"], "argument --context: expected an integer in 1..100,000,000, got '-5'"),
     (["--kv-format", "fp7"], "argument --kv-format: invalid choice: 'fp7'"),
 ])

@@ -1,0 +1,85 @@
+"""The rough edges of calibrate, fit and validate a new user hits (issue 16)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from capsim.cli import main
+
+
+def test_calibrate_on_a_missing_device_is_an_error_not_an_assertion(capsys, tmp_path):
+    torch = pytest.importorskip("torch", reason="capsim calibrate needs torch")
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the refusal cannot be seen here")
+    assert main(["calibrate", "--model", "qwen2.5-0.5b", "--device", "cuda", "--out", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --device cuda: torch reports no CUDA device") and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_loaded_machine_and_huge_heldout_error_warn(monkeypatch):
+    pytest.importorskip("torch", reason="calibration.harness imports torch")
+    from calibration.harness import heldout_warning, loaded_machine_warning
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 8.0, 7.0))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    assert loaded_machine_warning("cpu", "wall") == (
+        "warning: load average 9.00 8.00 7.00 on 2 cores: other processes are using the CPU; times will be noisy; "
+        "--clock thread --threads 1 times the torch thread's own CPU time instead")
+    assert loaded_machine_warning("cuda", "wall") is None
+    monkeypatch.setattr(os, "getloadavg", lambda: (0.2, 0.2, 0.2))
+    assert loaded_machine_warning("cpu", "wall") is None
+    assert heldout_warning(0.688, "wall") == (
+        "warning: held-out error 68.8% (> 25%): the timings are too noisy for this profile to predict anything; "
+        "rerun with --clock thread --threads 1 on a shared CPU, or on an idle machine")
+    assert heldout_warning(0.08, "wall") is None
+
+
+def test_validate_warns_about_a_loaded_machine(monkeypatch, capsys, tmp_path):
+    pytest.importorskip("torch", reason="capsim validate needs torch")
+    import calibration.validate as validate
+    monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 8.0, 7.0))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+
+    def stop(cfg):
+        raise ValueError("stopped by the test before replaying")
+    monkeypatch.setattr(validate, "run_validation", stop)
+    from tests.sim.helpers import REPO_SCENARIOS
+    scenario = REPO_SCENARIOS / "validation" / "cpu-qwen0.5b-continuous.yaml"
+    assert main(["validate", str(scenario), "--device", "cpu", "--out", str(tmp_path / "v")]) == 2
+    err = capsys.readouterr().err
+    assert "warning: load average 9.00 8.00 7.00 on 2 cores" in err
+
+
+LOG = """duration_ms,prefill_tokens,decode_seqs,decode_tokens,gpu
+{rows}"""
+
+
+def test_fit_says_which_rows_it_used_and_why_not_the_others(capsys, tmp_path):
+    rows = []
+    for i in range(1, 9):  # prefill iterations of growing size, decode iterations of growing batch
+        rows.append(f"{20 + 0.05 * 64 * i:.3f},{64 * i},0,0,0")
+        rows.append(f"{15 + 0.4 * i:.3f},0,{i},{i},0")
+    rows += ["12.0,0,0,3,0", "0,128,0,0,0"]  # decode_seqs missing (only the unknown decode_tokens): dropped
+    log = tmp_path / "log.csv"
+    log.write_text(LOG.format(rows="\n".join(rows)) + "\n")
+    out = tmp_path / "p.yaml"
+    assert main(["fit", str(log), "--model", "qwen2.5-0.5b", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert ("18 rows read, 16 used; dropped: 1 with neither prefill_tokens nor decode_seqs > 0, 1 with a zero "
+            "duration; columns ignored (not ours; map one with --columns OURS=THEIRS): decode_tokens, gpu") in text
+    assert main(["fit", str(log), "--model", "qwen2.5-0.5b", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --out {out}: exists; pass --force to overwrite it")
+    assert main(["fit", str(log), "--model", "qwen2.5-0.5b", "--out", str(out), "--force"]) == 0
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("duration_ms,prefill_tokens\n10,64\n12,64,7\n", "data row 2: 3 cells, but the header has 2 columns"),
+    ("duration_ms,prefill_tokens\n10,64\nnan,64\n", "column 'duration_ms': expected a finite number >= 0, got 'nan'"),
+])
+def test_fit_refuses_bad_rows(capsys, tmp_path, body, expected):
+    log = tmp_path / "log.csv"
+    log.write_text(body)
+    assert main(["fit", str(log), "--model", "qwen2.5-0.5b", "--out", str(tmp_path / "p.yaml")]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {log}: {expected}"

@@ -1,0 +1,145 @@
+"""Outputs are written whole or not at all, and never over existing files without --force."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from capsim.cli import main
+from sim.io.errors import ConfigError
+from sim.io.outputs import check_out_file, staged_output
+from tests.sim.helpers import REPO_SCENARIOS
+
+EXAMPLE = REPO_SCENARIOS / "capacity-example.yaml"
+SCHEME = REPO_SCENARIOS / "chapter8" / "scheme-a.yaml"
+SMALL = ["--set", "workload.num_requests=4"]
+
+
+def err_lines(capsys) -> list[str]:
+    return [ln for ln in capsys.readouterr().err.splitlines() if ln.startswith("error: ")]
+
+
+def leftovers(folder) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if ".partial-" in p.name)
+
+
+def test_run_out_that_cannot_be_a_folder(capsys, tmp_path):
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    cases = [(afile, f"error: --out {afile}: is a file, expected a folder (choose another --out or remove the file)"),
+             (afile / "sub", f"error: --out {afile / 'sub'}: lies under {afile}, which is a file, not a folder")]
+    for out, expected in cases:
+        assert main(["run", str(EXAMPLE), *SMALL, "--out", str(out)]) == 2
+        assert err_lines(capsys) == [expected]
+    assert afile.read_text() == "mine"
+    assert main(["run", str(EXAMPLE), *SMALL, "--out", "/proc/capsim-test/out"]) == 2
+    assert err_lines(capsys)[0].startswith("error: --out /proc/capsim-test/out: cannot write in /proc")
+
+
+def test_run_never_overwrites_without_force(capsys, tmp_path):
+    out = tmp_path / "out"
+    assert main(["run", str(EXAMPLE), *SMALL, "--out", str(out)]) == 0
+    before = (out / "summary.json").read_text()
+    assert main(["run", str(EXAMPLE), "--set", "workload.num_requests=5", "--out", str(out)]) == 2
+    assert err_lines(capsys) == [f"error: --out {out}: already holds summary.json, requests.csv, iterations.csv; "
+                                 "pass --force to overwrite, or choose another folder"]
+    assert (out / "summary.json").read_text() == before
+    assert main(["run", str(EXAMPLE), "--set", "workload.num_requests=5", "--out", str(out), "--force"]) == 0
+    assert json.loads((out / "summary.json").read_text())["requests"] == 5
+    assert leftovers(tmp_path) == []
+
+
+def test_a_folder_with_other_files_is_fine_for_run(tmp_path):
+    (tmp_path / "notes.txt").write_text("keep")
+    assert main(["run", str(EXAMPLE), *SMALL, "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "notes.txt").read_text() == "keep" and (tmp_path / "summary.json").exists()
+
+
+def test_a_failed_run_leaves_no_output_folder(capsys, tmp_path):
+    out = tmp_path / "deep" / "out"
+    assert main(["run", str(EXAMPLE), "--set", "kv.budget=0", "--out", str(out)]) == 2
+    assert not (tmp_path / "deep").exists() and leftovers(tmp_path) == []
+
+
+def test_staged_output_is_all_or_nothing(tmp_path):
+    out = tmp_path / "o"
+    with pytest.raises(RuntimeError):
+        with staged_output(out) as stage:
+            (stage / "a.csv").write_text("1")
+            raise RuntimeError("boom")
+    assert not out.exists() and leftovers(tmp_path) == []
+    with pytest.raises(KeyboardInterrupt):
+        with staged_output(out) as stage:
+            (stage / "a.csv").write_text("1")
+            raise KeyboardInterrupt
+    assert not out.exists() and leftovers(tmp_path) == []
+    with staged_output(out) as stage:
+        (stage / "a.csv").write_text("1")
+    assert (out / "a.csv").read_text() == "1" and leftovers(tmp_path) == []
+
+
+def test_output_file_checks(tmp_path):
+    existing = tmp_path / "p.yaml"
+    existing.write_text("x")
+    with pytest.raises(ConfigError, match="exists; pass --force to overwrite it"):
+        check_out_file(existing)
+    assert check_out_file(existing, force=True) == existing
+    with pytest.raises(ConfigError, match="is a folder, expected a file name"):
+        check_out_file(tmp_path)
+    with pytest.raises(ConfigError, match="lies under .* which is a file"):
+        check_out_file(existing / "q.yaml")
+
+
+def test_plan_plane_and_figures_need_force(capsys, tmp_path):
+    out = tmp_path / "pp"
+    assert main(["plan-plane", str(SCHEME), "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["plan-plane", str(SCHEME), "--out", str(out)]) == 2
+    assert err_lines(capsys) == [f"error: --out {out}: already holds memory_deadline_plane.png, plane.csv; pass "
+                                 "--force to overwrite, or choose another folder"]
+    assert main(["plan-plane", str(SCHEME), "--out", str(out), "--force"]) == 0
+    fig = tmp_path / "fig"
+    fig.mkdir()
+    (fig / "memory-deadline-plane.csv").write_text("mine")
+    assert main(["figures", "--only", "memory-deadline-plane", "--out", str(fig)]) == 2
+    assert (fig / "memory-deadline-plane.csv").read_text() == "mine"
+    assert leftovers(tmp_path) == []
+
+
+def test_sweep_resumes_in_its_own_folder_but_refuses_others(capsys, tmp_path):
+    out = tmp_path / "sw"
+    argv = ["sweep", str(EXAMPLE), *SMALL, "--grid", "scheduler.max_num_seqs=8,16", "--workers", "1",
+            "--no-progress", "--out", str(out)]
+    assert main(argv) == 0
+    assert main(argv) == 0  # a resume: no --force needed
+    assert "2 points: 0 run now, 2 already done" in capsys.readouterr().out
+    (out / "sweep.json").write_text('{"scenario": "x", "scen')
+    assert main(argv) == 2
+    assert err_lines(capsys) == [f"error: {out / 'sweep.json'}: not valid JSON (Unterminated string starting at, "
+                                 "line 1); this folder's sweep cannot be resumed: --fresh to start over, or another "
+                                 "--out"]
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "mine.txt").write_text("keep")
+    assert main(argv[:-1] + [str(other)]) == 2
+    assert err_lines(capsys)[0].startswith(f"error: --out {other}: already holds mine.txt; pass --force")
+
+
+def test_compare_out(capsys, tmp_path):
+    out = tmp_path / "cmp"
+    assert main(["compare", str(SCHEME), "--out", str(out)]) == 0
+    rows = json.loads((out / "compare.json").read_text())
+    assert rows[0]["scenario"] == "scheme-a"
+    assert (out / "compare.csv").read_text().splitlines()[0].startswith("scenario,kv_need_bytes,")
+    assert main(["compare", str(SCHEME), "--out", str(out)]) == 2
+
+
+def test_ctrl_c_is_one_line(capsys, monkeypatch):
+    import capsim.commands.run as run_cmd
+
+    def interrupted(args):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(run_cmd, "cmd_run", interrupted)
+    assert main(["run", str(EXAMPLE)]) == 130
+    assert capsys.readouterr().err.strip() == "interrupted"
