@@ -11,11 +11,12 @@ pool). See docs/disaggregation.md.
 
 from __future__ import annotations
 
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator
 
 from sim.core.schedulers import AnySchedulerConfig
 from sim.io.parallel_schema import ParallelConfig
 from sim.io.schema import StrictModel
+from sim.io.units import parse_bytes
 
 
 class PoolConfig(StrictModel):
@@ -23,8 +24,15 @@ class PoolConfig(StrictModel):
 
     replicas: PositiveInt = Field(description="Replicas in this pool (each spans the pool's layout of GPUs)")
     scheduler: AnySchedulerConfig | None = Field(None, description="This pool's scheduler (default: the scenario's)")
+    kv_budget: int | None = Field(
+        None, ge=1, description="This pool's kv.budget in bytes per replica (e.g. 120GiB; default: the scenario's)")
     parallel: ParallelConfig | None = Field(
         None, description="This pool's parallel layout {tp, pp, ep} (default: the scenario's `parallel`)")
+
+    @field_validator("kv_budget", mode="before")
+    @classmethod
+    def _bytes(cls, v):
+        return None if v is None else parse_bytes(v)
 
 
 class LinkConfig(StrictModel):

@@ -36,6 +36,8 @@ def pool_scenario(scenario, pool_cfg):
         update["scheduler"] = pool_cfg.scheduler
     if pool_cfg.parallel is not None:
         update["parallel"] = pool_cfg.parallel
+    if pool_cfg.kv_budget is not None:
+        update["kv"] = scenario.kv.model_copy(update={"budget": pool_cfg.kv_budget})
     return scenario.model_copy(update=update)
 
 

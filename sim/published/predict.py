@@ -18,6 +18,7 @@ import numpy as np
 from sim.io.errors import ConfigError
 from sim.io.profiles import load_hardware, load_model, profiles_dir
 from sim.models.spec import ModelSpec
+from sim.published.disagg import build_disagg_case
 from sim.published.engines import ENGINES, kv_budget_bytes
 from sim.published.rows import PublishedRow
 
@@ -85,6 +86,8 @@ def step_time_for(model: str, hardware: str, weight_format: str, tp: int) -> dic
 
 def build_case(row: PublishedRow, per_user: int | None = None, start: str = "staggered") -> Case:
     """Translate one published row into a closed-loop scenario for one replica, or say why not."""
+    if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
+        return build_disagg_case(row, per_user, start, build_case, Case)
     why = _unsupported_layout(row)
     if why:
         return Case(row, skipped=why)

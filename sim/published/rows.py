@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sim.io.errors import ConfigError
+from sim.published.disagg import PoolShape, concurrency_from_source, pool_shape
 
 REQUIRED = ("id", "backend", "model_path", "system", "mode", "isl", "osl", "batch_size", "tp_size",
             "silicon_ttft_ms", "silicon_tpot_ms")
@@ -45,6 +46,9 @@ class PublishedRow:
     moe_ep: int
     ttft_ms: float
     tpot_ms: float
+    prefill: PoolShape | None = None
+    """Disaggregated rows: the prefill pool (prefill_* columns); None for aggregated rows."""
+    decode: PoolShape | None = None
 
 
 def _text(row: dict, col: str) -> str:
@@ -96,6 +100,11 @@ def parse_row(row: dict, where: str, line: int) -> PublishedRow:
         ("attention_dp_size", 1, 0), ("moe_tp_size", 1, 0), ("moe_ep_size", 1, 0))}
     for c in ("pp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size"):
         ints[c] = max(ints[c], 1)  # the file writes 0 for "not used"
+    pools = {}
+    if mode == "disagg":  # the pools' columns, and the concurrency the source text states
+        pools = {p: pool_shape(row, p + "_", where, integer_field, _text) for p in ("prefill", "decode")}
+        if ints["batch_size"] == 0:
+            ints["batch_size"] = concurrency_from_source(_text(row, "silicon_data_source"), where)
     return PublishedRow(
         line=line, id=_text(row, "id"), backend=backend, backend_version=_text(row, "backend_version"),
         model_path=_text(row, "model_path"), system=_text(row, "system").lower(),
@@ -103,7 +112,7 @@ def parse_row(row: dict, where: str, line: int) -> PublishedRow:
         mode=mode, isl=ints["isl"], osl=ints["osl"], concurrency=ints["batch_size"], tp=ints["tp_size"],
         pp=ints["pp_size"], attention_dp=ints["attention_dp_size"], moe_tp=ints["moe_tp_size"],
         moe_ep=ints["moe_ep_size"], ttft_ms=positive_field(where, "silicon_ttft_ms", _text(row, "silicon_ttft_ms")),
-        tpot_ms=positive_field(where, "silicon_tpot_ms", _text(row, "silicon_tpot_ms")))
+        tpot_ms=positive_field(where, "silicon_tpot_ms", _text(row, "silicon_tpot_ms")), **pools)
 
 
 def read_published(path: str | Path) -> list[PublishedRow]:

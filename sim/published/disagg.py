@@ -1,0 +1,85 @@
+"""Disaggregated rows of the silicon-sample schema: their two pools, read from the prefill_* and
+decode_* columns, and their replay as a disaggregated scenario (sim.core.pools).
+
+A disaggregated row's client concurrency is not in batch_size (empty for these rows) but in
+silicon_data_source ("...; silicon_concurrency=6; ..."). Each pool is built as the aggregated replay
+builds one replica (the engine's defaults, the pool's layout, its KV budget by the engine's memory
+rule): `build_case` of a one-pool copy of the row, so that both replays share every assumption.
+The KV link is the card's (hardware profile kv_transfer_link); a row that leaves the pools' worker
+counts or the concurrency empty, or uses attention data parallelism, is skipped with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+from sim.io.errors import ConfigError
+
+_CONCURRENCY = re.compile(r"(?:^|;)\s*silicon_concurrency=([^;]*)")
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    """One pool of a disaggregated row: workers (replicas) and each worker's parallel sizes; None
+    where the file leaves a column empty."""
+
+    workers: int | None
+    tp: int | None
+    pp: int
+    attention_dp: int
+    moe_tp: int
+    moe_ep: int
+
+
+def pool_shape(row: dict, prefix: str, where: str, integer_field, text) -> PoolShape:
+    """The `prefix`_* columns (prefill_ or decode_) of a record; 0 in the *_dp / moe_* columns means
+    "not used" (as in the agg columns), empty workers or tp stay None."""
+    get = lambda col, default, minimum: integer_field(where, prefix + col, text(row, prefix + col),  # noqa: E731
+                                                      default, minimum)
+    workers = get("num_workers", 0, 0) or None
+    tp = get("tp_size", 0, 0) or None
+    return PoolShape(workers, tp, max(get("pp_size", 1, 0), 1), max(get("attention_dp_size", 1, 0), 1),
+                     max(get("moe_tp_size", 1, 0), 1), max(get("moe_ep_size", 1, 0), 1))
+
+
+def concurrency_from_source(source: str, where: str) -> int:
+    """silicon_concurrency=N in a silicon_data_source text (0 when absent)."""
+    m = _CONCURRENCY.search(source or "")
+    if m is None:
+        return 0
+    raw = m.group(1).strip()
+    if not raw.isdigit() or int(raw) < 1:
+        raise ConfigError(f"{where}, column silicon_data_source: silicon_concurrency={raw!r}; expected an integer >= 1")
+    return int(raw)
+
+
+def build_disagg_case(row, per_user, start, build_case, case_cls):
+    """A disaggregated row as a closed loop of its concurrency against two pools, or why not."""
+    if row.concurrency < 1:
+        return case_cls(row, skipped="disaggregated row without a client concurrency (silicon_concurrency)")
+    pools = {}
+    for name, shape in (("prefill", row.prefill), ("decode", row.decode)):
+        if shape is None or shape.workers is None or shape.tp is None:
+            return case_cls(row, skipped=f"{name} pool: worker count or tp not stated")
+        if shape.attention_dp > 1:
+            return case_cls(row, skipped=f"{name} pool: attention data parallelism ({shape.attention_dp}) is not modelled")
+        one = dataclasses.replace(row, mode="agg", tp=shape.tp, pp=shape.pp, attention_dp=shape.attention_dp,
+                                  moe_tp=shape.moe_tp, moe_ep=shape.moe_ep)
+        case = build_case(one, per_user, start)
+        if case.scenario is None:
+            return case_cls(row, skipped=f"{name} pool: {case.skipped}")
+        pools[name] = (shape, case.scenario)
+    from sim.io.profiles import load_hardware
+    scenario = dict(pools["decode"][1], name=row.id)
+    st = scenario["step_time"]  # the layout is each pool's `parallel`, not the ops model's tp
+    scenario["step_time"] = {**st, "model": {k: v for k, v in st["model"].items() if k != "tp"}}
+    hw = load_hardware(scenario["hardware"])
+    if hw.kv_transfer_link is None or hw.kv_transfer_link.bandwidth_gbs_per_direction.value is None:
+        return case_cls(row, skipped=f"{hw.name}: no kv_transfer_link in its profile to send KV between the pools")
+    scenario["disaggregation"] = {
+        name: {"replicas": shape.workers, "kv_budget": sc["kv"]["budget"],
+               "parallel": sc.get("parallel", {"tp": shape.tp, "pp": shape.pp, "ep": shape.moe_ep})}
+        for name, (shape, sc) in pools.items()}
+    return case_cls(row, scenario=scenario, start=start)
