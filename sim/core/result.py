@@ -8,7 +8,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from sim.core.csvout import csv_text, write_csv
 from sim.core.metrics import ITERATION_COLUMNS, Recorder, Status, Timeline, stats, weighted_stats
@@ -18,32 +17,64 @@ _INT_REQUEST_COLUMNS = ("id", "replica", "prompt_tokens", "output_tokens", "cach
                         "recomputed_tokens", "attempts")
 
 
-@dataclass
 class Result:
-    """summary.json, requests.csv and iterations.csv of one run."""
+    """summary.json, requests.csv and iterations.csv of one run.
 
-    summary: dict
-    requests: pd.DataFrame
-    iterations: pd.DataFrame
+    The tables are held as numpy columns (name -> array) and become pandas DataFrames only when
+    `requests` or `iterations` is read (pandas is imported then, not by a run that only writes its
+    outputs); a caller may also pass DataFrames."""
+
+    def __init__(self, summary: dict, requests, iterations):
+        self.summary = summary
+        self._requests, self._iterations = requests, iterations
+
+    @property
+    def requests(self):
+        """requests.csv as a pandas DataFrame (built on first use; changes to it are written)."""
+        if isinstance(self._requests, dict):
+            self._requests = _frame(self._requests)
+        return self._requests
+
+    @requests.setter
+    def requests(self, value) -> None:
+        self._requests = value
+
+    @property
+    def iterations(self):
+        """iterations.csv as a pandas DataFrame (built on first use; changes to it are written)."""
+        if isinstance(self._iterations, dict):
+            self._iterations = _frame(self._iterations)
+        return self._iterations
+
+    @iterations.setter
+    def iterations(self, value) -> None:
+        self._iterations = value
 
     def write(self, out_dir: str | Path) -> None:
         """Write the three files into `out_dir` (created if needed)."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
-        write_csv(out / "requests.csv", _columns(self.requests))  # pandas' to_csv text, column by column
-        write_csv(out / "iterations.csv", _columns(self.iterations))
+        write_csv(out / "requests.csv", _columns(self._requests))  # pandas' to_csv text, column by column
+        write_csv(out / "iterations.csv", _columns(self._iterations))
 
     def digest(self) -> str:
         """sha256 over the three outputs: equal digests mean byte-identical files."""
         h = hashlib.sha256(json.dumps(self.summary, sort_keys=True).encode())
-        h.update(csv_text(_columns(self.requests)).encode())
-        h.update(csv_text(_columns(self.iterations)).encode())
+        h.update(csv_text(_columns(self._requests)).encode())
+        h.update(csv_text(_columns(self._iterations)).encode())
         return h.hexdigest()
 
 
-def _columns(df: pd.DataFrame) -> dict[str, np.ndarray]:
-    return {c: df[c].to_numpy() for c in df.columns}
+def _frame(columns: dict[str, np.ndarray]):
+    import pandas as pd
+    return pd.DataFrame(columns)
+
+
+def _columns(table) -> dict[str, np.ndarray]:
+    if isinstance(table, dict):
+        return table
+    return {c: table[c].to_numpy() for c in table.columns}
 
 
 @dataclass(frozen=True)
@@ -89,65 +120,70 @@ def merge_speculation(reports: list[dict]) -> dict | None:
             "per_position_acceptance": None}
 
 
-def request_table(rec: Recorder) -> pd.DataFrame:
-    """requests.csv: one row per request, in id order."""
+def request_table(rec: Recorder) -> dict[str, np.ndarray]:
+    """requests.csv's columns: one row per request, in id order."""
     cols = rec.table()
     order = np.argsort(cols["id"], kind="stable")
-    return pd.DataFrame({c: (v[order].astype(np.int64) if c in _INT_REQUEST_COLUMNS
-                             else np.array(STATUS_NAMES, dtype=object)[v[order].astype(np.int64)] if c == "status"
-                             else v[order].astype(bool) if c in ("met_slo", "kv_waited") else v[order])
-                         for c, v in cols.items()})
+    return {c: (v[order].astype(np.int64) if c in _INT_REQUEST_COLUMNS
+                else np.array(STATUS_NAMES, dtype=object)[v[order].astype(np.int64)] if c == "status"
+                else v[order].astype(bool) if c in ("met_slo", "kv_waited") else v[order])
+            for c, v in cols.items()}
 
 
-def iteration_table(timelines: list[Timeline]) -> pd.DataFrame:
-    """iterations.csv: every replica's iterations, replica by replica."""
+def iteration_table(timelines: list[Timeline]) -> dict[str, np.ndarray]:
+    """iterations.csv's columns: every replica's iterations, replica by replica."""
     tables = [t.table() for t in timelines]
-    its = pd.DataFrame({c: np.concatenate([tb[c] for tb in tables]) for c in ITERATION_COLUMNS})
-    for c in ITERATION_COLUMNS:
-        if c not in ("start_s", "duration_s", "swap_bytes"):
-            its[c] = its[c].astype(np.int64)
-    return its
+    return {c: (np.concatenate([tb[c] for tb in tables]) if c in ("start_s", "duration_s", "swap_bytes")
+                else np.concatenate([tb[c] for tb in tables]).astype(np.int64)) for c in ITERATION_COLUMNS}
 
 
-def _latency_part(req: pd.DataFrame, its: pd.DataFrame, rec: Recorder) -> dict:
+def _sum(values: np.ndarray):
+    """Series.sum() of a column (pandas skips NaN)."""
+    return np.nansum(values) if values.dtype.kind == "f" else values.sum()
+
+
+def _latency_part(req: dict, its: dict, rec: Recorder) -> dict:
     """Counts, throughput, goodput and latency statistics."""
-    finished = req["status"] == "finished"
-    correct = req["correct"].fillna(0).astype(bool)
+    n, status = len(req["id"]), req["status"]
+    finished = status == "finished"
+    correct = np.nan_to_num(req["correct"], nan=0.0).astype(bool)
     n_good = int((finished & correct & req["met_slo"]).sum())
-    t0 = float(req["arrival_s"].min()) if len(req) else 0.0
+    t0 = float(req["arrival_s"].min()) if n else 0.0
     t1 = float(np.nanmax(req["finish_s"])) if finished.any() else t0
     window = t1 - t0
     itl = weighted_stats(np.frombuffer(rec.itl_gap, dtype=float), np.frombuffer(rec.itl_weight, dtype=np.int64))
-    decode_only = (its["prefill_tokens"] == 0) if len(its) else pd.Series([], dtype=bool)
-    dec_time = float(its.loc[decode_only, "duration_s"].sum()) if len(its) else 0.0
-    dec_tokens = int(its.loc[decode_only, "output_tokens"].sum()) if len(its) else 0
+    decode_only = its["prefill_tokens"] == 0
+    n_its = len(its["prefill_tokens"])
+    dec_time = float(_sum(its["duration_s"][decode_only])) if n_its else 0.0
+    dec_tokens = int(_sum(its["output_tokens"][decode_only])) if n_its else 0
     return {
-        "requests": int(len(req)),
+        "requests": int(n),
         "completed": int(finished.sum()),
-        "rejected": int((req["status"] == "rejected").sum()),
-        "cancelled": int((req["status"] == "cancelled").sum()),
+        "rejected": int((status == "rejected").sum()),
+        "cancelled": int((status == "cancelled").sum()),
         "good": n_good,
         "makespan_s": window,
-        "output_throughput_tok_s": float(req.loc[finished, "output_tokens"].sum() / window) if window > 0 else None,
+        "output_throughput_tok_s": float(_sum(req["output_tokens"][finished]) / window) if window > 0 else None,
         "request_throughput_rps": float(finished.sum() / window) if window > 0 else None,
         "goodput_rps": n_good / window if window > 0 else None,
         "decode_throughput_tok_s": dec_tokens / dec_time if dec_time > 0 else None,
-        "slo_attainment": n_good / len(req) if len(req) else None,
-        "ttft_s": stats(req.loc[finished, "ttft_s"].to_numpy()),
+        "slo_attainment": n_good / n if n else None,
+        "ttft_s": stats(req["ttft_s"][finished]),
         "itl_s": itl,
-        "tpot_s": stats(req.loc[finished, "tpot_s"].to_numpy()),
-        "e2e_s": stats(req.loc[finished, "e2e_s"].to_numpy()),
-        "iterations": int(len(its)),
+        "tpot_s": stats(req["tpot_s"][finished]),
+        "e2e_s": stats(req["e2e_s"][finished]),
+        "iterations": int(n_its),
     }
 
 
-def _memory_part(req: pd.DataFrame, rec: Recorder, facts: RunFacts) -> dict:
+def _memory_part(req: dict, rec: Recorder, facts: RunFacts) -> dict:
     """KV use against the budget, whether memory fits, prefix cache and swap counters."""
     mem, hw = facts.memory, facts.hardware
-    served = req["admitted_s"].notna()  # prompts that reached a replica's batch (hit rate's base)
+    served = ~np.isnan(req["admitted_s"])  # prompts that reached a replica's batch (hit rate's base)
     peak_blocks = max(r.pool.peak_blocks for r in facts.replicas)
     stats_of = [r.pool.stats for r in facts.replicas]
     kv_limited = int(req["kv_waited"].sum())
+    preemptions = int(req["preemptions"].sum())
     kv_rejected = sum(1 for r in rec.reject_reasons if r.startswith("kv:"))
     gpus = getattr(mem, "gpus", 1)
     if gpus == 1:
@@ -155,7 +191,7 @@ def _memory_part(req: pd.DataFrame, rec: Recorder, facts: RunFacts) -> dict:
     else:  # per GPU: the fullest GPU's weights, its share of the KV budget and activations
         card_fit = (mem.weight_bytes_per_gpu + mem.kv_budget_bytes_per_gpu + mem.activation_bytes // gpus
                     <= hw.memory_bytes)
-    memory_fit = bool(card_fit and kv_limited == 0 and kv_rejected == 0 and int(req["preemptions"].sum()) == 0)
+    memory_fit = bool(card_fit and kv_limited == 0 and kv_rejected == 0 and preemptions == 0)
     return {
         "peak_kv_bytes": float(peak_blocks * mem.block_bytes),
         "peak_kv_blocks": int(peak_blocks),
@@ -167,10 +203,10 @@ def _memory_part(req: pd.DataFrame, rec: Recorder, facts: RunFacts) -> dict:
         "card_fit": bool(card_fit),
         "kv_limited_requests": kv_limited,
         "kv_rejected_requests": kv_rejected,
-        "preemptions": int(req["preemptions"].sum()),
+        "preemptions": preemptions,
         "recomputed_tokens": int(req["recomputed_tokens"].sum()),
         "prefix_hit_tokens": int(req["cached_tokens"].sum()),
-        "prefix_hit_rate": (float(req.loc[served, "cached_tokens"].sum() / req.loc[served, "prompt_tokens"].sum())
+        "prefix_hit_rate": (float(req["cached_tokens"][served].sum() / req["prompt_tokens"][served].sum())
                             if served.any() else None),
         "evictions": sum(x.evictions for x in stats_of),
         "swap_outs": sum(x.swap_outs for x in stats_of),

@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 from sim.io.config import (AllAtOnce, ClosedLoop, ConstantRate, Empirical, Fixed, GammaArrivals, LogNormal, Poisson,
                         RequestList, Synthetic, Trace, Uniform)
@@ -80,6 +79,7 @@ def _lengths(dist, n: int, rng: np.random.Generator, base: Path, field: str) -> 
         return np.clip(x, dist.min, dist.max).astype(np.int64)
     if isinstance(dist, Empirical):
         path = (base / dist.path) if not Path(dist.path).is_absolute() else Path(dist.path)
+        import pandas as pd  # only here: a run without an empirical distribution never imports pandas
         try:
             col = pd.read_csv(path, usecols=[dist.column])[dist.column].to_numpy()
         except FileNotFoundError:
