@@ -45,6 +45,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -52,6 +53,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+if str(REPO / "benchmarks") not in sys.path:
+    sys.path.insert(0, str(REPO / "benchmarks"))
 
 TRACE_REL = Path("traces") / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
 DEFAULT_DATA_DIR = REPO.parent / "shared" / "data"
@@ -80,6 +83,7 @@ def step_time_model() -> dict:
     """Linear step time: the section-7 decode fit plus a roofline prefill term (assumed, see the profile)."""
     from sim.models.assumed import linear_step_time
     model, name, hardware = linear_step_time(ASSUMED_STEP_TIME)
+    model.setdefault("per_pair_s", 0.0)  # scenarios name every linear term; this model has no pair term
     if (name, hardware) != (MODEL, HARDWARE):
         raise SystemExit(f"{ASSUMED_STEP_TIME} is for {name} on {hardware}, the benchmark runs {MODEL} on {HARDWARE}")
     return model
@@ -101,8 +105,15 @@ def scenario_dict(name: str, workload: dict) -> dict:
     }
 
 
-def azure_scenario(trace: str) -> dict:
-    return scenario_dict("bench-azure-conv-2023", {"kind": "trace", "path": trace, "format": "azure"})
+CHUNKED = {"kind": "chunked", "max_num_seqs": 256, "max_num_batched_tokens": 8192, "chunk_tokens": 512}
+
+
+def azure_scenario(trace: str, chunked: bool = False) -> dict:
+    sc = scenario_dict("bench-azure-conv-2023" + ("-chunked" if chunked else ""),
+                       {"kind": "trace", "path": trace, "format": "azure"})
+    if chunked:  # the chunked variant: 512-token chunks in the same 8,192-token budget
+        sc["scheduler"] = dict(CHUNKED)
+    return sc
 
 
 def synthetic_scenario(n: int, rate: float | None) -> dict:
@@ -313,26 +324,8 @@ def case_profile(spec: dict) -> dict:
             "top": top, "by_module": by_module}
 
 
-def case_tree(spec: dict) -> dict:
-    """One (b)-style run of `spec["n"]` requests with the simulator of another checkout (or this one
-    with a scenario override): CPU and wall time, plus what it simulated (to check it is the same)."""
-    from sim.core.simulation import Simulation
-    d = synthetic_scenario(spec["n"], spec["rate"])
-    if spec.get("key"):
-        node = d
-        *parents, last = spec["key"].split(".")
-        for k in parents:
-            node = node.setdefault(k, {})
-        node[last] = spec["value"]
-    sc = build(d)
-    t, c = time.perf_counter(), cpu_s()
-    res = Simulation(sc, REPO).run()
-    return {"wall_s": time.perf_counter() - t, "cpu_s": cpu_s() - c, "iterations": res.summary["iterations"],
-            "ttft_p99_s": res.summary["ttft_s"]["p99"], "completed": res.summary["completed"]}
-
-
 CASES = {"capacity": case_capacity, "azure": case_azure, "poisson": case_poisson,
-         "stepping": case_stepping, "profile": case_profile, "tree": case_tree}
+         "stepping": case_stepping, "profile": case_profile}
 
 
 def child_main(payload: str) -> None:
@@ -409,8 +402,43 @@ def at(marks: list[dict], frac: float) -> dict:
     return min(marks, key=lambda m: abs(m["frac"] - frac))
 
 
+def render_trees(tr: dict) -> list[str]:
+    """The --compare-tree table: whole-process CPU seconds, memory and output equality per case."""
+    this = tr["trees"][0]
+    L = ["", f"Whole process against other checkouts (`run SCENARIO --out DIR --progress` in a fresh process per "
+             f"run, checkouts alternated; CPU = user + system seconds from wait4; the poisson case has "
+             f"{tr['n']:,} requests at {tr['rate']:.2f} req/s; raw runs in the JSON):", "",
+         "| case | checkout | runs | CPU s min | CPU s median | its CPU-s / this checkout's (min / median) "
+         "| peak RSS MiB | RSS growth B / finished request | outputs identical to this checkout |",
+         "|---|---|---:|---:|---:|---:|---:|---:|---|"]
+    for case, c in tr["cases"].items():
+        for label, t in c["trees"].items():
+            growth = [g for g in t["growth_b_per_request"] if g is not None]
+            speed = ("" if label == this else
+                     f"{t['cpu_min_ratio_to_first']:.2f}x / {t['cpu_median_ratio_to_first']:.2f}x")
+            L.append(f"| {case} | {label} | {len(t['cpu_all_s'])} | {t['cpu_min_s']:.2f} | {t['cpu_median_s']:.2f} | "
+                     f"{speed} | {mib(t['ru_maxrss_max'])} | {', '.join(f'{g:,.0f}' for g in growth) or '-'} | "
+                     f"{'-' if label == this else _same(t)} |")
+    return L
+
+
+def _same(t: dict) -> str:
+    """Output equality with this checkout, file by file."""
+    if t["outputs_equal_first"]:
+        return "yes, all three files"
+    csv = "requests.csv and iterations.csv identical" if t.get("csv_equal_first") else "CSVs DIFFER"
+    common = ("summary.json equal on every shared key" if t.get("summary_common_keys_equal_first")
+              else "summary.json DIFFERS")
+    extra = t.get("summary_keys_only_in_first") or []
+    return f"{csv}; {common}" + (f" (this checkout adds {', '.join(extra)})" if extra else "")
+
+
 def render(res: dict) -> str:
     m, st, L = res["machine"], res["step_time"], []
+    if res.get("source_json"):
+        L.append(f"Rendered from `{res['source_json']}` (every number below is in that file) by "
+                 f"`python benchmarks/bench_sim.py --from-json {res['source_json']}`.")
+        L.append("")
     L.append(f"Measured {m['date']} at commit `{m['git']}` (sha256 of sim/*.py `{m['sim_sha256']}`) with")
     L.append("")
     L.append("```bash")
@@ -432,9 +460,10 @@ def render(res: dict) -> str:
              f"{cap['summary']['request_throughput_rps']:.2f} req/s (simulated); (b) runs at "
              f"{res['rate']:.2f} req/s = {res['rate'] / cap['summary']['request_throughput_rps']:.0%} of it.")
     L.append("")
-    L.append("| case | requests | simulated s | iterations | wall s | requests / wall-s | iterations / wall-s "
-             "| CPU s | requests / CPU-s | peak RSS MiB (sampled) | ru_maxrss MiB |")
-    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    if "azure" in res or "poisson" in res:
+        L.append("| case | requests | simulated s | iterations | wall s | requests / wall-s | iterations / wall-s "
+                 "| CPU s | requests / CPU-s | peak RSS MiB (sampled) | ru_maxrss MiB |")
+        L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
     if "azure" in res:
         a = res["azure"]
@@ -505,17 +534,7 @@ def render(res: dict) -> str:
                  f"ratio {sp['cpu_ratio']:.1f}x); summaries equal and the requests/iterations tables "
                  f"byte-identical (digest `{sp['digest'][:12]}`).")
     if "trees" in res:
-        tr = res["trees"]
-        L.append("")
-        L.append(f"Other checkouts, {tr['n']:,} requests of (b) at {tr['rate']:.2f} req/s, runs alternated "
-                 f"{tr['repeat']} times in fresh processes (best of each; a within-run ratio):")
-        L.append("")
-        L.append("| simulator | CPU s | wall s | CPU vs this checkout | iterations | TTFT p99 s |")
-        L.append("|---|---:|---:|---:|---:|---:|")
-        for v in tr["variants"]:
-            r0 = v["runs"][0]
-            L.append(f"| {v['label']} | {v['cpu_s']:.2f} | {v['wall_s']:.2f} | {v['ratio']:.2f}x | "
-                     f"{r0['iterations']:,} | {r0['ttft_p99_s']:.4f} |")
+        L.extend(render_trees(res["trees"]))
     if "profile" in res:
         pr = res["profile"]
         L.append("")
@@ -582,8 +601,10 @@ def print_table(res: dict) -> None:
         print(f"stepping {sp['n']:,} requests: lazy {sp['lazy_s']:.2f} s, stepping {sp['stepping_s']:.2f} s, "
               f"ratio {sp['ratio']:.2f}x (identical results)")
     if "trees" in res:
-        for v in res["trees"]["variants"]:
-            print(f"compare {v['label']:<50} CPU {v['cpu_s']:7.2f} s  wall {v['wall_s']:7.2f} s  x{v['ratio']:.2f}")
+        for case, c in res["trees"]["cases"].items():
+            for label, t in c["trees"].items():
+                print(f"compare {case:<14} {label:<44} CPU min {t['cpu_min_s']:7.2f} s  median {t['cpu_median_s']:7.2f} s  "
+                      f"x{t['cpu_min_ratio_to_first']:.2f} of this checkout's  peak {mib(t['ru_maxrss_max'])} MiB")
     if "profile" in res:
         pr = res["profile"]
         print(f"profile {pr['n']:,} requests ({pr['profiled_wall_s']:.1f} s profiled): top by own time")
@@ -602,35 +623,32 @@ def tree_label(path: Path) -> str:
     return (git or path.name) + (" + uncommitted sim/" if dirty else "")
 
 
-def compare_trees(args, rate: float) -> dict:
-    """Alternate this checkout and each --compare-tree in fresh processes; best CPU of each."""
-    import yaml
-    variants = [{"label": tree_label(REPO) + " (this checkout)", "tree": str(REPO), "key": None, "value": None}]
+COMPARE_CASES = ("azure", "azure-chunked", "poisson")
+
+
+def compare_trees(args, rate: float, trace: Path) -> dict:
+    """This checkout and each --compare-tree, as a user runs them (`run SCENARIO --out DIR` in a fresh
+    process), alternating on every case; see benchmarks/process_compare.py."""
+    import process_compare
+    trees = [(tree_label(REPO) + " (this checkout)", REPO)]
     for spec in args.compare_tree:
-        path, _, override = spec.partition("@")
-        tree = Path(path).resolve()
-        if not (tree / "sim" / "simulation.py").is_file():
-            raise SystemExit(f"bench_sim: --compare-tree {spec}: {tree} is not a capsim checkout (no sim/core/simulation.py)")
-        key, value = None, None
-        if override:
-            key, _, raw = override.partition("=")
-            value = yaml.safe_load(raw)
-        label = tree_label(tree) + (f" with {key}={raw}" if override else "")
-        variants.append({"label": label, "tree": str(tree), "key": key, "value": value})
+        tree = Path(spec).resolve()
+        process_compare.cli_of(tree)  # exits with a message when it is not a checkout
+        trees.append((tree_label(tree), tree))
     n = args.compare_requests
-    print(f"compare: {len(variants)} variants x {args.compare_repeat}, {n:,} requests each ...", file=sys.stderr, flush=True)
-    for v in variants:
-        v["runs"] = []
-    for _ in range(args.compare_repeat):
-        for v in variants:
-            v["runs"].append(run_child({"case": "tree", "tree": v["tree"], "key": v["key"], "value": v["value"],
-                                        "n": n, "rate": rate}))
-    base = min(r["cpu_s"] for r in variants[0]["runs"])
-    for v in variants:
-        v["cpu_s"] = min(r["cpu_s"] for r in v["runs"])
-        v["wall_s"] = min(r["wall_s"] for r in v["runs"])
-        v["ratio"] = v["cpu_s"] / base
-    return {"n": n, "repeat": args.compare_repeat, "rate": rate, "variants": variants}
+    cases = {"azure": azure_scenario(str(trace)), "azure-chunked": azure_scenario(str(trace), chunked=True),
+             "poisson": synthetic_scenario(n, rate)}
+    wanted = [c for c in args.compare_cases.split(",") if c]
+    unknown = sorted(set(wanted) - set(cases))
+    if unknown:
+        raise SystemExit(f"bench_sim: --compare-cases: unknown {unknown}; known: {', '.join(COMPARE_CASES)}")
+    folder = Path(tempfile.mkdtemp(prefix="bench_scenarios_"))
+    paths = process_compare.write_scenarios(folder, {c: cases[c] for c in wanted})
+    repeat = {c: (args.compare_repeat_large if c == "poisson" and n >= 200_000 else args.compare_repeat) for c in wanted}
+    print(f"compare: {len(trees)} checkouts, cases {', '.join(wanted)} ...", file=sys.stderr, flush=True)
+    out = process_compare.compare(trees, paths, repeat, log=lambda m: print(m, file=sys.stderr, flush=True))
+    return {"n": n, "rate": rate, "trees": [label for label, _ in trees], "cases": out,
+            "scenarios": {c: cases[c] for c in wanted}}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -645,24 +663,41 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compare-stepping", type=int, default=0, metavar="N",
                     help="run N requests with lazy_decode=False and True, assert equal results, report the ratio")
     ap.add_argument("--stepping-repeat", type=int, default=2, help="alternating runs per mode for --compare-stepping")
-    ap.add_argument("--compare-tree", action="append", default=[], metavar="PATH[@dotted.key=value]",
-                    help="another capsim checkout (or this one, '.') to time against this one on (b)'s workload, "
-                         "alternating runs in fresh processes; an optional scenario override, e.g. "
-                         "'.@kv.prefix_caching=false' (repeatable)")
-    ap.add_argument("--compare-requests", type=int, default=100_000, metavar="N")
-    ap.add_argument("--compare-repeat", type=int, default=3)
+    ap.add_argument("--compare-tree", action="append", default=[], metavar="PATH",
+                    help="another capsim checkout (e.g. a `git worktree` of an older commit) to time against this "
+                         "one: `run SCENARIO --out DIR` in fresh processes, alternating, whole-process CPU seconds "
+                         "and memory (repeatable)")
+    ap.add_argument("--compare-cases", default=",".join(COMPARE_CASES),
+                    help=f"comma-separated cases for --compare-tree (default {','.join(COMPARE_CASES)})")
+    ap.add_argument("--compare-requests", type=int, default=N_FULL, metavar="N",
+                    help="requests of the poisson case of --compare-tree (default 1,000,000)")
+    ap.add_argument("--compare-repeat", type=int, default=3, help="runs per checkout of each --compare-tree case")
+    ap.add_argument("--compare-repeat-large", type=int, default=2,
+                    help="runs per checkout of the poisson case when it has >= 200,000 requests")
     ap.add_argument("--profile", type=int, default=0, metavar="N", help="cProfile an N-request (b) run")
     ap.add_argument("--profile-top", type=int, default=15)
-    ap.add_argument("--only", choices=["azure", "poisson"], action="append",
-                    help="run only these of (a) / (b) (repeatable; default both)")
+    ap.add_argument("--only", choices=["azure", "poisson", "none"], action="append",
+                    help="run only these of (a) / (b) (repeatable; default both; none: neither, e.g. only "
+                         "--compare-tree)")
     ap.add_argument("--doc", type=Path, default=None,
                     help="markdown file to update (default docs/benchmarks.md, written only when --scale is 1)")
     ap.add_argument("--no-doc", action="store_true", help="never write the doc")
     ap.add_argument("--json", type=Path, default=None, help="also write every figure as JSON here")
+    ap.add_argument("--from-json", type=Path, default=None, metavar="JSON",
+                    help="run nothing: render the doc block (and the table) from a JSON written by --json")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.child:
         child_main(args.child)
+        return 0
+    if args.from_json:
+        res = json.loads(args.from_json.read_text())
+        res["source_json"] = args.from_json.as_posix()
+        print_table(res)
+        doc = args.doc or DOC_DEFAULT
+        if not args.no_doc:
+            write_doc(doc, render(res))
+            print(f"\nwrote {doc} from {args.from_json}", file=sys.stderr)
         return 0
     if not 0 < args.scale <= 1:
         ap.error("--scale must be in (0, 1]")
@@ -709,7 +744,7 @@ def main(argv: list[str] | None = None) -> int:
         res["stepping"] = run_child({"case": "stepping", "n": args.compare_stepping, "rate": res["rate"],
                                      "repeat": args.stepping_repeat})
     if args.compare_tree:
-        res["trees"] = compare_trees(args, res["rate"])
+        res["trees"] = compare_trees(args, res["rate"], trace)
     if args.profile:
         print(f"profile: {args.profile:,} requests under cProfile ...", file=sys.stderr, flush=True)
         res["profile"] = run_child({"case": "profile", "n": args.profile, "rate": res["rate"], "top": args.profile_top})
