@@ -34,24 +34,45 @@ def print_summary(s: dict, file=None) -> None:
     file = file or sys.stdout
     def num(x, fmt="{:.3f}"):
         return "-" if x is None else fmt.format(x)
+    from sim.io.describe import fit_text, slo_text
+    setup = s.get("setup") or {}
     print(f"scenario {s['scenario']}: {s['completed']}/{s['requests']} completed, {s['rejected']} rejected, "
           f"{s['cancelled']} cancelled, {s['good']} good", file=file)
+    if setup:
+        print(f"{setup['model']} on {setup['hardware']}, {setup['scheduler']} scheduler; step-time model "
+              f"{setup['step_time_fit']['kind']}: fit error {fit_text(setup['step_time_fit'])}", file=file)
     print(f"makespan {num(s['makespan_s'])} s   throughput {num(s['output_throughput_tok_s'], '{:.1f}')} tok/s, "
           f"{num(s['request_throughput_rps'])} req/s   goodput {num(s['goodput_rps'])} req/s   "
-          f"SLO attainment {num(s['slo_attainment'])}", file=file)
+          f"SLO attainment {num(s['slo_attainment'])}"
+          + (f" ({slo_text(setup['slo'])})" if setup else ""), file=file)
     print(f"{'ms':<6}{'mean':>10}{'median':>10}{'p90':>10}{'p99':>10}{'max':>10}", file=file)
     for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s"):
         st = s[key]
         print(f"{key[:-2].upper():<6}" + "".join(f"{_fmt_ms(st[k]):>10}" for k in ("mean", "median", "p90", "p99", "max")),
               file=file)
     print(f"KV peak {fmt_bytes(s['peak_kv_bytes'])} of {fmt_bytes(s['kv_capacity_bytes'])}   memory fit "
-          f"{'yes' if s['memory_fit'] else 'NO'}   preemptions {s['preemptions']} ({s['recomputed_tokens']} tokens recomputed)",
+          f"{'yes' if s['memory_fit'] else 'NO (' + '; '.join(memory_misfit(s)) + ')'}   preemptions {s['preemptions']} ({s['recomputed_tokens']} tokens recomputed)",
           file=file)
     print(f"GPU-s per good {num(s['gpu_seconds_per_good'])}   energy per good "
           f"{num(s['energy_j_per_good'], '{:.1f}')} J", file=file)
     if s.get("disaggregation"):  # prefill and decode pools (sim.core.pools)
         from sim.core.pools import describe_pools
         print("\n".join(describe_pools(s["disaggregation"])), file=file)
+
+
+def memory_misfit(s: dict) -> list[str]:
+    """Why summary.json says memory_fit false, in words (each reason with its count)."""
+    why = []
+    if not s.get("card_fit", True):
+        why.append(f"weights {fmt_bytes(s['weights_bytes'])} + KV budget {fmt_bytes(s['kv_budget_bytes'])} "
+                   "(+ activations) exceed the card")
+    if s.get("kv_limited_requests"):
+        why.append(f"{s['kv_limited_requests']} request(s) waited for KV")
+    if s.get("kv_rejected_requests"):
+        why.append(f"{s['kv_rejected_requests']} rejected for lack of KV")
+    if s.get("preemptions"):
+        why.append(f"{s['preemptions']} preemption(s)")
+    return why or ["see summary.json"]
 
 
 class _Progress:

@@ -28,6 +28,7 @@ from sim.core.schedulers.speculation import Speculator
 from sim.core.sizing import replica_memory
 from sim.core.step_time_builder import build_step_time
 from sim.io.config import Scenario
+from sim.io.describe import describe_setup
 from sim.io.errors import ConfigError
 from sim.io.profiles import load_hardware, load_model
 from sim.models import step_time as costmod
@@ -196,7 +197,13 @@ class Simulation:
 
     def run(self, executor: StepExecutor | None = None, env: simpy.Environment | None = None) -> Result:
         """Run the scenario to the end: on SimPy's virtual clock with the step-time model by default;
-        a replay passes its own executor (and environment) to run the same loop for real."""
+        a replay passes its own executor (and environment) to run the same loop for real. summary.json
+        ends with `setup`: model, card, scheduler, SLOs and the step-time fit error (sim.io.describe)."""
+        result = self._run(executor, env)
+        result.summary["setup"] = describe_setup(self.scenario, self.base_dir)
+        return result
+
+    def _run(self, executor: StepExecutor | None, env: simpy.Environment | None) -> Result:
         sc = self.scenario
         if getattr(sc, "disaggregation", None) is not None:  # a prefill pool and a decode pool (sim.core.pools)
             from sim.core.pools import run_disaggregated

@@ -1,0 +1,54 @@
+"""What a run was: model, card, scheduler, the SLOs behind "SLO attainment", and how good the step-time
+model is (its held-out fit error, or why none is known). Written into summary.json as `setup` and
+printed by `capsim run`, so that a result is never read without the assumptions it rests on."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _fit_of(scenario, base_dir: Path) -> dict:
+    cfg = scenario.step_time.model
+    out = {"kind": cfg.kind, "profile": None, "mape": None, "max_abs_rel_err": None, "n_heldout": None,
+           "unknown": None}
+    if cfg.kind == "profile":
+        from sim.core.step_time_builder import resolve_profile_path
+        from sim.io.profiles import load_fitted
+        path = resolve_profile_path(cfg.path, base_dir)
+        prof = load_fitted(path)
+        out["kind"], out["profile"] = f"profile ({cfg.use})", path.name
+        if prof.fit is None:
+            out["unknown"] = "the profile records no fit: its numbers are not a fit by capsim"
+        else:
+            out.update(mape=prof.fit.mape, max_abs_rel_err=prof.fit.max_abs_rel_err, n_heldout=prof.fit.n_heldout)
+    elif cfg.kind in ("linear", "efficiency"):
+        out["unknown"] = "the coefficients are typed into the scenario, not fitted"
+    else:
+        out["unknown"] = f"none is recorded for a {cfg.kind} model"
+    return out
+
+
+def describe_setup(scenario, base_dir: str | Path) -> dict:
+    """summary.json's `setup`: model, hardware, scheduler, SLOs and the step-time model's fit error."""
+    slo = scenario.slo
+    return {"model": scenario.model, "hardware": scenario.hardware, "scheduler": scenario.scheduler.kind,
+            "slo": {"ttft_s": slo.ttft_s, "itl_s": slo.itl_s, "itl_stat": slo.itl_stat, "e2e_s": slo.e2e_s},
+            "step_time_fit": _fit_of(scenario, Path(base_dir))}
+
+
+def slo_text(slo: dict) -> str:
+    """'TTFT <= 2 s, E2E <= 20 s', or what attainment means without any SLO."""
+    parts = [f"TTFT <= {slo['ttft_s']:g} s" if slo.get("ttft_s") else "",
+             f"{'max' if slo.get('itl_stat') == 'max' else 'p99'} ITL <= {slo['itl_s']:g} s" if slo.get("itl_s") else "",
+             f"E2E <= {slo['e2e_s']:g} s" if slo.get("e2e_s") else ""]
+    parts = [p for p in parts if p]
+    return ", ".join(parts) if parts else "no SLO set: every completed, correct request counts"
+
+
+def fit_text(fit: dict) -> str:
+    """'held-out error 4.1% (max 12.3%, 15 points) of profile X' or 'unknown: why'."""
+    if fit.get("mape") is None:
+        return f"unknown ({fit.get('unknown')})"
+    where = f" of {fit['profile']}" if fit.get("profile") else ""
+    return (f"held-out error {fit['mape']:.1%} (largest {fit['max_abs_rel_err']:.1%}, {fit['n_heldout']} points)"
+            f"{where}")

@@ -1,0 +1,37 @@
+"""capsim run says what it ran and how far to trust it: model, card, scheduler, the SLOs behind
+"SLO attainment", the step-time model's fit error (also in summary.json's `setup`), and why memory
+does not fit."""
+
+from __future__ import annotations
+
+import json
+
+from capsim.cli import main
+from tests.sim.helpers import REPO_SCENARIOS
+
+
+def test_summary_json_names_the_setup(capsys):
+    assert main(["run", str(REPO_SCENARIOS / "capacity-example.yaml"), "--set", "workload.num_requests=3",
+                 "--json"]) == 0
+    setup = json.loads(capsys.readouterr().out)["setup"]
+    assert setup == {"model": "qwen3-8b", "hardware": "rtx-pro-6000-bw-ws", "scheduler": "chunked",
+                     "slo": {"ttft_s": 2.0, "itl_s": None, "itl_stat": "max", "e2e_s": 20.0},
+                     "step_time_fit": {"kind": "linear", "profile": None, "mape": None, "max_abs_rel_err": None,
+                                       "n_heldout": None,
+                                       "unknown": "the coefficients are typed into the scenario, not fitted"}}
+
+
+def test_fitted_profile_error_is_printed(capsys):
+    scenario = REPO_SCENARIOS / "validation" / "cpu-qwen0.5b-continuous.yaml"
+    assert main(["run", str(scenario), "--set", "workload.num_requests=3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("qwen2.5-0.5b on cpu-epyc-2c, continuous scheduler; step-time model profile "
+                               "(linear): fit error held-out error ")
+    assert "of cpu__qwen2.5-0.5b__bf16.yaml" in lines[1]
+
+
+def test_why_memory_does_not_fit_and_which_slos(capsys):
+    assert main(["run", str(REPO_SCENARIOS / "chapter8" / "scheme-a-6gib.yaml")]) == 0
+    out = capsys.readouterr().out
+    assert "SLO attainment 0.000 (E2E <= 7 s)" in out
+    assert "memory fit NO (" in out and "request(s) waited for KV" in out
