@@ -60,8 +60,12 @@ def scenario_items(info: ScenarioInfo, summary: dict, hw, model) -> list[tuple[s
     sched = sc.scheduler.model_dump(mode="json")
     kind = sched.pop("kind")
     cl = sc.cluster
-    tp = getattr(sc.step_time.model, "tp", 1)
-    layout = (f"{cl.replicas} replica(s) x {tp} {hw.name}" + (" (tensor parallel)" if tp > 1 else "")
+    par = summary.get("parallel")  # multi-GPU replicas (issue 15)
+    tp = par["tp"] if par else getattr(sc.step_time.model, "tp", 1)
+    gpus = par["gpus_per_replica"] if par else tp
+    shape = f"tp {tp}" + (f" pp {par['pp']}" if par and par["pp"] > 1 else "") + (
+        f" ep {par['ep']}" if par and par["ep"] > 1 else "")
+    layout = (f"{cl.replicas} replica(s) x {gpus} {hw.name}" + (f" ({shape})" if gpus > 1 else "")
               + f", router {cl.router.kind}; weights {sc.weight_format}, KV {sc.kv.format}")
     if sc.offload:
         layout += f"; {sc.offload.layers} layers' FFNs offloaded to host memory"

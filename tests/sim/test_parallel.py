@@ -1,0 +1,238 @@
+"""Multi-GPU replicas (issue 15): memory per GPU against hand computation for the shipped examples,
+layouts refused with the field and allowed values, distinct experts, pipeline bubble, GPU counting."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.io.config import load_scenario
+from sim.io.errors import ConfigError
+from sim.io.profiles import load_hardware, load_model
+from sim.models.parallel import (Layout, distinct_experts, kv_bytes_per_token_per_gpu, layout_problems,
+                                 smallest_fitting_layout, stage_weights, weights_per_gpu)
+from sim.models.spec import ModelSpec
+
+REPO = Path(__file__).resolve().parents[2]
+GIB = 1 << 30
+
+# ---- hand computations (parameters from profiles/models, written out) ------------------------
+
+# Llama-3.1-70B, TP4, BF16: h 8192, 80 layers, 64 heads (16 per GPU), 8 KV heads (2 per GPU), head 128,
+# FFN 28672 (7168 per GPU), vocab 128256 (32064 rows per GPU)
+LLAMA70_TP4 = {
+    "attention": 80 * (8192 * 16 * 128 + 2 * 8192 * 2 * 128 + 16 * 128 * 8192) * 2,
+    "ffn": 80 * (3 * 8192 * 7168) * 2,
+    "embedding": 32064 * 8192 * 2, "lm_head": 32064 * 8192 * 2,
+    "norms": (80 * (8192 + 8192) + 8192) * 2,
+    "kv_per_token": 80 * 2 * 2 * 128 * 2,
+}
+# Mixtral-8x7B, TP2, BF16: h 4096, 32 layers, 32 heads (16), 8 KV heads (4), router 4096 x 8 replicated,
+# 8 experts of 3 x 4096 x 14336 each split two ways, vocab 32000 (16000 rows)
+MIXTRAL_TP2 = {
+    "attention": 32 * (4096 * 16 * 128 + 2 * 4096 * 4 * 128 + 16 * 128 * 4096) * 2,
+    "ffn": 32 * (4096 * 8 + 8 * 3 * 4096 * 14336 // 2) * 2,
+    "embedding": 16000 * 4096 * 2, "lm_head": 16000 * 4096 * 2,
+    "norms": (32 * (4096 + 4096) + 4096) * 2,
+    "kv_per_token": 32 * 2 * 4 * 128 * 2,
+}
+# Qwen3-235B-A22B, TP8 EP8, BF16: h 4096, 94 layers, 64 heads (8), 4 KV heads (1 per GPU: each kept
+# twice), QK norms (2 x 128), router 4096 x 128, 16 whole experts of 3 x 4096 x 1536 per GPU,
+# vocab 151936 (18992 rows)
+QWEN235_EP8 = {
+    "attention": 94 * (4096 * 8 * 128 + 2 * 4096 * 1 * 128 + 8 * 128 * 4096) * 2,
+    "ffn": 94 * (4096 * 128 + 16 * 3 * 4096 * 1536) * 2,
+    "embedding": 18992 * 4096 * 2, "lm_head": 18992 * 4096 * 2,
+    "norms": (94 * (4096 + 2 * 128 + 4096) + 4096) * 2,
+    "kv_per_token": 94 * 2 * 1 * 128 * 2,
+}
+# DeepSeek-V3, TP8 EP8, FP8 layer matrices (1 B), BF16 embeddings and norms: h 7168, 61 layers (3 dense),
+# 128 heads (16 per GPU); MLA q_a 7168 x 1536 and kv_a 7168 x 576 replicated, q_b 1536 x 16 x 192,
+# kv_b 512 x 16 x 256, O 16 x 128 x 7168; dense FFN 3 x 7168 x 18432 / 8; MoE: router 7168 x 256,
+# 32 whole experts of 3 x 7168 x 2048, the shared expert split 8 ways; vocab 129280 (16160 rows);
+# KV: the 512 + 64 latent of every layer on every GPU
+DSV3_EP8 = {
+    "attention": 61 * (7168 * 1536 + 1536 * 16 * 192 + 7168 * 576 + 512 * 16 * 256 + 16 * 128 * 7168),
+    "ffn": 3 * (3 * 7168 * 18432 // 8) + 58 * (7168 * 256 + 32 * 3 * 7168 * 2048 + 3 * 7168 * 2048 // 8),
+    "embedding": 16160 * 7168 * 2, "lm_head": 16160 * 7168 * 2,
+    "norms": (61 * (7168 + 512 + 1536 + 7168) + 7168) * 2,
+    "kv_per_token": 61 * (512 + 64) * 2,
+}
+CASES = [
+    ("llama-3.1-70b-tp4-h100", "llama-3.1-70b", Layout(tp=4), "bf16", LLAMA70_TP4),
+    ("mixtral-8x7b-tp2-h100", "mixtral-8x7b", Layout(tp=2), "bf16", MIXTRAL_TP2),
+    ("qwen3-235b-a22b-ep8-h200", "qwen3-235b-a22b", Layout(tp=8, ep=8), "bf16", QWEN235_EP8),
+    ("deepseek-v3-fp8-8xh200", "deepseek-v3", Layout(tp=8, ep=8), "fp8", DSV3_EP8),
+]
+
+
+@pytest.mark.parametrize("scenario, model, layout, fmt, hand", CASES, ids=[c[0] for c in CASES])
+def test_memory_per_gpu_is_exact(scenario, model, layout, fmt, hand):
+    spec = ModelSpec(load_model(model))
+    w = weights_per_gpu(spec, layout, fmt)
+    for part in ("attention", "ffn", "embedding", "lm_head", "norms"):
+        assert getattr(w, part) == hand[part], part
+    total = sum(hand[p] for p in ("attention", "ffn", "embedding", "lm_head", "norms"))
+    assert w.total == total
+    assert kv_bytes_per_token_per_gpu(spec, layout, "bf16") == hand["kv_per_token"]
+    # the shipped scenario sizes its replica with the same numbers: 0.9 x card - weights - 2 GiB per GPU
+    from sim.core.simulation import Simulation
+    sc, base = load_scenario(REPO / "scenarios" / "parallel" / f"{scenario}.yaml")
+    mem = Simulation(sc, base).memory
+    hw = load_hardware(sc.hardware)
+    assert mem.gpus == layout.gpus
+    assert mem.weight_bytes_per_gpu == total
+    assert mem.kv_budget_bytes_per_gpu == int(0.9 * hw.memory_bytes) - total - 2 * GIB
+    assert mem.kv_bytes_per_token_per_gpu == hand["kv_per_token"]
+    assert mem.num_blocks == mem.kv_budget_bytes_per_gpu // (16 * hand["kv_per_token"])
+
+
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen3-8b", "mixtral-8x7b", "deepseek-v3", "qwen3-235b-a22b"])
+@pytest.mark.parametrize("fmt", ["bf16", "fp8"])
+def test_one_gpu_layout_is_the_whole_model(model, fmt):
+    spec = ModelSpec(load_model(model))
+    assert weights_per_gpu(spec, Layout(), fmt).total == spec.weight_bytes(fmt)
+    assert stage_weights(spec, Layout(), fmt)[0].total == spec.weight_bytes(fmt)
+    assert kv_bytes_per_token_per_gpu(spec, Layout(), "bf16") == spec.kv_bytes_per_token("bf16")
+
+
+def test_pipeline_stages_split_layers_and_edges():
+    spec = ModelSpec(load_model("llama-3.1-70b"))
+    stages = stage_weights(spec, Layout(tp=1, pp=3), "bf16")
+    assert [s.embedding > 0 for s in stages] == [True, False, False]
+    assert [s.lm_head > 0 for s in stages] == [False, False, True]
+    # 80 layers over 3 stages: 27, 27, 26; the KV per token per GPU is the fullest stage's
+    assert kv_bytes_per_token_per_gpu(spec, Layout(pp=3), "bf16") == 27 * 2 * 8 * 128 * 2
+
+
+@pytest.mark.parametrize("model, layout, field, allowed", [
+    ("llama-3.1-70b", Layout(tp=3), "parallel.tp", "allowed: [1, 2, 4, 8, 16, 32, 64]"),
+    ("llama-3.1-70b", Layout(tp=2, ep=2), "parallel.ep", "dense model without experts (allowed: 1)"),
+    ("llama-3.1-70b", Layout(pp=81), "parallel.pp", "allowed: 1..80"),
+    ("mixtral-8x7b", Layout(tp=16, ep=16), "parallel.ep", "16 does not divide mixtral-8x7b's 8 experts"),
+])
+def test_layouts_the_model_cannot_take(model, layout, field, allowed):
+    problems = layout_problems(ModelSpec(load_model(model)), layout)
+    assert problems and problems[0].startswith(field + ":") and allowed in problems[0]
+
+
+def _scenario(tmp_path, parallel: str, model="llama-3.1-8b", step="{kind: ops}", extra="") -> Path:
+    p = tmp_path / "s.yaml"
+    p.write_text(f"""name: p
+model: {model}
+hardware: h100-sxm
+{parallel}
+kv: {{budget: {{gpu_memory_utilization: 0.9}}}}
+scheduler: {{kind: chunked, max_num_seqs: 64, max_num_batched_tokens: 4096, chunk_tokens: 4096}}
+step_time: {{model: {step}}}
+workload:
+  kind: synthetic
+  num_requests: 40
+  arrival: {{kind: poisson, rate_rps: 5}}
+  prompt_tokens: {{kind: fixed, value: 512}}
+  output_tokens: {{kind: fixed, value: 64}}
+{extra}""")
+    return p
+
+
+def _run(path: Path):
+    from sim.core.simulation import Simulation
+    sc, base = load_scenario(path)
+    return Simulation(sc, base)
+
+
+def test_scenario_refuses_a_layout_naming_field_and_allowed(tmp_path):
+    with pytest.raises(ConfigError, match=r"parallel\.tp: 3 does not divide .* \(allowed: \[1, 2, 4, 8, 16, 32\]\)"):
+        _run(_scenario(tmp_path, "parallel: {tp: 3}"))
+    with pytest.raises(ConfigError, match=r"ep \(3\) must divide tp \(4\).*allowed ep for tp 4: \[1, 2, 4\]"):
+        load_scenario(_scenario(tmp_path, "parallel: {tp: 4, ep: 3}"))
+    with pytest.raises(ConfigError, match=r"step_time\.model\.tp: 4 differs from parallel\.tp \(2\)"):
+        _run(_scenario(tmp_path, "parallel: {tp: 2}", step="{kind: ops, tp: 4}"))
+
+
+def test_every_gpu_counts_and_one_gpu_summaries_are_unchanged(tmp_path):
+    lin = "{kind: linear, constant_s: 0.01, per_new_token_s: 0.0001, per_pair_s: 0.0}"
+    one = _run(_scenario(tmp_path, "", step=lin)).run().summary
+    four = _run(_scenario(tmp_path, "parallel: {tp: 4}", step=lin)).run().summary
+    assert "parallel" not in one
+    assert four["parallel"]["gpus"] == 4 and four["parallel"]["gpus_per_replica"] == 4
+    assert four["makespan_s"] == one["makespan_s"]  # same step times: only the GPU count differs
+    assert four["gpu_seconds"] == pytest.approx(4 * one["gpu_seconds"])
+    assert four["energy_j"] == pytest.approx(4 * one["energy_j"])
+
+
+def test_distinct_experts():
+    assert distinct_experts(8, 2, 1) == pytest.approx(2.0)
+    assert distinct_experts(128, 8, 64) == pytest.approx(128 * (1 - (1 - 8 / 128) ** 64))
+    assert distinct_experts(128, 8, 10_000) == pytest.approx(128.0)
+    assert distinct_experts(128, 8, 16, skew=1.0) < distinct_experts(128, 8, 16)
+    assert distinct_experts(128, 8, 0) == 0.0
+
+
+def _ops(tmp_path, parallel: str, model="llama-3.1-70b"):
+    return _run(_scenario(tmp_path, parallel, model=model)).step_time
+
+
+def test_pipeline_bubble_shows_in_iteration_time(tmp_path):
+    from sim.models.ops_compose import decode_plan, prefill_plan
+    one = _ops(tmp_path, "parallel: {tp: 2}")
+    pp1 = _ops(tmp_path, "parallel: {tp: 2, pp: 2}")
+    pp4 = _ops(tmp_path, "parallel: {tp: 2, pp: 2, micro_batches: 4}")
+    plan = decode_plan(64, 2048)
+    # one micro-batch: the stages run one after the other (no gain, plus the hand-over)
+    hop = pp1.net.at("send_recv", 2, 64 * 8192 * 2)
+    stages = [pp1.stage_s(s, 64, 0, 0, 64, 64 * 2048, 64) for s in range(2)]
+    assert pp1.step_s(plan) == pytest.approx(pp1.host_s + sum(stages) + hop)
+    assert pp1.step_s(plan) > one.step_s(plan) * 0.95
+    # four micro-batches: sum of the stages' micro-batch times plus three more of the slowest
+    m = [pp4.stage_s(s, 16, 0, 0, 16, 16 * 2048, 16) for s in range(2)]
+    hop4 = pp4.net.at("send_recv", 2, 16 * 8192 * 2)
+    assert pp4.step_s(plan) == pytest.approx(pp4.host_s + sum(m) + 3 * max(m) + hop4)
+    # a weight-bound decode pays for reading the weights once per micro-batch; a compute-bound prefill
+    # gains from filling the pipeline
+    assert pp4.step_s(plan) > pp1.step_s(plan)
+    big = prefill_plan(2, 1024)
+    assert pp4.step_s(big) < pp1.step_s(big)
+
+
+def test_moe_reads_only_touched_experts(tmp_path):
+    m = _ops(tmp_path, "parallel: {tp: 2}", model="mixtral-8x7b")
+    g = m.moe_gemms
+    # one token touches 2 of 8 experts: a quarter of the grouped GEMM's bytes at M = 1
+    expert_part = m._moe_ffn_s(1) - m._look(g["router"].at, 1) - m._all_reduce(2, 1) - m._small_s(1, 2 * 14336 / 2)
+    assert expert_part == pytest.approx(0.25 * (g["experts_gate_up"].at(1) + g["experts_down"].at(1)))
+    ep = _ops(tmp_path, "parallel: {tp: 8, ep: 8}", model="qwen3-235b-a22b")
+    skew = _ops(tmp_path, "parallel: {tp: 8, ep: 8, routing_skew: 1.2}", model="qwen3-235b-a22b")
+    assert skew.layer_linear_s(8, True) < ep.layer_linear_s(8, True)
+    imb = _ops(tmp_path, "parallel: {tp: 8, ep: 8, expert_imbalance: 1.5}", model="qwen3-235b-a22b")
+    assert imb.layer_linear_s(512, True) > ep.layer_linear_s(512, True)
+
+
+def test_memory_command_per_gpu_and_smallest_layout(capsys):
+    from capsim.cli import main
+    assert main(["memory", "--model", "llama-3.1-70b", "--hardware", "h100-sxm", "--tp", "4",
+                 "--gpu-memory-utilization", "0.9", "--activation", "2GiB", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    total = sum(LLAMA70_TP4[p] for p in ("attention", "ffn", "embedding", "lm_head", "norms"))
+    assert out["parallel"]["weights_per_gpu"]["total"] == total
+    assert out["parallel"]["kv_budget_bytes_per_gpu"] == int(0.9 * 80e9) - total - 2 * GIB
+    assert out["parallel"]["kv_budget_bytes_per_replica"] == 4 * out["parallel"]["kv_budget_bytes_per_gpu"]
+    assert out["parallel"]["fits_per_gpu"] is True
+    assert main(["memory", "--model", "deepseek-v3", "--hardware", "h200-sxm"]) == 2
+    err = capsys.readouterr().err
+    assert "deepseek-v3 (bf16) does not fit one h200-sxm" in err and "the smallest layout that fits is" in err
+    assert main(["memory", "--model", "qwen3-235b-a22b", "--tp", "6"]) == 2
+    assert "--tp: 6 does not divide" in capsys.readouterr().err
+
+
+def test_smallest_layout_fits_and_nothing_smaller_does():
+    spec = ModelSpec(load_model("deepseek-v3"))
+    hw = load_hardware("h200-sxm")
+    best = smallest_fitting_layout(spec, hw.memory_bytes, "fp8")
+    assert weights_per_gpu(spec, best, "fp8").total <= 0.8 * hw.memory_bytes
+    for tp in (1, 2, 4, 8):
+        for pp in range(1, best.gpus // tp):
+            if tp * pp < best.gpus:
+                assert weights_per_gpu(spec, Layout(tp, pp, tp), "fp8").total > 0.8 * hw.memory_bytes
