@@ -2,9 +2,10 @@
 users sending fixed ISL/OSL requests to one replica running the engine's default settings, and the
 simulated mean TTFT and TPOT are set against the measured ones.
 
-A row capsim cannot express (disaggregated pools, pipeline / expert / attention-data parallelism,
-MoE, a card or precision without operator tables, a model without a profile, weights that do not
-fit) is skipped with the reason, never guessed.
+Multi-GPU rows run one replica of `parallel: {tp, pp, ep}` (issue [parallel]: per-GPU weights and KV,
+MoE experts over the tensor-parallel GPUs, moe_tp x moe_ep = tp). A row capsim cannot express
+(disaggregated pools, attention-data parallelism, a card or precision without operator tables, a model
+without a profile, weights that do not fit) is skipped with the reason, never guessed.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import numpy as np
 
 from sim.io.errors import ConfigError
 from sim.io.profiles import load_hardware, load_model, profiles_dir
+from sim.models.parallel import Layout, kv_bytes_per_token_per_gpu, layout_problems, weights_per_gpu
 from sim.models.spec import ModelSpec
 from sim.published.disagg import build_disagg_case
 from sim.published.engines import ENGINES, kv_budget_bytes
@@ -28,7 +30,8 @@ SYSTEMS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "b200_sxm": "b200", "
 
 MODEL_ALIASES = {"meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b", "meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b",
                  "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b", "meta-llama/Meta-Llama-3.1-70B": "llama-3.1-70b",
-                 "Qwen/Qwen3-32B-FP8": "qwen3-32b"}
+                 "Qwen/Qwen3-32B-FP8": "qwen3-32b", "deepseek-ai/DeepSeek-R1": "deepseek-v3",
+                 "Qwen/Qwen3-235B-A22B-FP8": "qwen3-235b-a22b"}
 """Checkpoints with the architecture of a shipped model profile (instruct tunes, FP8 exports)."""
 
 PRECISIONS = {"bf16": "bf16", "fp16": "bf16", "": "bf16", "fp8": "fp8"}
@@ -70,18 +73,17 @@ def model_for(model_path: str) -> str | None:
 def _unsupported_layout(row: PublishedRow) -> str | None:
     if row.mode != "agg":
         return "disaggregated serving (separate prefill and decode pools) is not modelled"
-    if row.pp > 1:
-        return f"pipeline parallelism (pp {row.pp}) is not modelled"
     if row.attention_dp > 1:
         return f"attention data parallelism ({row.attention_dp}) is not modelled"
-    if row.moe_ep > 1:
-        return f"expert parallelism (ep {row.moe_ep}) is not modelled"
+    if row.moe_ep > 1 and row.moe_tp * row.moe_ep != row.tp:
+        return (f"expert layout moe_tp {row.moe_tp} x moe_ep {row.moe_ep} != tp {row.tp}: experts are modelled on "
+                "the tensor-parallel GPUs of a stage (issue [parallel])")
     return None
 
 
 def step_time_for(model: str, hardware: str, weight_format: str, tp: int) -> dict:
-    """The scenario's step_time mapping: operator-table composition for (model, card, dtype, TP)."""
-    return {"model": {"kind": "ops", "tp": tp}}
+    """The scenario's step_time mapping: operator-table composition (the layout is the scenario's `parallel`)."""
+    return {"model": {"kind": "ops"}}
 
 
 def build_case(row: PublishedRow, per_user: int | None = None, start: str = "staggered") -> Case:
@@ -98,19 +100,22 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "sta
     if model is None:
         return Case(row, skipped=f"no model profile for {row.model_path!r}")
     spec = ModelSpec(load_model(model))
-    if spec.profile.moe is not None or spec.profile.mla is not None:
-        return Case(row, skipped=f"{model}: MoE / MLA models are not composed from operator tables yet")
+    layout = Layout(tp=row.tp, pp=row.pp, ep=row.moe_ep)
+    problems = layout_problems(spec, layout)
+    if problems:
+        return Case(row, skipped="; ".join(problems))
     fmt = PRECISIONS.get(row.precision)
     if fmt is None:
         return Case(row, skipped=f"precision {row.precision!r}: no operator tables (have bf16, fp8)")
     engine = ENGINES[row.backend]
     hw = load_hardware(hardware)
-    weights = spec.weight_bytes(fmt)
-    budget = kv_budget_bytes(engine, hw.memory_bytes, weights / row.tp, row.tp)
+    weights = weights_per_gpu(spec, layout, fmt).total
+    budget = kv_budget_bytes(engine, hw.memory_bytes, weights, layout.gpus)
     block_tokens = 16
-    need = math.ceil((row.isl + row.osl) / block_tokens) * block_tokens * spec.kv_bytes_per_token("bf16")
+    need = (math.ceil((row.isl + row.osl) / block_tokens) * block_tokens
+            * kv_bytes_per_token_per_gpu(spec, layout, "bf16") * layout.gpus)
     if budget < need:
-        return Case(row, skipped=f"weights ({weights / 1e9:.1f} GB over {row.tp} x {hw.name}) leave "
+        return Case(row, skipped=f"weights ({weights / 1e9:.1f} GB per GPU over {layout.gpus} x {hw.name}) leave "
                                  f"{max(budget, 0) / 1e9:.1f} GB of KV, less than one request needs")
     users = row.concurrency
     scenario = {
@@ -118,6 +123,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "sta
         "kv": {"block_tokens": block_tokens, "format": "bf16", "budget": budget, "admission": engine.kv_admission},
         "scheduler": dict(engine.scheduler),
         "step_time": step_time_for(model, hardware, fmt, row.tp),
+        "parallel": {"tp": row.tp, "pp": row.pp, "ep": row.moe_ep},
         "workload": {"kind": "closed_loop", "users": users,
                      "num_requests": users * (per_user or requests_per_user(row.osl)),
                      "prompt_tokens": {"kind": "fixed", "value": row.isl},
