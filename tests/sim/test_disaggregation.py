@@ -174,3 +174,23 @@ def test_cancelled_in_transfer_leaves_without_decoding():
     r = res.requests.iloc[0]
     assert r["status"] == "cancelled" and r["output_tokens"] == 1
     assert (res.iterations["replica"] == 0).all()  # the decode replica never ran
+
+
+def _busy(**kw):
+    wl = {"kind": "synthetic", "num_requests": 150, "arrival": {"kind": "poisson", "rate_rps": 12.0},
+          "prompt_tokens": {"kind": "lognormal", "median": 900, "sigma": 0.6, "max": 4000},
+          "output_tokens": {"kind": "lognormal", "median": 60, "sigma": 0.6, "max": 300}}
+    return scenario(workload=wl, kv={"block_tokens": 16, "budget": "2GiB", "admission": "on_demand"},
+                    disaggregation=disagg(prefill=2, decode=2, bandwidth_gbs=2.0), **kw)
+
+
+def test_lazy_decode_and_fast_forward_change_no_byte(monkeypatch):
+    from sim.core import pools
+    from sim.core.engine import ModelledExecutor
+    from sim.core.simulation import Simulation
+    sc = _busy()
+    base = Simulation(sc, ".").run()
+    assert base.summary["preemptions"] > 0  # the decode pool's KV is short: the hard case
+    assert Simulation(sc, ".", lazy_decode=False).run().digest() == base.digest()
+    monkeypatch.setattr(pools, "ModelledExecutor", lambda st: ModelledExecutor(st, fast_forward=False))
+    assert Simulation(sc, ".").run().digest() == base.digest()
