@@ -435,6 +435,10 @@ def run_plan(scenario: str | Path, out_dir: str | Path, slo: SLO | None = None, 
     slo = slo or slo_from_scenario(sc)
     if not slo.given():
         raise ConfigError(f"{scenario}: no SLO to plan for: give --slo ttft=..,tpot=..,e2e=.. or set slo: in the scenario")
+    if target_rps is not None and getattr(sc, "disaggregation", None) is not None:
+        raise ConfigError(f"{scenario}: --target-rps sizes cluster.replicas, which a disaggregated scenario does not "
+                          "use (its pools have disaggregation.prefill.replicas and .decode.replicas); rank pool sizes "
+                          "and P:D splits with --gpus N instead")
     log = log or (lambda s: None)
     n_configs = max(1, len(grid_points(axes))) if axes else 1
     out = Path(out_dir)

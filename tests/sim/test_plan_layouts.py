@@ -76,3 +76,11 @@ def test_bad_budgets_and_modes_are_refused(tmp_path: Path):
         run_layout_plan(path, tmp_path / "o", gpus=2, modes=("both",))
     with pytest.raises(ConfigError, match="--price-per-gpu-hour"):
         run_layout_plan(path, tmp_path / "o", gpus=2, price_per_gpu_hour=-1.0)
+
+
+def test_target_rps_on_a_disaggregated_scenario_points_to_gpus(tmp_path: Path):
+    from sim.planning.capacity import run_plan
+    path = tmp_path / "d.yaml"
+    path.write_text(CASE + "disaggregation: {prefill: {replicas: 1}, decode: {replicas: 1}, link: {bandwidth_gbs: 50}}\n")
+    with pytest.raises(ConfigError, match="--gpus"):
+        run_plan(path, tmp_path / "o", target_rps=5.0)
