@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {
@@ -23,8 +24,12 @@ def parse_bytes(text: str | int | float) -> int:
     if isinstance(text, bool):
         raise ValueError(f"expected a size such as 12GiB, 12GB or 12884901888, got {text!r}")
     if isinstance(text, (int, float)):
+        if isinstance(text, float) and not math.isfinite(text):
+            raise ValueError(f"a size must be a finite number of bytes, got {text}")
         if text < 0:
             raise ValueError(f"a size must be >= 0, got {text}")
+        if text != int(text):
+            raise ValueError(f"a size in bytes must be a whole number, got {text}")
         return int(text)
     m = _SIZE.match(str(text))
     if not m or m.group(2).lower() not in _UNITS:

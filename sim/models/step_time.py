@@ -42,7 +42,9 @@ def _interp(xs: list[float], ys: list[float], x: float, allow: bool, what: str) 
             return ys[0]
         i = min(max(bisect.bisect_right(xs, x), 1), len(xs) - 1)
     elif not allow:
-        raise ExtrapolationError(f"{what} {x:.6g} is outside the measured range [{xs[0]:.6g}, {xs[-1]:.6g}]")
+        raise ExtrapolationError(f"{what} {x:.6g} is outside the measured range [{xs[0]:.6g}, {xs[-1]:.6g}]; "
+                                 "measure that far, or set step_time.allow_extrapolation: true in the scenario "
+                                 "to extrapolate linearly (warned once)")
     elif len(xs) == 1:
         return ys[0]
     else:
@@ -72,6 +74,19 @@ class EfficiencyModel:
         self._ys = [p.time_s for p in cfg.decode_table]
         self._overrides = {(o.sequences, o.new_tokens_per_sequence, o.cached_tokens_per_sequence): o.time_s
                            for o in cfg.prefill_overrides}
+        self._warned: set[str] = set()
+
+    def _warn_once(self, key: str, text: str) -> None:
+        """docs/scenarios.md's promise: every extrapolation or fallback is said once, on stderr."""
+        if key not in self._warned:
+            self._warned.add(key)
+            print(f"warning: step_time (efficiency): {text}; further cases are not reported", file=sys.stderr)
+
+    def _table(self, xs: list[float], ys: list[float], x: float, what: str) -> float:
+        if self.allow and not xs[0] <= x <= xs[-1]:
+            self._warn_once(what, f"{what} {x:.6g} is outside the measured range [{xs[0]:.6g}, {xs[-1]:.6g}]: "
+                                  "extrapolating linearly (step_time.allow_extrapolation: true)")
+        return _interp(xs, ys, x, self.allow, what)
 
     def decode_s(self, plan) -> float:
         """Decode (and speculative verify) part: the measured time for the bytes read, but never
@@ -79,9 +94,20 @@ class EfficiencyModel:
         if plan.decode_seqs == 0:
             return 0.0
         read = self.weight_read_bytes + self.kv_bytes_per_token * plan.decode_kv_tokens
-        t = _interp(self._xs, self._ys, read, self.allow, "decode bytes read")
+        t = self._table(self._xs, self._ys, read, "decode bytes read")
         flops = forward_flops(self.spec, plan.decode_positions, plan.decode_pairs, plan.decode_logits)
-        return max(t, flops / (self.peak * self._mfu_clamped(plan.decode_positions)))
+        floor = flops / (self.peak * self._mfu_clamped(plan.decode_positions))
+        if floor > t:
+            self._note_clamp(plan.decode_positions)
+        return max(t, floor)
+
+    def _note_clamp(self, new_tokens: int) -> None:
+        """The MFU held at the table's end decided a step's time: an extrapolation, said once."""
+        m = self.cfg.prefill_mfu
+        if not isinstance(m, float) and not m[0].new_tokens <= new_tokens <= m[-1].new_tokens:
+            self._warn_once("mfu clamp", f"{new_tokens} tokens in one pass lie outside the prefill MFU table "
+                                         f"[{m[0].new_tokens}, {m[-1].new_tokens}]: the MFU at its nearest end is used "
+                                         "(a compute-bound verify step or one-pass iteration)")
 
     def _mfu_clamped(self, new_tokens: int) -> float:
         m = self.cfg.prefill_mfu
@@ -94,7 +120,7 @@ class EfficiencyModel:
         m = self.cfg.prefill_mfu
         if isinstance(m, float):
             return m
-        return _interp([p.new_tokens for p in m], [p.mfu for p in m], new_tokens, self.allow, "prefill new tokens")
+        return self._table([p.new_tokens for p in m], [p.mfu for p in m], new_tokens, "prefill new tokens")
 
     def prefill_s(self, plan) -> float:
         if plan.prefill_seqs == 0:
@@ -106,6 +132,9 @@ class EfficiencyModel:
                 hit = self._overrides.get((plan.prefill_seqs, n, h))
                 if hit is not None:
                     return hit
+            else:
+                self._warn_once("override shapes", f"a prefill batch of {len(shapes)} different shapes matches no "
+                                                   "prefill_overrides entry (each is one shape): FLOPs / MFU used")
         flops = forward_flops(self.spec, plan.prefill_tokens, plan.prefill_pairs, plan.prefill_logits)
         return flops / (self.peak * self.prefill_mfu(plan.prefill_tokens))
 
@@ -128,6 +157,8 @@ class EfficiencyModel:
         kv_read = max(dec - _interp(self._xs, self._ys, w, True, ""), 0.0)
         flops = forward_flops(self.spec, plan.new_tokens, plan.prefill_pairs, plan.prefill_logits + plan.decode_logits)
         compute = flops / (self.peak * self._mfu_clamped(plan.new_tokens))
+        if dec + pre > compute + kv_read > max(dec, pre):
+            self._note_clamp(plan.new_tokens)
         return min(dec + pre, max(dec, pre, compute + kv_read))
 
 

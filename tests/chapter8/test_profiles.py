@@ -68,8 +68,7 @@ def test_malformed_hardware_profile_names_file_and_field(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_hardware(path)
     lines = str(err.value).splitlines()
-    assert lines[0] == (f"{path}: memory_gb.value: Input should be a valid number, "
-                        "unable to parse string as a number (got 'lots')")
+    assert lines[0] == f"{path}: memory_gb.value: Input should be a valid number (got 'lots')"
     assert f"{path}: colour: Extra inputs are not permitted (got 'green')" in lines
     assert err.value.lines == lines
 
@@ -80,8 +79,7 @@ def test_malformed_model_profile_names_nested_field(tmp_path):
     with pytest.raises(ConfigError) as err:
         load_model(str(path))
     lines = str(err.value).splitlines()
-    assert lines[0] == (f"{path}: moe.num_experts: Input should be a valid integer, "
-                        "unable to parse string as an integer (got 'many')")
+    assert lines[0] == f"{path}: moe.num_experts: Input should be a valid integer (got 'many')"
     assert f"{path}: moe.num_expert: Extra inputs are not permitted (got 128)" in lines
 
 

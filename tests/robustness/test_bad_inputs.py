@@ -168,3 +168,12 @@ def test_trace_json_errors_are_whole(tmp_path):
     p.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(128, 256)))
     with pytest.raises(ConfigError, match="not a UTF-8 text file"):
         read_trace(p, "jsonl")
+
+
+@pytest.mark.parametrize("value, expected", [
+    (".inf", "kv.budget: a size must be a finite number of bytes, got inf"),
+    ("0.5", "kv.budget: a size in bytes must be a whole number, got 0.5"),
+])
+def test_sizes_are_finite_whole_bytes(capsys, value, expected):
+    assert errors_of(capsys, ["run", str(EXAMPLE), *SMALL, "--set", f"kv.budget={value}"]) == [
+        f"error: {EXAMPLE}: {expected}"]
