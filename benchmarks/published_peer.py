@@ -1,0 +1,187 @@
+"""capsim and AIConfigurator side by side on the same published rows (a benchmark, not a test).
+
+    capsim validate-published ../shared/data/benchmarks/aiconfigurator_silicon_sample.csv --mode agg \\
+        --out results/published
+    /work/venvs/aic/bin/python benchmarks/aiconfigurator_peer.py \\
+        ../shared/data/benchmarks/aiconfigurator_silicon_sample.csv --ids results/published/report.json \\
+        --out results/published/aic.csv
+    python benchmarks/published_peer.py results/published/report.json results/published/aic.csv \\
+        --fig docs/figures/fidelity-published.png --md results/published/peer.md
+
+Reads capsim's report.json and the peer's per-row CSV and prints, per (system, backend, mode, metric), the
+rows both predicted and each tool's median and p90 absolute relative error; the figure plots predicted vs
+measured TTFT and TPOT per card for both. Rows named in --in-sample (ids of rows some constant was fitted
+on) are reported apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HOST_OVERHEAD_FIT = ("trtllm", "meta-llama/Llama-3.1-8B-Instruct", "h100_sxm")
+"""The ops model's default host overhead (0.228 ms per iteration, sim/io/ops_schema.py) was fitted on the
+silicon sample's TRT-LLM H100 Llama-3.1-8B agg rows (benchmarks/ops_fidelity.py): those rows are
+in-sample for capsim and are reported as their own group."""
+
+
+def load(report_path: str, aic_path: str) -> list[dict]:
+    """Rows predicted by both tools: measured, capsim and AIConfigurator TTFT/TPOT."""
+    report = json.loads(Path(report_path).read_text())
+    with open(aic_path, newline="") as fh:
+        aic = {r["id"]: r for r in csv.DictReader(fh) if r["aic_ttft_ms"]}
+    out = []
+    for r in report["rows"]:
+        if "predicted" not in r or r["id"] not in aic:
+            continue
+        a = aic[r["id"]]
+        fit = (r["backend"], r["model"], r["system"]) == HOST_OVERHEAD_FIT
+        out.append({"id": r["id"], "system": r["system"], "backend": r["backend"], "mode": r["mode"],
+                    "group": "fit set (host overhead)" if fit else "held out",
+                    "measured": r["measured"], "capsim": r["predicted"],
+                    "aic": {"ttft_ms": float(a["aic_ttft_ms"]), "tpot_ms": float(a["aic_tpot_ms"])}})
+    return out
+
+
+def table(rows: list[dict]) -> list[dict]:
+    """Per (system, backend, mode, group, metric): n and both tools' median / p90 |relative error|."""
+    groups: dict[tuple, list[tuple[float, float]]] = {}
+    for r in rows:
+        for m in ("ttft_ms", "tpot_ms"):
+            meas = r["measured"][m]
+            key = (r["system"], r["backend"], r["mode"], r["group"], m)
+            pair = (abs(r["capsim"][m] / meas - 1), abs(r["aic"][m] / meas - 1))
+            groups.setdefault(key, []).append(pair)
+            groups.setdefault(("~all", "all", r["mode"], "all rows", m), []).append(pair)
+            if r["group"] == "held out":
+                groups.setdefault(("~all", "all", r["mode"], "held out", m), []).append(pair)
+    out = []
+    for key, errs in sorted(groups.items()):
+        e = np.asarray(errs)
+        out.append(dict(zip(("system", "backend", "mode", "group", "metric"), key), n=len(e),
+                        capsim_median=float(np.median(e[:, 0])), capsim_p90=float(np.percentile(e[:, 0], 90)),
+                        aic_median=float(np.median(e[:, 1])), aic_p90=float(np.percentile(e[:, 1], 90))))
+    return out
+
+
+def markdown(summary: list[dict]) -> str:
+    """The side-by-side table as Markdown."""
+    lines = ["| card | engine | rows | metric | n | capsim median | capsim p90 | AIConfigurator median | AIConfigurator p90 |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|"]
+    for s in summary:
+        lines.append(f"| {s['system'].lstrip('~')} | {s['backend']} | {s['group']} | {s['metric'][:-3].upper()} | {s['n']} | "
+                     f"{s['capsim_median']:.1%} | {s['capsim_p90']:.1%} | {s['aic_median']:.1%} | {s['aic_p90']:.1%} |")
+    return "\n".join(lines)
+
+
+def figure(rows: list[dict], path: str) -> None:
+    """Predicted vs measured TTFT and TPOT, one column per card, capsim and AIConfigurator."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    cards = sorted({r["system"] for r in rows})
+    fig, axes = plt.subplots(2, len(cards), figsize=(5.2 * len(cards), 9.5), squeeze=False)
+    for j, card in enumerate(cards):
+        sub = [r for r in rows if r["system"] == card]
+        for i, m in enumerate(("ttft_ms", "tpot_ms")):
+            ax = axes[i][j]
+            meas = np.array([r["measured"][m] for r in sub])
+            for tool, marker, color in (("aic", "x", "tab:orange"), ("capsim", "o", "tab:blue")):
+                pred = np.array([r[tool][m] for r in sub])
+                label = "AIConfigurator 0.12.0" if tool == "aic" else "capsim"
+                ax.scatter(meas, pred, s=14, marker=marker, alpha=0.6, color=color, label=label,
+                           facecolors="none" if marker == "o" else None)
+            lo, hi = meas.min() / 2, meas.max() * 2
+            ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+            ax.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="0.85", zorder=0)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel(f"measured {m[:-3].upper()} (ms)")
+            ax.set_ylabel(f"predicted {m[:-3].upper()} (ms)")
+            ax.set_title(f"{card}: {m[:-3].upper()} ({len(sub)} rows; band = +-15%)")
+            ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+
+
+def collection(source: str) -> str:
+    """Which benchmark collection of the silicon sample a row comes from (its silicon_data_source)."""
+    if "aic-auto-gap-analysis" in source:
+        return "gap-analysis"
+    return "db-dump" if source.startswith("db-dump") else source.split(";")[0].replace("source_file=", "")
+
+
+def start_mode_held_out(staggered: str, burst: str, sample: str, aic_path: str) -> list[dict]:
+    """The load generator's phase is not in the file: per benchmark collection, pick the start mode
+    (staggered or burst) with the lower median |TTFT error| on the rows with an even line number, then
+    report both metrics on the odd ones (never on the rows that chose)."""
+    with open(sample, newline="") as fh:
+        coll = {r["id"]: collection(r["silicon_data_source"]) for r in csv.DictReader(fh)}
+    runs = {}
+    for name, path in (("staggered", staggered), ("burst", burst)):
+        runs[name] = {r["id"]: r for r in json.loads(Path(path).read_text())["rows"] if "predicted" in r}
+    with open(aic_path, newline="") as fh:
+        aic = {r["id"]: r for r in csv.DictReader(fh) if r["aic_ttft_ms"]}
+    ids = sorted(set(runs["staggered"]) & set(runs["burst"]) & set(aic))
+    out, every = [], {"ttft_ms": [], "tpot_ms": [], "aic_ttft_ms": [], "aic_tpot_ms": []}
+    for c in sorted({coll[i] for i in ids}):
+        for backend in sorted({runs["burst"][i]["backend"] for i in ids if coll[i] == c}):
+            mine = [i for i in ids if coll[i] == c and runs["burst"][i]["backend"] == backend]
+            fit = [i for i in mine if runs["burst"][i]["line"] % 2 == 0]
+            test = [i for i in mine if runs["burst"][i]["line"] % 2 == 1]
+            if not fit or not test:
+                continue
+            score = {m: np.median([abs(runs[m][i]["error"]["ttft_ms"]) for i in fit]) for m in runs}
+            best = min(score, key=score.get)
+            row = {"collection": c, "backend": backend, "chosen": best, "n_fit": len(fit), "n_test": len(test)}
+            for metric in ("ttft_ms", "tpot_ms"):
+                mine_err = [abs(runs[best][i]["error"][metric]) for i in test]
+                peer_err = [abs(float(aic[i]["aic_" + metric]) / runs[best][i]["measured"][metric] - 1) for i in test]
+                row[metric], row["aic_" + metric] = float(np.median(mine_err)), float(np.median(peer_err))
+                every[metric] += mine_err
+                every["aic_" + metric] += peer_err
+            out.append(row)
+    n = len(every["ttft_ms"])
+    out.append({"collection": "all", "backend": "all", "chosen": "per collection", "n_fit": len(ids) - n,
+                "n_test": n, **{k: float(np.median(v)) for k, v in every.items()}})
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("report", help="capsim validate-published --out DIR: DIR/report.json")
+    ap.add_argument("aic", help="benchmarks/aiconfigurator_peer.py output CSV")
+    ap.add_argument("--fig", help="write the predicted-vs-measured figure here (PNG)")
+    ap.add_argument("--md", help="write the Markdown table here")
+    ap.add_argument("--burst", help="a second report.json run with --start burst: choose the start mode per "
+                                    "collection on even lines, report on odd lines")
+    ap.add_argument("--sample", help="the silicon sample CSV (its silicon_data_source names the collection)")
+    args = ap.parse_args(argv)
+    rows = load(args.report, args.aic)
+    if not rows:
+        print("no row was predicted by both tools", file=sys.stderr)
+        return 1
+    text = markdown(table(rows))
+    print(text)
+    if args.md:
+        Path(args.md).write_text(text + "\n")
+    if args.fig:
+        figure(rows, args.fig)
+    if args.burst and args.sample:
+        print("\n| collection | engine | start mode (chosen on even lines) | fit rows | held-out rows | "
+              "capsim TTFT | AIConfigurator TTFT | capsim TPOT | AIConfigurator TPOT |\n"
+              "|---|---|---|---:|---:|---:|---:|---:|---:|")
+        for r in start_mode_held_out(args.report, args.burst, args.sample, args.aic):
+            print(f"| {r['collection']} | {r['backend']} | {r['chosen']} | {r['n_fit']} | {r['n_test']} | "
+                  f"{r['ttft_ms']:.1%} | {r['aic_ttft_ms']:.1%} | {r['tpot_ms']:.1%} | {r['aic_tpot_ms']:.1%} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
