@@ -25,6 +25,27 @@ def quadrant(memory_ratio: float, deadline_ratio: float | None) -> str:
     return QUADRANTS[(memory_ratio > 1, late)][0]
 
 
+def plane_marks(pts: list[dict], ymax: float) -> tuple[dict[tuple, list[str]], dict[tuple, bool]]:
+    """Marker spots of the plane: the labels at each (x, y) and whether its marker is filled (feasible).
+    A filled marker lies in the feasible quadrant only: a configuration that meets its SLO target while
+    its KV need exceeds the budget (requests queue for KV) is labelled so, never filled as OOM."""
+    spots: dict[tuple, list[str]] = {}  # configurations at the same spot share one marker and label
+    feasible: dict[tuple, bool] = {}
+    for p in pts:
+        y = p["deadline_ratio"] if math.isfinite(p["deadline_ratio"]) else ymax * 0.97
+        label = p["label"] + ("" if math.isfinite(p["deadline_ratio"]) else " (never)")
+        spot = (round(p["memory_ratio"], 4), round(y, 4))
+        # filled only inside the feasible quadrant: a configuration that meets its SLO target while its
+        # KV need exceeds the budget (requests queue for KV) is no "feasible" mark in the OOM quadrant
+        inside = p["memory_ratio"] <= 1 and y <= 1
+        if p.get("feasible") and not inside:
+            label += (" (meets the SLO target: requests queue for KV)" if p["memory_ratio"] > 1
+                      else " (meets the SLO target; completion past the deadline)")
+        spots.setdefault(spot, []).append(label)
+        feasible[spot] = feasible.get(spot, False) or bool(p.get("feasible") and inside)
+    return spots, feasible
+
+
 def plot_plane(points: list[dict], path: Path, y_label: str = "completion / deadline",
                title: str = "memory / deadline plane (reference section 9, figure 8-35)") -> Path:
     """Each configuration at (KV need / KV budget, completion / deadline); the feasible region is
@@ -39,14 +60,7 @@ def plot_plane(points: list[dict], path: Path, y_label: str = "completion / dead
     ax.axvline(1, color="0.3", lw=1)
     ax.axhline(1, color="0.3", lw=1)
     ax.axvspan(0, 1, ymin=0, ymax=1 / ymax, color="C2", alpha=0.08)
-    spots: dict[tuple, list[str]] = {}  # configurations at the same spot share one marker and label
-    feasible: dict[tuple, bool] = {}
-    for p in pts:
-        y = p["deadline_ratio"] if math.isfinite(p["deadline_ratio"]) else ymax * 0.97
-        label = p["label"] + ("" if math.isfinite(p["deadline_ratio"]) else " (never)")
-        spot = (round(p["memory_ratio"], 4), round(y, 4))
-        spots.setdefault(spot, []).append(label)
-        feasible[spot] = feasible.get(spot, False) or bool(p.get("feasible"))
+    spots, feasible = plane_marks(pts, ymax)
     for i, ((x, y), labels) in enumerate(sorted(spots.items())):
         name, color = QUADRANTS[(x > 1, y > 1)]
         ax.plot(x, y, "o", color=color, ms=8, markerfacecolor=color if feasible[(x, y)] else "white", mew=2)

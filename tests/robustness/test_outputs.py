@@ -143,3 +143,15 @@ def test_ctrl_c_is_one_line(capsys, monkeypatch):
     monkeypatch.setattr(run_cmd, "cmd_run", interrupted)
     assert main(["run", str(EXAMPLE)]) == 130
     assert capsys.readouterr().err.strip() == "interrupted"
+
+
+def test_plane_never_fills_a_marker_outside_the_feasible_quadrant():
+    from sim.planning.plane import plane_marks
+    pts = [{"label": "a", "memory_ratio": 0.5, "deadline_ratio": 0.5, "feasible": True},
+           {"label": "b", "memory_ratio": 1.6, "deadline_ratio": 0.7, "feasible": True},   # plan-feasible, OOM
+           {"label": "c", "memory_ratio": 0.8, "deadline_ratio": 1.3, "feasible": True},
+           {"label": "d", "memory_ratio": 0.5, "deadline_ratio": 0.9, "feasible": False}]
+    spots, filled = plane_marks(pts, ymax=2.0)
+    assert filled == {(0.5, 0.5): True, (1.6, 0.7): False, (0.8, 1.3): False, (0.5, 0.9): False}
+    assert spots[(1.6, 0.7)] == ["b (meets the SLO target: requests queue for KV)"]
+    assert spots[(0.8, 1.3)] == ["c (meets the SLO target; completion past the deadline)"]
