@@ -32,6 +32,7 @@ class EngineDefaults:
     notes: tuple[str, ...] = field(default=())
 
     def describe(self) -> str:
+        """One line: the scheduler, KV admission, KV memory rule and graph padding this engine is simulated with."""
         s = self.scheduler
         sched = (f"{s['kind']} batching, max_num_seqs {s['max_num_seqs']}, "
                  f"max_num_batched_tokens {s['max_num_batched_tokens']}")
