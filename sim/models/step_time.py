@@ -30,9 +30,15 @@ class LinearModel:
 
     def step_s(self, plan) -> float:
         c = self.cfg
-        return (c.constant_s + c.per_new_token_s * plan.new_tokens + c.per_pair_s * plan.pairs
-                + c.per_kv_token_s * plan.kv_tokens_read + c.per_sequence_s * plan.num_seqs
-                + c.per_decode_sequence_s * plan.decode_seqs)
+        t = (c.constant_s + c.per_new_token_s * plan.new_tokens + c.per_pair_s * plan.pairs
+             + c.per_kv_token_s * plan.kv_tokens_read + c.per_sequence_s * plan.num_seqs
+             + c.per_decode_sequence_s * plan.decode_seqs)
+        if t < 0:  # negative coefficients (a fit's) can go below zero far from the fitted shapes
+            raise ExtrapolationError(
+                f"the linear model (step_time.model) gives a negative step time ({t:.6g} s) for an iteration of "
+                f"{plan.new_tokens} new tokens, {plan.num_seqs} sequences, {plan.kv_tokens_read} KV tokens read: "
+                "check its negative coefficients")
+        return t
 
 
 def _interp(xs: list[float], ys: list[float], x: float, allow: bool, what: str) -> float:

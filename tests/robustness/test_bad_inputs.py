@@ -177,3 +177,10 @@ def test_trace_json_errors_are_whole(tmp_path):
 def test_sizes_are_finite_whole_bytes(capsys, value, expected):
     assert errors_of(capsys, ["run", str(EXAMPLE), *SMALL, "--set", f"kv.budget={value}"]) == [
         f"error: {EXAMPLE}: {expected}"]
+
+
+def test_a_negative_step_time_is_refused(capsys):
+    scenario = REPO_SCENARIOS / "chapter8" / "four-requests-fixed.yaml"
+    assert errors_of(capsys, ["run", str(scenario), "--set", "step_time.model.per_new_token_s=-30.4e-6"]) == [
+        f"error: {scenario}: step_time: the linear model (step_time.model) gives a negative step time (-0.0857093 s) "
+        "for an iteration of 4096 new tokens, 2 sequences, 0 KV tokens read: check its negative coefficients"]

@@ -328,8 +328,13 @@ def test_fuzz_command_line(inputs, tmp_path_factory, data):
         if "--gpu-memory-utilization" in argv or data.draw(st.booleans()):
             argv += ["--hardware", data.draw(st.sampled_from(["h100-sxm", "l4", "nosuch"]))]
         rc, out, err = invoke(argv + ["--json"])
+        assert rc in (0, 2), f"exit {rc}\n{err}"
         if rc == 0:
             json.loads(out, parse_constant=_no_constants)
+        elif not err.startswith("usage:"):  # argparse's own: checked in check_outcome
+            named = [a for a in argv[1:] if a.startswith("--")] + [a for a in argv[1:] if not a.startswith("--")]
+            for line in (ln for ln in err.splitlines() if ln.startswith("error: ")):
+                assert any(a and a in line for a in named), f"names no flag nor value: {line!r}"
         else:
             check_outcome(rc, out, err, [], None)
         return
