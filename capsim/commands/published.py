@@ -21,6 +21,9 @@ def add_parsers(sub) -> None:
                    help="Dask worker processes (default: one per core; 1 = in-process)")
     p.add_argument("--requests-per-user", type=int, default=None,
                    help="requests each simulated client sends (default 1 + ceil(16384 / OSL), 3 to 6)")
+    p.add_argument("--mixed", choices=["one_pass", "sum"], default="one_pass",
+                   help="a chunked iteration (decodes + prefill chunks) as one forward pass (default) or as a "
+                        "decode iteration plus a prefill iteration (step_time.model.mixed)")
     p.add_argument("--start", choices=["staggered", "burst"], default="staggered",
                    help="staggered (default): the users' first requests spread over one request lifetime and "
                         "not counted (steady state); burst: all users start together and every request counts")
@@ -36,7 +39,8 @@ def run(args) -> int:
         raise ConfigError(f"--requests-per-user: expected an integer >= 2 (the first is a warm-up), "
                           f"got {args.requests_per_user}")
     report = validate_published(args.file, args.backend, args.system, args.mode, workers=args.workers,
-                                progress=not args.no_progress, per_user=args.requests_per_user, start=args.start)
+                                progress=not args.no_progress, per_user=args.requests_per_user, start=args.start,
+                                mixed=args.mixed)
     if args.out:
         for path in write_report(report, args.out):
             print(f"wrote {path}", file=sys.stderr)

@@ -81,12 +81,14 @@ def _unsupported_layout(row: PublishedRow) -> str | None:
     return None
 
 
-def step_time_for(model: str, hardware: str, weight_format: str, tp: int) -> dict:
-    """The scenario's step_time mapping: operator-table composition (the layout is the scenario's `parallel`)."""
-    return {"model": {"kind": "ops"}}
+def step_time_for(mixed: str = "one_pass") -> dict:
+    """The scenario's step_time mapping: operator-table composition (the layout is the scenario's `parallel`);
+    `mixed` says how a chunked iteration (decodes + prefill chunks) is costed."""
+    return {"model": {"kind": "ops", "mixed": mixed}}
 
 
-def build_case(row: PublishedRow, per_user: int | None = None, start: str = "staggered") -> Case:
+def build_case(row: PublishedRow, per_user: int | None = None, start: str = "staggered",
+               mixed: str = "one_pass") -> Case:
     """Translate one published row into a closed-loop scenario for one replica, or say why not."""
     if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
         return build_disagg_case(row, per_user, start, build_case, Case)
@@ -122,7 +124,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "sta
         "name": row.id, "seed": 0, "model": model, "hardware": hardware, "weight_format": fmt,
         "kv": {"block_tokens": block_tokens, "format": "bf16", "budget": budget, "admission": engine.kv_admission},
         "scheduler": dict(engine.scheduler),
-        "step_time": step_time_for(model, hardware, fmt, row.tp),
+        "step_time": step_time_for(mixed),
         "parallel": {"tp": row.tp, "pp": row.pp, "ep": row.moe_ep},
         "workload": {"kind": "closed_loop", "users": users,
                      "num_requests": users * (per_user or requests_per_user(row.osl)),

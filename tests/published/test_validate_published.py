@@ -166,3 +166,11 @@ def test_max_throughput_table():
     summary = json.loads(out)["summary"]
     assert [(s["system"], s["mode"], s["metric"], s["n"]) for s in summary] == [
         ("H100", "max_throughput", "output_tok_s", 1)]
+
+
+def test_mixed_rule_is_passed_to_the_step_time_model():
+    args = ("validate-published", str(FIXTURE), "--json", "--workers", "1", "--no-progress", "--backend", "vllm")
+    one = json.loads(capsim(*args)[1])["rows"][0]["predicted"]
+    summed = json.loads(capsim(*args, "--mixed", "sum")[1])["rows"][0]["predicted"]
+    # a chunked iteration costed as two passes reads the weights twice: never faster than one pass
+    assert summed["ttft_ms"] > one["ttft_ms"] and summed["tpot_ms"] >= one["tpot_ms"]
