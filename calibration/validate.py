@@ -38,6 +38,7 @@ from sim.api import ConfigError
 from sim.api import FittedProfile, load_fitted, load_model
 from sim.api import Simulation, resolve_profile_path
 
+from calibration.validate_args import add_validate_args  # noqa: F401  (re-exported)
 from calibration.step_checks import KINDS, MeasuredSteps, Perturbed, plan_kind, plans_check, residuals, step_errors  # noqa: F401
 from calibration.validate_errors import (LATENCIES, PER_REQUEST, SCALARS, STATS, TARGETS, _metric_values,  # noqa: F401
                                          compare_summaries, interval, per_request_errors, rel_error, uncertainty_block)
@@ -279,40 +280,6 @@ def _json_default(o):
     if isinstance(o, SimpleNamespace):
         return vars(o)
     return str(o)
-
-
-def add_validate_args(p: argparse.ArgumentParser) -> None:
-    """The arguments of `capsim validate`."""
-    p.add_argument("scenario", help="scenario YAML (its workload is replayed for real and simulated)")
-    p.add_argument("--profile", help="fitted profile (default: the scenario's step_time profile)")
-    p.add_argument("--use", choices=("linear", "efficiency"), help="which of the profile's models (default linear)")
-    p.add_argument("--device", choices=("cpu", "cuda", "mps"), default="cpu")
-    p.add_argument("--out", required=True, help="validation.json, measured/ and simulated/ tables and plots go here")
-    p.add_argument("--rates", help="comma-separated arrival rates (req/s; a trace's rate_scale) to repeat it at")
-    p.add_argument("--clock", choices=("wall", "thread"), default="wall",
-                   help="thread: a virtual clock advanced by the CPU time of the one torch thread (shared CPUs; "
-                        "needs --device cpu and 1 thread)")
-    p.add_argument("--threads", type=int, help="torch CPU threads (default: the profile's calibration run's)")
-    p.add_argument("--dtype", choices=("fp32", "bf16", "fp16"), help="reference model dtype (default: the profile's)")
-    p.add_argument("--seeds", type=int, default=5, help="workload replications for the workload interval (default 5)")
-    p.add_argument("--replays", type=int, default=1,
-                   help="replay each point this many times; the spread of the measured values is reported as the "
-                        "measurement's own noise (the tables written are the first replay's)")
-    p.add_argument("--model-draws", type=int, default=20,
-                   help="step-time model draws for the model interval (default 20)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value",
-                   help="override a scenario field (repeatable)")
-    p.add_argument("--no-plots", dest="plots", action="store_false")
-    p.add_argument("--json", action="store_true", help="print validation.json")
-    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    p.add_argument("--engine", choices=("reference", "vllm"), default="reference",
-                   help="what measures: the reference model driven by capsim's scheduler (default), or a real vLLM "
-                        "engine in its own interpreter (calibration/engines/validate_vllm.py)")
-    p.add_argument("--engine-python", help="--engine vllm: python of the engine's venv (default "
-                                           "/work/venvs/vllm/bin/python)")
-    p.add_argument("--record-only", action="store_true",
-                   help="--engine vllm: only replay and write the engine's records and tables (a calibration run for "
-                        "`capsim fit OUT/engine/replay-1/iterations.jsonl`); no profile needed")
 
 
 def _floats(text: str) -> list[float]:

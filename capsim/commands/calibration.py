@@ -36,7 +36,7 @@ def _add_calibration_fit(sub) -> argparse.ArgumentParser:
 
 def _add_real_validate(sub) -> argparse.ArgumentParser:
     try:
-        from calibration.validate import add_validate_args
+        from calibration.validate_args import add_validate_args  # light: no pandas, no replay
     except ImportError:  # calibration not installed: keep the command, explain on use
         add_validate_args = None
     p = sub.add_parser("validate", help="replay a scenario for real on this device and measure the simulator's error")
