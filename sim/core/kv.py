@@ -28,6 +28,8 @@ OUTPUT_STREAM = 3  # stream kinds (first element of a stream id): 0 private prom
 
 @dataclass(slots=True)
 class Block:
+    """One KV block of the pool: who holds it, and its content identity while indexed or cached."""
+
     block_id: int
     ref_count: int = 0
     content_hash: int | None = None
@@ -44,6 +46,8 @@ class Block:
 
 @dataclass
 class KVStats:
+    """Counters of one pool: evictions, swaps, prefix hits and copy-on-write copies."""
+
     evictions: int = 0
     swap_outs: int = 0
     swap_ins: int = 0
@@ -185,6 +189,7 @@ class BlockManager:
         return new
 
     def blocks_for(self, tokens: int) -> int:
+        """Blocks that hold `tokens` tokens (the last one partly filled)."""
         return -(-tokens // self.block_tokens)
 
     # ---- prefix matching ----------------------------------------------------------------------
@@ -348,6 +353,7 @@ class BlockManager:
 
     # ---- host tier (swap) ---------------------------------------------------------------------
     def can_swap_out(self, req: Request) -> bool:
+        """Whether the host tier has room for all of `req`'s blocks."""
         return self.host_used_blocks + len(req.block_table) <= self.host_capacity_blocks
 
     def swap_out(self, req: Request, now_s: float) -> float:

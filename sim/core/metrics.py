@@ -49,12 +49,14 @@ class Recorder:
         self._t_last = now_s
 
     def on_enter(self, req: Request, now_s: float) -> None:
+        """A request reached the system (Little's-law count and the first arrival)."""
         self._advance(now_s)
         self.in_system += 1
         if self.first_arrival_s is None or req.arrival_s < self.first_arrival_s:
             self.first_arrival_s = req.arrival_s
 
     def on_leave(self, req: Request, now_s: float) -> None:
+        """A request left (finished, rejected, cancelled or failed): its row is recorded."""
         self._advance(now_s)
         if req.reject_reason:
             self.reject_reasons.append(req.reject_reason)
@@ -62,12 +64,14 @@ class Recorder:
         self._row(req)
 
     def add_gaps(self, req: Request, gaps) -> None:
+        """Keep `req`'s inter-token gaps when a p99 ITL SLO needs them per request."""
         if self.track_request_gaps:
             self._gaps.setdefault(req.rid, []).extend(gaps)
 
 
     # ---- per-request rows -------------------------------------------------------------------
     def met_slo(self, req: Request) -> bool:
+        """Whether a finished request met every SLO (TTFT, E2E, its deadline, ITL max or p99)."""
         if req.status is not Status.FINISHED:
             return False
         s = self.slo
@@ -185,6 +189,7 @@ class Timeline:
         return out
 
     def end_s(self, index: int) -> float:
+        """When iteration `index` ended."""
         return self._ends[index]
 
     def decode_gaps(self, req: Request, first: int, last: int) -> None:

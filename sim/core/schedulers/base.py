@@ -39,6 +39,8 @@ from sim.io.schema import StrictModel
 
 
 class SchedulerConfig(StrictModel):
+    """Settings every policy has."""
+
     max_num_seqs: PositiveInt = Field(256, description="Most requests running at once")
 
 
@@ -156,6 +158,7 @@ class Scheduler:
 
     # ---- planning -------------------------------------------------------------------------
     def plan(self, now_s: float) -> StepPlan | None:
+        """The next iteration's work (KV reserved for it), or None when there is nothing to run."""
         plan = StepPlan()
         self.now_s = now_s
         self._plan = plan

@@ -12,6 +12,8 @@ from sim.core.schedulers.speculation import SpeculativeConfig
 
 
 class ChunkedConfig(SchedulerConfig):
+    """Settings of chunked prefill."""
+
     kind: Literal["chunked"] = "chunked"
     max_num_batched_tokens: PositiveInt = Field(4096, description="Token budget per iteration, decodes included")
     chunk_tokens: PositiveInt = Field(2048, description="Most prefill tokens one request gets per iteration")
@@ -29,6 +31,8 @@ class ChunkedConfig(SchedulerConfig):
 
 
 class ChunkedPrefill(Scheduler):
+    """Decodes first, then prefill chunks in admission order within the token budget."""
+
     kind = "chunked"
     steady_decodes_only = True
 

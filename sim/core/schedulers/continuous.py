@@ -12,6 +12,8 @@ from sim.core.schedulers.speculation import SpeculativeConfig
 
 
 class ContinuousConfig(SchedulerConfig):
+    """Settings of continuous batching."""
+
     kind: Literal["continuous"] = "continuous"
     max_num_batched_tokens: PositiveInt = Field(16384, description="Token budget per iteration (whole prefills)")
     speculative: SpeculativeConfig | None = Field(None, description="Speculative decoding for running decodes")
@@ -25,6 +27,8 @@ class ContinuousConfig(SchedulerConfig):
 
 
 class ContinuousBatching(Scheduler):
+    """Decodes every iteration; whole prefills admitted FCFS while budget and KV allow."""
+
     kind = "continuous"
     steady_decodes_only = True
 

@@ -8,10 +8,14 @@ from sim.core.schedulers.base import Scheduler, SchedulerConfig, StepPlan
 
 
 class FixedConfig(SchedulerConfig):
+    """Settings of fixed (static) batching."""
+
     kind: Literal["fixed"] = "fixed"
 
 
 class FixedBatching(Scheduler):
+    """A group of up to max_num_seqs runs to completion before the next one starts."""
+
     kind = "fixed"
     steady_decodes_only = True
 

@@ -87,6 +87,7 @@ class AcceptanceConfig(StrictModel):
         return self
 
     def model(self, num_drafts: int) -> AcceptanceModel:
+        """The acceptance model this configuration describes, for `num_drafts` positions."""
         if self.kind == "constant":
             return AcceptanceModel.constant(float(self.a), num_drafts)
         if self.kind == "beta":
@@ -98,6 +99,8 @@ class AcceptanceConfig(StrictModel):
 
 
 class SpeculativeConfig(StrictModel):
+    """Speculative decoding settings: the draft source, drafts per round, acceptance."""
+
     draft: Annotated[Union[NgramDraft, DraftModel, ParallelDraft, HeadsDraft], Field(discriminator="kind")]
     num_draft_tokens: PositiveInt = Field(description="Drafts per round (the most, when adaptive)")
     adaptive: bool = Field(False, description="Per request, lengthen drafts while dT/dN < T/N (reference section 8)")
@@ -133,6 +136,7 @@ class Speculator:
                                                   self.cfg.num_draft_tokens)
 
     def drafts_for(self, req) -> int:
+        """Drafts to propose for `req` this round (adaptive: from its acceptance so far)."""
         if req.accept_rates is None:
             self.setup(req)
         return max(0, min(req.draft_len, req.max_output_tokens - req.output_tokens - 1))
