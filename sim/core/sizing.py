@@ -135,6 +135,11 @@ def replica_memory(scenario: Scenario, spec: ModelSpec, hw: HardwareProfile) -> 
         gpu_weights = weight_bytes
     else:
         weight_bytes = replica_weight_bytes(spec, layout, scenario.weight_format)
+    if gpu_weights > hw.memory_bytes:  # no budget could make this run: refuse, don't flag it afterwards
+        raise ConfigError(
+            f"model: {spec.profile.name}'s {scenario.weight_format} weights need {gpu_weights / 2**30:.2f} GiB per GPU, "
+            f"more than {hw.name}'s {hw.memory_bytes / 2**30:.2f} GiB; use a smaller weight_format, more GPUs "
+            "(parallel: {tp: N}) or offload: {layers: N}")
     lora_bytes = 0
     if scenario.lora is not None:
         lora_bytes = scenario.lora.adapters * spec.lora_adapter_bytes(scenario.lora.rank, tuple(scenario.lora.targets),

@@ -184,3 +184,11 @@ def test_a_negative_step_time_is_refused(capsys):
     assert errors_of(capsys, ["run", str(scenario), "--set", "step_time.model.per_new_token_s=-30.4e-6"]) == [
         f"error: {scenario}: step_time: the linear model (step_time.model) gives a negative step time (-0.0857093 s) "
         "for an iteration of 4096 new tokens, 2 sequences, 0 KV tokens read: check its negative coefficients"]
+
+
+def test_weights_larger_than_the_card_are_refused_before_running(capsys):
+    lines = errors_of(capsys, ["run", str(EXAMPLE), *SMALL, "--set", "model=llama-2-70b"])
+    assert lines == [f"error: {EXAMPLE}: model: llama-2-70b's bf16 weights need 128.48 GiB per GPU, more than "
+                     "rtx-pro-6000-bw-ws's 89.41 GiB; use a smaller weight_format, more GPUs (parallel: {tp: N}) "
+                     "or offload: {layers: N}"]
+    assert main(["run", str(EXAMPLE), *SMALL, "--set", "model=llama-2-70b", "--set", "weight_format=int4"]) == 0
