@@ -143,11 +143,25 @@ class DisaggFrontend(Frontend):
         o.status, o.admitted_s, o.remote_kv_tokens = Status.WAITING, None, o.computed_tokens
         h.kv_bytes = o.computed_tokens * self.kv_bytes_per_token
         h.transfer_start_s, h.transfer_end_s = self.link.book(leg.replica, h.kv_bytes, now_s)
-        self.env.process(self._deliver_after_transfer(h))
+        self.env.process(self._deliver_after_transfer(h, self._hold_kv(leg, now_s)))
 
-    def _deliver_after_transfer(self, h: Handoff):
+    def _hold_kv(self, leg: Request, now_s: float) -> tuple[object, Request]:
+        """The prefill replica keeps the prompt's KV until it has been sent: the leg's scheduler freed
+        its blocks at the first token (this commit), so a holder takes as many back at once, its
+        cached prefix blocks by reference (they stay matchable) and the rest fresh."""
+        pool = self.replicas[leg.replica].pool
+        holder = Request(leg.rid, leg.arrival_s, leg.prompt_tokens, 1, leg.engine_arrival_s, output_tokens=1,
+                         computed_tokens=leg.prompt_tokens, segments=leg.segments,
+                         shareable_tokens=leg.shareable_tokens, adapter=leg.adapter)
+        hits = pool.match(holder)
+        pool.allocate(holder, leg.prompt_tokens, hits, now_s)
+        return pool, holder
+
+    def _deliver_after_transfer(self, h: Handoff, held: tuple[object, Request]):
         o = h.original
         yield self.env.timeout(h.transfer_end_s - self.env.now)
+        pool, holder = held
+        pool.free(holder, self.env.now)  # sent: the prefill replica's blocks are free again
         if o.status is Status.CANCELLED:  # cancelled in flight: nothing to decode
             o.finish_s = self.env.now
             super().leave(o, self.env.now)

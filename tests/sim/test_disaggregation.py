@@ -194,3 +194,17 @@ def test_lazy_decode_and_fast_forward_change_no_byte(monkeypatch):
     assert Simulation(sc, ".", lazy_decode=False).run().digest() == base.digest()
     monkeypatch.setattr(pools, "ModelledExecutor", lambda st: ModelledExecutor(st, fast_forward=False))
     assert Simulation(sc, ".").run().digest() == base.digest()
+
+
+def test_the_prefill_replica_holds_the_kv_until_it_is_sent():
+    # 4000 tokens x 147,456 B over 0.5 GB/s: 1.18 s on the wire; a short prompt arriving meanwhile
+    # finds the first prompt's 250 blocks still in use on the prefill replica, and none after
+    res = run(scenario(workload=requests((0.0, 4000, 3), (0.5, 96, 3), (2.0, 96, 3)),
+                       disaggregation=disagg(bandwidth_gbs=0.5)))
+    req, its = res.requests, res.iterations
+    assert req.loc[0, "transfer_end_s"] - req.loc[0, "transfer_start_s"] == pytest.approx(4000 * 147456 / 0.5e9)
+    pre = its[its["replica"] == 0].reset_index(drop=True)
+    assert len(pre) == 3  # one prefill each
+    assert pre.loc[1, "start_s"] < req.loc[0, "transfer_end_s"] < pre.loc[2, "start_s"]
+    assert pre.loc[1, "kv_blocks_in_use"] == 250 + 6   # held + the second prompt's own
+    assert pre.loc[2, "kv_blocks_in_use"] == 6         # released once sent
