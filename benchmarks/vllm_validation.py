@@ -78,6 +78,7 @@ def fit_pooled(runs: list[EngineRun], out: Path) -> Path:
                                command="benchmarks/vllm_validation.py (pooled calibration replays)"))
     print("  profile: " + "; ".join(res.report.lines()), file=sys.stderr)
     pooled.unlink()
+    shutil.copyfile(prof, HERE / "vllm-cpu__qwen3-0.6b-4l.yaml")   # the scenarios' step_time profile
     return prof
 
 
@@ -141,7 +142,7 @@ def markdown(report: dict) -> str:
             return "-" if x is None else f"{x:+.1%}"
         met = ", ".join(f"{k.split('_')[0]} {'yes' if v['met'] else 'no'} ({'spread' if v['judged_by'] != 'target' else 'target'})"
                         for k, v in t.items())
-        comp = {k: "/".join(f"{x:.0%}" for x in v["identical_fraction"]) for k, v in p["composition"].items()}
+        comp = {k: "/".join(f"{x:.1%}" for x in v["identical_fraction"]) for k, v in p["composition"].items()}
         own = "/".join(pct(e["e2e_s"]) for e in p["own_fit_errors"])
         sp = t["e2e_s.median"]["replay_rel_spread"]
         rows.append(f"| {name} | {pct(m['ttft_s']['median']['rel_error'])} | {pct(m['itl_s']['median']['rel_error'])} | "

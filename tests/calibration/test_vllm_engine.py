@@ -174,7 +174,7 @@ def test_real_vllm_engine_replay(tmp_path):
     """16 requests arriving at once on the 4-layer model: the engine completes them, capsim's vllm_v1
     policy plans exactly vLLM's iterations (timing cannot move an all-at-once schedule), and the
     validation report is written."""
-    profile = REPO / "docs" / "validation" / "vllm" / "profile.yaml"
+    profile = BENCH / "vllm-cpu__qwen3-0.6b-4l.yaml"   # fitted by benchmarks/vllm_validation.py
     path = _scenario(tmp_path, **{"num_requests: 40": "num_requests: 16",
                                   "arrival: {kind: poisson, rate_rps: 2.0}": "arrival: {kind: all_at_once}",
                                   "path: vllm-cpu__qwen3-0.6b-4l.yaml": f"path: {profile}"})
