@@ -24,7 +24,7 @@ import time
 
 MODELS = {"meta-llama/Llama-3.1-8B-Instruct": "meta-llama/Meta-Llama-3.1-8B",
           "meta-llama/Llama-3.1-70B": "meta-llama/Meta-Llama-3.1-70B",
-          "Qwen/Qwen3-32B": "Qwen/Qwen3-32B"}
+          "Qwen/Qwen3-32B": "Qwen/Qwen3-32B", "Qwen/Qwen3-235B-A22B-FP8": "Qwen/Qwen3-235B-A22B"}
 """Published model ids -> the config names AIConfigurator ships (offline: no Hugging Face download)."""
 
 GEMM = {"fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}
@@ -43,6 +43,12 @@ def estimate(row: dict) -> tuple[float, float]:
     quant = GEMM.get(row.get("gemm_quant_mode", "").strip().lower())
     if quant:
         kw["gemm_quant_mode"] = quant
+    moe = {"fp8": "fp8", "fp8_block": "fp8_block", "nvfp4": "nvfp4"}.get(row.get("moe_quant_mode", "").strip().lower())
+    if moe:
+        kw["moe_quant_mode"] = moe
+    for col in ("moe_tp_size", "moe_ep_size", "attention_dp_size"):  # MoE layouts, as the row states them
+        if row.get(col, "").strip() and float(row[col]) >= 1:
+            kw[col] = _int(row[col])
     res = cli_estimate(**kw)
     return float(res.ttft), float(res.tpot)
 
