@@ -270,7 +270,8 @@ def _row(dep: Deployment, problem: str | None) -> dict:
             "tp": dep.layout.tp, "pp": dep.layout.pp, "ep": dep.layout.ep,
             "decode_tp": dl.tp if dl else None, "decode_pp": dl.pp if dl else None, "decode_ep": dl.ep if dl else None,
             "fits": problem is None, "problem": problem, "capacity_rps": None, "bracket_rps": None,
-            "attainment_at_capacity": None, "rates_tried": 0, "note": ""}
+            "attainment_at_capacity": None, "requests_per_run": None, "e2e_p99_at_capacity_s": None,
+            "arrival_window_s": None, "rates_tried": 0, "note": ""}
 
 
 def search_layouts(base, dependencies: list[Deployment], slo, target: float, replications: int,
@@ -312,12 +313,26 @@ def search_layouts(base, dependencies: list[Deployment], slo, target: float, rep
             runs = results[k * replications:(k + 1) * replications]
             att = sum(r["attainment"] for r in runs) / len(runs)
             if att >= target - 1e-12:
-                rows[i]["attainment_at_capacity"] = att
+                e2e = [r["e2e_s_p99"] for r in runs if r.get("e2e_s_p99") is not None]
+                rows[i].update(attainment_at_capacity=att, requests_per_run=runs[0]["requests"],
+                               e2e_p99_at_capacity_s=max(e2e) if e2e else None)
             b.update(att >= target - 1e-12)
         log(f"  round {round_no}: {len(todo)} deployment(s) still bisecting")
     for i, _, b in active:
         rows[i].update(capacity_rps=b.lo, bracket_rps=[b.lo, b.hi], rates_tried=b.steps, note=b.note)
+        _flag_short_run(rows[i])
     return rows
+
+
+def _flag_short_run(row: dict) -> None:
+    """A capacity measured on a run whose requests all arrive before the slowest ones leave is a
+    transient, not a steady state: say so (raise --requests until the capacity stops moving)."""
+    cap, n, e2e = row.get("capacity_rps"), row.get("requests_per_run"), row.get("e2e_p99_at_capacity_s")
+    row["arrival_window_s"] = n / cap if cap and n else None
+    if row["arrival_window_s"] is not None and e2e is not None and row["arrival_window_s"] < e2e:
+        row["note"] = ((row["note"] + "; ") if row["note"] else "") + (
+            f"short run: {n} requests arrive within {row['arrival_window_s']:.3g} s, less than the p99 E2E "
+            f"({e2e:.3g} s); raise --requests")
 
 
 def run_layout_plan(scenario: str | Path, out_dir: str | Path, gpus: int, card: str | None = None,

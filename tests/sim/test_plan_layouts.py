@@ -84,3 +84,13 @@ def test_target_rps_on_a_disaggregated_scenario_points_to_gpus(tmp_path: Path):
     path.write_text(CASE + "disaggregation: {prefill: {replicas: 1}, decode: {replicas: 1}, link: {bandwidth_gbs: 50}}\n")
     with pytest.raises(ConfigError, match="--gpus"):
         run_plan(path, tmp_path / "o", target_rps=5.0)
+
+
+def test_a_capacity_from_a_run_shorter_than_its_latency_is_flagged():
+    from sim.planning.layouts import _flag_short_run
+    row = {"capacity_rps": 100.0, "requests_per_run": 50, "e2e_p99_at_capacity_s": 1.0, "note": ""}
+    _flag_short_run(row)
+    assert row["arrival_window_s"] == 0.5 and "raise --requests" in row["note"]
+    row = {"capacity_rps": 10.0, "requests_per_run": 500, "e2e_p99_at_capacity_s": 1.0, "note": ""}
+    _flag_short_run(row)
+    assert row["arrival_window_s"] == 50.0 and row["note"] == ""
