@@ -461,8 +461,8 @@ def _calibrate(cfg: RunConfig) -> RunResult:
         bad = [k for k in RESUME_KEYS if str(want[k]) != meta.get(k, "")]
         if bad:
             diffs = ", ".join(f"{k}: file {meta.get(k)!r}, now {str(want[k])!r}" for k in bad)
-            raise ValueError(f"{pts_path}: points from a different run ({diffs}); "
-                             "use another --out or delete the file")
+            raise ValueError(f"{pts_path}: points from a different run ({diffs}); a rerun resumes only the "
+                             "same settings: use another --out (e.g. out/profiles/) or delete the file")
         done = existing.done_keys
         print(f"resuming: {len(done)} points already in {pts_path}", file=out)
     else:

@@ -35,3 +35,13 @@ def test_why_memory_does_not_fit_and_which_slos(capsys):
     out = capsys.readouterr().out
     assert "SLO attainment 0.000 (E2E <= 7 s)" in out
     assert "memory fit NO (" in out and "request(s) waited for KV" in out
+
+
+def test_version(capsys):
+    import pytest
+
+    from capsim import __version__
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"capsim {__version__}" and __version__[0].isdigit()
