@@ -25,11 +25,11 @@ step_time:
   model: {kind: linear, constant_s: 0.010, per_new_token_s: 0.0001, per_pair_s: 0.0}
 workload:
   kind: synthetic
-  num_requests: 400
+  num_requests: 200
   arrival: {kind: constant, rate_rps: 5}
   prompt_tokens: {kind: fixed, value: 1000}
   output_tokens: {kind: fixed, value: 2}
-slo: {e2e_s: 1.0}
+slo: {e2e_s: 0.3}
 """
 
 
@@ -61,8 +61,9 @@ def test_the_search_ranks_a_hand_checkable_case(tmp_path: Path):
     assert [r["deployment"] for r in res.rows] == ["agg 3xtp1", "disagg 2xtp1 : 1xtp1", "disagg 1xtp1 : 2xtp1"]
     for label, hand in (("agg 3xtp1", 3 / 0.1201), ("disagg 2xtp1 : 1xtp1", 2 / 0.110),
                         ("disagg 1xtp1 : 2xtp1", 1 / 0.110)):
-        # bisection's bracket plus the finite run's slack above the service rate: within 8%
-        assert got[label]["capacity_rps"] == pytest.approx(hand, rel=0.08)
+        # within the bisection's 2% bracket and the finite run's slack (an E2E bound 0.18 s above the
+        # service time, 200 requests): measured 24.84, 18.05 and 9.02 req/s
+        assert got[label]["capacity_rps"] == pytest.approx(hand, rel=0.03)
         assert got[label]["goodput_per_gpu_rps"] == pytest.approx(got[label]["capacity_rps"] / 3)
     assert (tmp_path / "out" / "layouts.json").exists() and (tmp_path / "out" / "layouts.csv").exists()
 
