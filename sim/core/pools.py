@@ -117,7 +117,8 @@ def pool_view(sim, name: str, pool_cfg):
 
 
 def run_disaggregated(sim, executor=None, env: simpy.Environment | None = None) -> Result:
-    """Assemble and run a disaggregated scenario: two pools, the link, the handing-over front end."""
+    """Assemble and run a disaggregated scenario: two pools, the link, the handing-over front end.
+    Each pool's replicas ask their own step-time model; an `executor` given (a replay) runs both."""
     sc = sim.scenario
     d = sc.disaggregation
     check_supported(sc)
