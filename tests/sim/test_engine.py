@@ -173,7 +173,7 @@ def test_fitted_profile_range_is_enforced_or_warned_once(tmp_path, capsys):
     from sim.io.errors import ConfigError
     from sim.core.simulation import Simulation
     prof = {"schema_version": 1, "model": "qwen3-8b", "dtype": "bf16",
-            "linear": {"kind": "linear", "constant_s": 0.02, "per_new_token_s": 1e-5},
+            "linear": {"kind": "linear", "constant_s": 0.02, "per_new_token_s": 1e-5, "per_pair_s": 0.0},
             "valid_range": {"max_batch": 4, "max_new_tokens": 4096, "max_context_tokens": 8192},
             "provenance": {"source": "test"}}
     path = tmp_path / "tiny.yaml"
