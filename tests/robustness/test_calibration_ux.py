@@ -83,3 +83,36 @@ def test_fit_refuses_bad_rows(capsys, tmp_path, body, expected):
     log.write_text(body)
     assert main(["fit", str(log), "--model", "qwen2.5-0.5b", "--out", str(tmp_path / "p.yaml")]) == 2
     assert capsys.readouterr().err.strip() == f"error: {log}: {expected}"
+
+
+def test_readme_calibrate_command_does_not_collide_with_shipped_profiles():
+    import shlex
+    from pathlib import Path
+
+    from capsim.cli import build_parser
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    line = next(ln for ln in readme.splitlines() if ln.startswith("capsim calibrate "))
+    args = build_parser().parse_args(shlex.split(line)[1:])
+    shipped = Path(__file__).resolve().parents[2] / "profiles" / "fitted"
+    stem = f"{args.device}__{args.model}__{args.dtype}"
+    # written as it stands, the command must start a fresh run, not meet a shipped points file of other settings
+    assert not (Path(args.out) / f"{stem}.csv").exists() or Path(args.out).resolve() != shipped.resolve()
+    assert not Path(args.out).resolve().is_relative_to(shipped.resolve())
+
+
+def test_readme_fit_command_runs_on_the_shipped_engine_log(capsys, tmp_path):
+    import shlex
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = readme.index("capsim fit docs/examples/engine_log.csv")
+    text = readme[start:readme.index("\n", readme.index("decode_seqs=num_decodes", start))].replace("\\\n", " ")
+    argv = shlex.split(text)[1:]
+    argv[argv.index("--out") + 1] = str(tmp_path / "engine-fit.yaml")
+    repo = Path(__file__).resolve().parents[2]
+    argv[1] = str(repo / argv[1])
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "267 rows read, 267 used; columns ignored (not ours; map one with --columns OURS=THEIRS): kind, host_ms" in out
+    from sim.io.profiles import load_fitted
+    prof = load_fitted(tmp_path / "engine-fit.yaml")
+    assert prof.fit.mape < 0.15  # a real log of a quiet-clocked engine fits within 15% held out
