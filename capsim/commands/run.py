@@ -55,6 +55,12 @@ def print_summary(s: dict, file=None) -> None:
           file=file)
     print(f"GPU-s per good {num(s['gpu_seconds_per_good'])}   energy per good "
           f"{num(s['energy_j_per_good'], '{:.1f}')} J", file=file)
+    par = s.get("parallel")
+    if par:  # a replica over several GPUs (sim.models.parallel)
+        print(f"replica of {par['gpus_per_replica']} GPUs (tp {par['tp']}, pp {par['pp']}, ep {par['ep']}), "
+              f"{par['gpus']} in all; per GPU: weights {fmt_bytes(par['weights_bytes_per_gpu'])}, KV budget "
+              f"{fmt_bytes(par['kv_budget_bytes_per_gpu'])}, activations {fmt_bytes(par['activation_bytes_per_gpu'])}",
+              file=file)
     if s.get("disaggregation"):  # prefill and decode pools (sim.core.pools)
         from sim.core.pools import describe_pools
         print("\n".join(describe_pools(s["disaggregation"])), file=file)
@@ -63,7 +69,11 @@ def print_summary(s: dict, file=None) -> None:
 def memory_misfit(s: dict) -> list[str]:
     """Why summary.json says memory_fit false, in words (each reason with its count)."""
     why = []
-    if not s.get("card_fit", True):
+    if not s.get("card_fit", True) and s.get("parallel"):
+        par = s["parallel"]
+        why.append(f"per GPU, weights {fmt_bytes(par['weights_bytes_per_gpu'])} + KV budget "
+                   f"{fmt_bytes(par['kv_budget_bytes_per_gpu'])} (+ activations) exceed the card")
+    elif not s.get("card_fit", True):
         why.append(f"weights {fmt_bytes(s['weights_bytes'])} + KV budget {fmt_bytes(s['kv_budget_bytes'])} "
                    "(+ activations) exceed the card")
     if s.get("kv_limited_requests"):
