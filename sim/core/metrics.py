@@ -7,6 +7,7 @@ request, percentiles by linear interpolation.
 
 from __future__ import annotations
 
+import tempfile
 from array import array
 
 import numpy as np
@@ -21,6 +22,43 @@ ITERATION_COLUMNS = ("replica", "start_s", "duration_s", "prefill_tokens", "deco
                      "output_tokens")
 STATUS_CODES = {s: i for i, s in enumerate(Status)}
 NAN = float("nan")
+STRETCH_FIELDS = 9  # explicit rows before, first iteration, iterations, start_s, KV blocks x3, first pairs, decodes
+SPILL_VALUES = 1 << 16  # doubles an output table keeps in memory before moving them to a temporary file
+
+
+class Spilled:
+    """A growing array of doubles whose older part lives in an unnamed temporary file: the rows of
+    requests.csv and iterations.csv take no memory during a run (they are read back once, at the end).
+    Append to `buf`, then call `spill_if_full()`."""
+
+    def __init__(self):
+        self.buf = array("d")
+        self._file = None
+        self._spilled = 0
+
+    def spill_if_full(self) -> None:
+        """Move the buffered values to the file once there are SPILL_VALUES of them."""
+        if len(self.buf) >= SPILL_VALUES:
+            if self._file is None:
+                self._file = tempfile.TemporaryFile()
+            self.buf.tofile(self._file)
+            self._spilled += len(self.buf)
+            del self.buf[:]
+
+    def __len__(self) -> int:
+        return self._spilled + len(self.buf)
+
+    def numpy(self) -> np.ndarray:
+        """Every value so far, in order, as one array (a copy)."""
+        tail = np.frombuffer(self.buf, dtype=float)
+        if self._file is None:
+            return tail.copy()
+        self._file.seek(0)
+        out = np.empty(len(self))
+        self._file.readinto(memoryview(out[:self._spilled]).cast("B"))
+        out[self._spilled:] = tail
+        self._file.seek(0, 2)
+        return out
 
 
 class Recorder:
@@ -29,11 +67,11 @@ class Recorder:
     def __init__(self, slo, track_request_gaps: bool):
         self.slo = slo
         self._no_slo = slo.ttft_s is None and slo.itl_s is None and slo.e2e_s is None
-        self.rows = array("d")  # one flat row per request, REQUEST_COLUMNS in order (table() reshapes)
+        self.rows = Spilled()  # one flat row per request, REQUEST_COLUMNS in order (table() reshapes)
         # pooled ITL: each iteration's gap, weighted by the requests whose previous token came from
         # the iteration before (identical floats), plus every other gap on its own
         self.itl_gap = array("d")
-        self.itl_weight = array("q")
+        self.itl_weight = array("i")  # a weight is at most a batch's requests
         self.track_request_gaps = track_request_gaps
         self._gaps: dict[int, list[float]] = {}
         # Little's law bookkeeping: time integral of the number of requests in the system
@@ -96,7 +134,8 @@ class Recorder:
     def _row(self, req: Request) -> None:
         done = req.status is Status.FINISHED
         first = req.first_token_s
-        self.rows.extend((
+        rows = self.rows
+        rows.buf.extend((
             req.rid,
             -1 if req.replica is None else req.replica,
             STATUS_CODES[req.status],
@@ -119,12 +158,13 @@ class Recorder:
             (1.0 if done else 0.0) if (self._no_slo and req.deadline_s is None) else (1.0 if self.met_slo(req) else 0.0),
             NAN if req.correct is None else float(req.correct),
         ))
+        rows.spill_if_full()
         if self._gaps:
             self._gaps.pop(req.rid, None)
 
     def table(self) -> dict[str, np.ndarray]:
         """The request rows as columns."""
-        flat = np.frombuffer(self.rows, dtype=float).reshape(-1, len(REQUEST_COLUMNS)).copy()
+        flat = self.rows.numpy().reshape(-1, len(REQUEST_COLUMNS))
         return {c: flat[:, k] for k, c in enumerate(REQUEST_COLUMNS)}
 
 
@@ -134,12 +174,12 @@ class Timeline:
     def __init__(self, recorder: Recorder, replica: int = 0):
         self.rec = recorder
         self.replica = replica
-        self.rows = array("d")       # one flat row per iteration, ITERATION_COLUMNS in order
+        self.rows = Spilled()        # one flat row per iteration, ITERATION_COLUMNS in order
         self.durations = array("d")  # iteration durations again, sliced for decode-set members' gaps
         self._ends = array("d")
         self._prev_end_s: float | None = None
         self.busy_s = 0.0
-        self._stretches: list[tuple] = []  # fast-forwarded iterations, kept compact (see table())
+        self._stretches = Spilled()  # fast-forwarded iterations, STRETCH_FIELDS each (see _expand())
 
     # ---- iterations and tokens --------------------------------------------------------------
     def on_iteration(self, start_s: float, end_s: float, plan, blocks: tuple[int, int, int]) -> None:
@@ -157,19 +197,15 @@ class Timeline:
 
     def table(self) -> dict[str, np.ndarray]:
         """The iteration rows as columns (fast-forwarded stretches expanded in place)."""
-        flat = np.frombuffer(self.rows, dtype=float).reshape(-1, len(ITERATION_COLUMNS))
-        if not self._stretches:
-            flat = flat.copy()
-        else:
+        flat = self.rows.numpy().reshape(-1, len(ITERATION_COLUMNS))
+        if len(self._stretches):
             flat = self._expand(flat)
         return {c: flat[:, k] for k, c in enumerate(ITERATION_COLUMNS)}
 
     def _expand(self, flat: np.ndarray) -> np.ndarray:
         """The explicit rows with every fast-forwarded stretch put back in place (vectorised)."""
-        st = self._stretches
-        row = np.array([x[0] for x in st], dtype=np.int64)      # explicit rows before the stretch
-        first = np.array([x[1] for x in st], dtype=np.int64)    # its first iteration index
-        k = np.array([x[2] for x in st], dtype=np.int64)
+        st = self._stretches.numpy().reshape(-1, STRETCH_FIELDS)
+        row, first, k = st[:, 0].astype(np.int64), st[:, 1].astype(np.int64), st[:, 2].astype(np.int64)
         before = np.cumsum(k) - k                                # stretch rows before the stretch
         total = len(flat) + int(k.sum())
         out = np.empty((total, len(ITERATION_COLUMNS)))
@@ -178,13 +214,16 @@ class Timeline:
         out[np.arange(len(flat)) + shift] = flat
         j = np.arange(int(k.sum()), dtype=np.int64) - np.repeat(before, k)  # index within its stretch
         it = np.repeat(first, k) + j                             # iteration index
-        block = np.repeat(np.array([x[4] for x in st], dtype=float), k, axis=0)
+        count = np.repeat(st[:, 8], k)
+        block = np.zeros((len(j), len(ITERATION_COLUMNS)))  # prefill tokens and swap bytes are 0
+        block[:, 0] = self.replica
+        block[:, 4] = block[:, 9] = block[:, 10] = block[:, 12] = count  # decodes only: one token each
+        block[:, 6:9] = np.repeat(st[:, 4:7], k, axis=0)         # KV blocks in use, cached, host
         ends, durations = np.frombuffer(self._ends, dtype=float), np.frombuffer(self.durations, dtype=float)
         # each iteration of a stretch starts when the one before ends; the first where it was told
-        block[:, 1] = np.where(j == 0, np.repeat(np.array([x[3] for x in st], dtype=float), k), ends[it - 1])
+        block[:, 1] = np.where(j == 0, np.repeat(st[:, 3], k), ends[it - 1])
         block[:, 2] = durations[it]
-        block[:, 5] = np.repeat(np.array([x[5] for x in st], dtype=np.int64), k) + np.repeat(
-            np.array([x[6] for x in st], dtype=np.int64), k) * j
+        block[:, 5] = np.repeat(st[:, 7].astype(np.int64), k) + count.astype(np.int64) * j
         out[np.repeat(row + before, k) + j] = block
         return out
 
@@ -218,10 +257,10 @@ class Timeline:
         self.rec.itl_gap.extend(durations)
         self.rec.itl_weight.extend([count] * k)
         self._prev_end_s = ends[-1]
-        self._stretches.append((len(self.rows) // len(ITERATION_COLUMNS), len(self._ends) - k, k, starts[0],
-                                (self.replica, 0.0, 0.0, plan.prefill_tokens, plan.decode_seqs, 0.0, blocks[0],
-                                 blocks[1], blocks[2], plan.num_seqs, plan.new_tokens, plan.swap_bytes, count),
-                                plan.pairs - count * k, count))
+        # a steady plan: decodes only (no prefill, no swap), decode_seqs = num_seqs = new_tokens = count
+        self._stretches.buf.extend((len(self.rows) // len(ITERATION_COLUMNS), len(self._ends) - k, k, starts[0],
+                                    blocks[0], blocks[1], blocks[2], plan.pairs - count * k, count))
+        self._stretches.spill_if_full()
 
     def on_tokens(self, index: int, start_s: float, end_s: float, outcome) -> None:
         """Token times of an iteration's emitters; decode-set members count as regular gaps."""
@@ -247,8 +286,10 @@ class Timeline:
             self.rec.itl_gap.append(end_s - start_s)
             self.rec.itl_weight.append(regular)
         self._prev_end_s = end_s
-        self.rows.extend(self._pending)
-        self.rows.append(outcome.output_tokens)
+        rows = self.rows
+        rows.buf.extend(self._pending)
+        rows.buf.append(outcome.output_tokens)
+        rows.spill_if_full()
 
 def stats(values: np.ndarray) -> dict[str, float | None]:
     """mean, median, p90, p99, max with numpy's linear interpolation; None when empty."""

@@ -133,8 +133,11 @@ def request_table(rec: Recorder) -> dict[str, np.ndarray]:
 def iteration_table(timelines: list[Timeline]) -> dict[str, np.ndarray]:
     """iterations.csv's columns: every replica's iterations, replica by replica."""
     tables = [t.table() for t in timelines]
-    return {c: (np.concatenate([tb[c] for tb in tables]) if c in ("start_s", "duration_s", "swap_bytes")
-                else np.concatenate([tb[c] for tb in tables]).astype(np.int64)) for c in ITERATION_COLUMNS}
+
+    def joined(c: str) -> np.ndarray:  # one replica: its column as it is (no copy of the whole table)
+        return tables[0][c] if len(tables) == 1 else np.concatenate([tb[c] for tb in tables])
+    return {c: (joined(c) if c in ("start_s", "duration_s", "swap_bytes") else joined(c).astype(np.int64))
+            for c in ITERATION_COLUMNS}
 
 
 def _sum(values: np.ndarray):
@@ -151,7 +154,7 @@ def _latency_part(req: dict, its: dict, rec: Recorder) -> dict:
     t0 = float(req["arrival_s"].min()) if n else 0.0
     t1 = float(np.nanmax(req["finish_s"])) if finished.any() else t0
     window = t1 - t0
-    itl = weighted_stats(np.frombuffer(rec.itl_gap, dtype=float), np.frombuffer(rec.itl_weight, dtype=np.int64))
+    itl = weighted_stats(np.frombuffer(rec.itl_gap, dtype=float), np.frombuffer(rec.itl_weight, dtype=np.dtype(rec.itl_weight.typecode)))
     decode_only = its["prefill_tokens"] == 0
     n_its = len(its["prefill_tokens"])
     dec_time = float(_sum(its["duration_s"][decode_only])) if n_its else 0.0

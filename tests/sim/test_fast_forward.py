@@ -76,3 +76,13 @@ def test_a_huge_kv_pool_costs_nothing_up_front():
     kv.free(req)
     assert kv.free_blocks == 10 ** 24 and kv.free_list == [6, 5, 4, 3, 2, 1, 0]
     assert time.process_time() - t < 1.0
+
+
+def test_output_rows_spilled_to_disk_are_read_back_in_order(monkeypatch):
+    """The recorder and the timelines move their rows to temporary files during a run; a run that
+    spills every few rows writes exactly what a run that keeps them in memory writes."""
+    import sim.core.metrics as metrics
+    sc = scenario(workload=LIGHT, step_time={"model": SLOW_PREFILL})
+    kept = _digest(sc, True)
+    monkeypatch.setattr(metrics, "SPILL_VALUES", 97)
+    assert _digest(sc, True) == kept
