@@ -95,7 +95,8 @@ def replica_layout(scenario: Scenario, spec: ModelSpec) -> Layout:
     return layout
 
 
-def _kv_budget(scenario: Scenario, hw: HardwareProfile, weight_bytes: int, gpus: int = 1) -> tuple[int, int]:
+def _kv_budget(scenario: Scenario, hw: HardwareProfile, weight_bytes: int, gpus: int = 1,
+               spec: ModelSpec | None = None) -> tuple[int, int]:
     """(KV budget, activation bytes) of the replica: given in bytes, or from each card's memory
     utilisation less the weights on the fullest GPU (`weight_bytes`), times the GPUs."""
     budget = scenario.kv.budget
@@ -105,8 +106,20 @@ def _kv_budget(scenario: Scenario, hw: HardwareProfile, weight_bytes: int, gpus:
         kv = kv_budget_from_utilization(hw, weight_bytes, budget.gpu_memory_utilization,
                                         budget.activation_bytes, budget.other_bytes)
     except ValueError as exc:
-        raise ConfigError(f"kv.budget: {exc}") from None
+        raise ConfigError(f"kv.budget: {exc}" + (_layout_hint(scenario, spec, hw) if spec else "")) from None
     return kv * gpus, budget.activation_bytes * gpus
+
+
+def _layout_hint(scenario: Scenario, spec: ModelSpec, hw: HardwareProfile) -> str:
+    """'; the smallest layout that fits is ...' when the weights leave no KV on the card."""
+    from sim.models.parallel import smallest_fitting_layout
+    b = scenario.kv.budget
+    best = smallest_fitting_layout(spec, int(b.gpu_memory_utilization * hw.memory_bytes), scenario.weight_format,
+                                   b.activation_bytes + b.other_bytes)
+    if best is None:
+        return "; no layout of up to 64 GPUs fits"
+    return (f"; the smallest layout that fits is parallel: {{tp: {best.tp}, pp: {best.pp}, ep: {best.ep}}} "
+            f"({best.gpus} GPUs, leaving 20% or more of each for KV)")
 
 
 def replica_memory(scenario: Scenario, spec: ModelSpec, hw: HardwareProfile) -> ReplicaMemory:
@@ -144,7 +157,7 @@ def replica_memory(scenario: Scenario, spec: ModelSpec, hw: HardwareProfile) -> 
     if scenario.lora is not None:
         lora_bytes = scenario.lora.adapters * spec.lora_adapter_bytes(scenario.lora.rank, tuple(scenario.lora.targets),
                                                                      "bf16")
-    budget, activation = _kv_budget(scenario, hw, gpu_weights, gpus)
+    budget, activation = _kv_budget(scenario, hw, gpu_weights, gpus, spec)
     num_blocks = int((budget - draft_bytes - lora_bytes) // block_bytes)
     if num_blocks < 1:
         raise ConfigError(f"kv.budget: {budget} B holds no {kv.block_tokens}-token block ({block_bytes} B each)")
