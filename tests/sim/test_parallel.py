@@ -236,3 +236,13 @@ def test_smallest_layout_fits_and_nothing_smaller_does():
         for pp in range(1, best.gpus // tp):
             if tp * pp < best.gpus:
                 assert weights_per_gpu(spec, Layout(tp, pp, tp), "fp8").total > 0.8 * hw.memory_bytes
+
+
+def test_tp1_layout_gives_exactly_the_one_gpu_outputs():
+    from sim.core.simulation import Simulation
+    from sim.io.parallel_schema import ParallelConfig
+    folder = REPO / "scenarios" / "chapter8"
+    base, _ = load_scenario(folder / "four-requests-chunked.yaml")
+    assert base.parallel is None
+    tp1 = base.model_copy(update={"parallel": ParallelConfig(tp=1, pp=1, ep=1)})
+    assert Simulation(tp1, folder).run().digest() == Simulation(base, folder).run().digest()
