@@ -58,6 +58,18 @@ class Outcome:
     """All output tokens the iteration produced (a speculative round counts every accepted token)."""
 
 
+def _linear_terms(step_time: Callable, plan: StepPlan) -> tuple | None:
+    """For a plain linear step-time model, the terms of its step_s that stay fixed while a steady
+    plan grows (None for any other model): step_s = head + p x pairs + r x KV tokens + seqs + decodes,
+    evaluated left to right exactly as LinearModel.step_s does."""
+    model = getattr(step_time, "__self__", None)
+    if type(model).__name__ != "LinearModel" or getattr(step_time, "__name__", "") != "step_s":
+        return None
+    c = model.cfg
+    return (c.constant_s + c.per_new_token_s * plan.new_tokens, c.per_pair_s, c.per_kv_token_s,
+            c.per_sequence_s * plan.num_seqs, c.per_decode_sequence_s * plan.decode_seqs)
+
+
 class Scheduler:
     """Base of all policies. Subclasses implement `_schedule(plan, now_s)` and set `kind`."""
 
@@ -447,6 +459,7 @@ class Scheduler:
             return start_s, step_s
         count = plan.lazy_decodes
         starts, ends = [], []
+        linear = _linear_terms(step_time, plan)
         while m > 0:
             end_s = start_s + step_s
             if not end_s < horizon_s:
@@ -458,7 +471,14 @@ class Scheduler:
             plan.decode_kv_tokens += count
             plan.decode_pairs += count
             plan.max_context += 1
-            start_s, step_s = end_s, step_time(plan)
+            if linear is None:
+                step_s = step_time(plan)
+            else:  # LinearModel.step_s inlined: the same products, added in the same order
+                head, p, r, seqs, decodes = linear
+                step_s = head + p * plan.pairs + r * plan.kv_tokens_read + seqs + decodes
+                if step_s < 0:  # the model's own checks and message
+                    step_s = step_time(plan)
+            start_s = end_s
             m -= 1
         if starts:
             k = len(starts)
