@@ -7,7 +7,7 @@ the model by sim.models.parallel.check_layout when the simulation or `capsim mem
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import Field, NonNegativeFloat, model_validator
 
@@ -32,6 +32,11 @@ class ParallelConfig(StrictModel):
     expert_imbalance: Annotated[float, Field(ge=1.0, le=64.0)] = Field(
         1.0, description="Tokens on the busiest expert-parallel GPU / the mean (1 = perfectly balanced); an "
                          "iteration waits for the busiest GPU")
+    ep_communication: Literal["all_reduce", "all_to_all"] = Field(
+        "all_reduce", description="How MoE outputs meet under ep > 1: all_reduce (attention tensor-parallel: every "
+                                  "GPU holds every token, so only the combine costs, as vLLM and TensorRT-LLM do "
+                                  "without attention data parallelism) or all_to_all (dispatch and combine of the "
+                                  "routed tokens, DeepEP-style)")
     routing_skew: NonNegativeFloat = Field(
         0.0, le=8.0, description="Zipf exponent of expert popularity (0 = uniform routing): skewed routing "
                                  "touches fewer distinct experts, so fewer expert weights are read")

@@ -35,6 +35,7 @@ class Layout:
     micro_batches: int = 1
     expert_imbalance: float = 1.0
     routing_skew: float = 0.0
+    ep_communication: str = "all_reduce"
 
     @property
     def gpus(self) -> int:
@@ -61,7 +62,8 @@ class Layout:
         """From a ParallelConfig (or None: one GPU)."""
         if cfg is None:
             return cls()
-        return cls(cfg.tp, cfg.pp, cfg.ep, cfg.micro_batches, cfg.expert_imbalance, cfg.routing_skew)
+        return cls(cfg.tp, cfg.pp, cfg.ep, cfg.micro_batches, cfg.expert_imbalance, cfg.routing_skew,
+                   cfg.ep_communication)
 
 
 def _divisors(n: int) -> list[int]:

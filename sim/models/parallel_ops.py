@@ -11,9 +11,12 @@ Per layer on one GPU (tp GPUs per stage, see sim.models.parallel for what each h
   experts (q_e = k p_e, uniform p_e = 1/E unless parallel.routing_skew gives Zipf popularity), the
   busiest GPU runs D / ep experts with T k x expert_imbalance / D tokens each, costing D / E of the
   GEMM over all its experts at that M (weights read: the touched experts'; FLOPs: the active ones');
-  shared experts as a dense FFN split tp ways; communication: an all-reduce over tp when ep = 1, else
-  all-to-all dispatch and combine of each GPU's T k / ep routed token vectors (nccl_parallel.csv),
-  plus an all-reduce over the tp / ep GPUs that split each expert when that exceeds one;
+  shared experts as a dense FFN split tp ways; communication: an all-reduce over tp of the layer's output
+  (ep = 1, or ep > 1 with `ep_communication: all_reduce`, the default: attention is tensor-parallel, so
+  every GPU already holds every token and only the combine costs, as in vLLM's and TensorRT-LLM's MoE
+  without attention data parallelism), or with `all_to_all` dispatch and combine of each GPU's T k / ep
+  routed token vectors (nccl_parallel.csv) plus an all-reduce over the tp / ep GPUs that split each
+  expert when that exceeds one;
 - attention kernels from the tables: GQA / MHA as sim.models.ops; MLA (no measured kernel): context
   attention as MHA of the GPU's heads at head_dim 128 scaled by (qk 192 + v 128) / 256 = 1.25 (FLOPs),
   generation attention as MQA (1 KV head) of the GPU's heads scaled by the latent's bytes per token,
@@ -63,7 +66,7 @@ class ParallelOpsModel(OpsModel):
         self._build_curves(tables, dtype)
         self.nccl = tables.nccl() if tp > 1 else None
         self.net = None
-        if layout.ep > 1 or layout.pp > 1:
+        if (layout.ep > 1 and layout.ep_communication == "all_to_all") or layout.pp > 1:
             path = find_table(tables.folder, "nccl_parallel")
             if path is None:
                 raise ConfigError(f"{tables.folder}: no nccl_parallel.csv (all-to-all and send/recv for expert and "
@@ -137,7 +140,7 @@ class ParallelOpsModel(OpsModel):
         need = []
         if self.nccl is not None:
             need.append((self.nccl, "all_reduce", lay.tp, "parallel.tp"))
-        if lay.ep > 1:
+        if lay.ep > 1 and lay.ep_communication == "all_to_all":
             need.append((self.net, "alltoall", lay.ep, "parallel.ep"))
             if lay.moe_tp > 1:
                 need.append((self.nccl, "all_reduce", lay.moe_tp, "parallel.tp / parallel.ep"))
@@ -172,7 +175,7 @@ class ParallelOpsModel(OpsModel):
         t += share * (self._look(g["experts_gate_up"].at, per_expert) + self._look(g["experts_down"].at, per_expert))
         if "shared_gate_up" in g:
             t += self._look(g["shared_gate_up"].at, tokens) + self._look(g["shared_down"].at, tokens)
-        if lay.ep == 1:
+        if lay.ep == 1 or lay.ep_communication == "all_reduce":
             t += self._all_reduce(lay.tp, tokens)
         else:
             routed = tokens * e.experts_per_token * h * 2 / lay.ep

@@ -208,6 +208,10 @@ def test_moe_reads_only_touched_experts(tmp_path):
     assert skew.layer_linear_s(8, True) < ep.layer_linear_s(8, True)
     imb = _ops(tmp_path, "parallel: {tp: 8, ep: 8, expert_imbalance: 1.5}", model="qwen3-235b-a22b")
     assert imb.layer_linear_s(512, True) > ep.layer_linear_s(512, True)
+    # the combine: an all-reduce over tp (default), or all-to-all dispatch + combine of T k / ep vectors
+    a2a = _ops(tmp_path, "parallel: {tp: 8, ep: 8, ep_communication: all_to_all}", model="qwen3-235b-a22b")
+    diff = a2a._moe_ffn_s(64) - ep._moe_ffn_s(64)
+    assert diff == pytest.approx(2 * a2a.net.at("alltoall", 8, 64 * 8 * 4096 * 2 / 8) - ep._all_reduce(8, 64))
 
 
 def test_memory_command_per_gpu_and_smallest_layout(capsys):
