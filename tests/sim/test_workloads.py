@@ -73,7 +73,7 @@ def test_mooncake_trace(shared_data):
 def test_malformed_rows_name_file_and_line(tmp_path):
     bad = tmp_path / "t.csv"
     bad.write_text("arrival_s,prompt_tokens,output_tokens\n0.0,10,5\n0.5,ten,5\n")
-    with pytest.raises(ConfigError, match=rf"^{bad}: line 3: prompt_tokens: expected a positive integer, got 'ten'$"):
+    with pytest.raises(ConfigError, match=rf"^{bad}: line 3: prompt_tokens: expected a whole number of tokens in 1..100,000,000, got 'ten'$"):
         read_trace(bad, "csv")
     jl = tmp_path / "t.jsonl"
     jl.write_text('{"timestamp": 0, "input_length": 5, "output_length": 2}\n{"timestamp": 1, "input_length": 5}\n')
