@@ -276,7 +276,8 @@ def _read_observations(cfg: FitLogConfig) -> tuple[list, str, list[str], int | N
                      + f": {raw} iterations from {raw // 2} rows, {len(obs)} distinct shapes")
     elif fmt in ("vllm", "vllm-log"):
         from calibration.engines.vllm_logs import read_vllm_iterations, read_vllm_log
-        obs = read_vllm_iterations(path) if fmt == "vllm" else read_vllm_log(path)
+        rows = read_vllm_iterations(path) if fmt == "vllm" else read_vllm_log(path)
+        obs = [iteration_observation(*row) for row in rows]
         raw = len(obs)
         obs = merge_duplicates(obs)
         extra.append(f"{raw} vLLM iterations ({fmt} format), {len(obs)} distinct shapes")

@@ -305,22 +305,25 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
     return out
 
 
-def validate_main(args: argparse.Namespace, argv: list[str] | None = None) -> int:
-    """`capsim validate`'s entry point: check arguments, run, print the report; exit status."""
+def validate_config(args: argparse.Namespace, argv: list[str] | None = None) -> ValidateConfig:
+    """The checked ValidateConfig of `capsim validate`'s arguments (also --engine vllm's)."""
     if args.seeds < 1 or args.model_draws < 0 or args.replays < 1:
         raise ConfigError("--seeds and --replays must be >= 1, --model-draws >= 0")
     if argv is None:
         argv = sys.argv[2:] if len(sys.argv) > 1 and sys.argv[1] == "validate" else _argv_of(args)
     command = "capsim validate " + " ".join(shlex.quote(a) for a in argv)
-    cfg = ValidateConfig(scenario=Path(args.scenario), out=Path(args.out), profile=args.profile, use=args.use,
-                         device=args.device, overrides=args.overrides,
-                         rates=_floats(args.rates) if args.rates else None, clock=args.clock, threads=args.threads,
-                         dtype=args.dtype, seeds=args.seeds, model_draws=args.model_draws, replays=args.replays,
-                         plots=args.plots,
-                         command=command, stream=None if args.quiet else sys.stderr)
-    if getattr(args, "engine", "reference") == "vllm":
-        from calibration.engines.validate_vllm import vllm_main
-        return vllm_main(args, cfg)
+    return ValidateConfig(scenario=Path(args.scenario), out=Path(args.out), profile=args.profile, use=args.use,
+                          device=args.device, overrides=args.overrides,
+                          rates=_floats(args.rates) if args.rates else None, clock=args.clock, threads=args.threads,
+                          dtype=args.dtype, seeds=args.seeds, model_draws=args.model_draws, replays=args.replays,
+                          plots=args.plots,
+                          command=command, stream=None if args.quiet else sys.stderr)
+
+
+def validate_main(args: argparse.Namespace, argv: list[str] | None = None) -> int:
+    """`capsim validate`'s entry point: check arguments, run, print the report; exit status.
+    (--engine vllm goes to calibration.engines.validate_vllm.vllm_main instead: capsim/commands.)"""
+    cfg = validate_config(args, argv)
     from calibration.harness import loaded_machine_warning
     warning = loaded_machine_warning(args.device, args.clock)
     if warning:  # the measured side of the comparison is only as good as the machine is quiet

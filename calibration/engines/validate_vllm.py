@@ -231,8 +231,9 @@ def record_only(cfg, engine_python_path: str | None) -> int:
     return 0 if all(r.complete for r in runs) else 1
 
 
-def vllm_main(args, cfg) -> int:
-    """Entry from calibration.validate.validate_main when --engine vllm."""
+def vllm_main(args, argv: list[str] | None = None) -> int:
+    """`capsim validate ... --engine vllm` (dispatched by capsim/commands/calibration.py)."""
+    cfg = V.validate_config(args, argv)
     try:
         if getattr(args, "record_only", False):
             return record_only(cfg, args.engine_python)

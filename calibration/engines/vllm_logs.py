@@ -1,4 +1,4 @@
-"""vLLM's per-iteration records as `capsim fit` observations.
+"""vLLM's per-iteration records as `capsim fit` rows (calibration/logs.py turns them into observations).
 
 Two formats:
 - `vllm`: the replay driver's iterations.jsonl (calibration/engines/vllm_driver.py): per iteration its
@@ -34,10 +34,10 @@ def sniff(path: Path) -> str | None:
     return "vllm-log" if LOG_LINE.search(head) else None
 
 
-def read_vllm_iterations(path: Path) -> list:
-    """Observations from the driver's iterations.jsonl (one JSON object per line)."""
+def read_vllm_iterations(path: Path) -> list[tuple]:
+    """Rows (prefill tokens, prefill seqs, prefill cached, decode seqs, decode context, seconds, pairs,
+    max context) of the driver's iterations.jsonl (one JSON object per line)."""
     from calibration.engines.tables import iteration_features
-    from calibration.logs import iteration_observation
 
     obs = []
     for i, line in enumerate(path.read_text().splitlines(), start=1):
@@ -54,16 +54,14 @@ def read_vllm_iterations(path: Path) -> list:
         if any(len(x) < 4 for x in items):
             raise ValueError(f"{path}: line {i}: items must be [id, tokens, computed before, prompt length]")
         f = iteration_features(items)
-        obs.append(iteration_observation(f["prefill_tokens"], f["prefill_seqs"], f["prefill_cached_tokens"],
-                                         f["decode_seqs"], f["decode_context_tokens"], t, f["pairs"],
-                                         f["max_context"]))
+        obs.append((f["prefill_tokens"], f["prefill_seqs"], f["prefill_cached_tokens"], f["decode_seqs"],
+                    f["decode_context_tokens"], t, f["pairs"], f["max_context"]))
     return obs
 
 
-def read_vllm_log(path: Path) -> list:
-    """Observations from vLLM's iteration-details log lines (other lines are skipped)."""
-    from calibration.logs import iteration_observation
-
+def read_vllm_log(path: Path) -> list[tuple]:
+    """Rows (as read_vllm_iterations, without KV context, pairs or max context) of vLLM's
+    iteration-details log lines (other lines are skipped)."""
     obs = []
     for line in path.read_text(errors="replace").splitlines():
         m = LOG_LINE.search(line)
@@ -73,7 +71,7 @@ def read_vllm_log(path: Path) -> list:
         t = float(ms) / 1e3
         if t <= 0 or (int(ctx_tok) == 0 and int(gen_req) == 0):
             continue
-        obs.append(iteration_observation(int(ctx_tok), int(ctx_req), 0, int(gen_req), 0, t))
+        obs.append((int(ctx_tok), int(ctx_req), 0, int(gen_req), 0, t, None, None))
     if not obs:
         raise ValueError(f"{path}: no 'Iteration(N): ... iteration elapsed time: X ms' lines (vLLM's "
                          "--enable-logging-iteration-details)")

@@ -47,9 +47,14 @@ def _add_real_validate(sub) -> argparse.ArgumentParser:
 
 
 def cmd_real_validate(args) -> int:
-    """`capsim validate`: replay for real and measure the simulator's error (needs torch)."""
-    from calibration.validate import validate_main
-    rc = validate_main(args)
+    """`capsim validate`: replay for real and measure the simulator's error (needs torch; --engine vllm: a
+    real vLLM engine in its own interpreter, calibration/engines/)."""
+    if getattr(args, "engine", "reference") == "vllm":
+        from calibration.engines.validate_vllm import vllm_main
+        rc = vllm_main(args)
+    else:
+        from calibration.validate import validate_main
+        rc = validate_main(args)
     if rc == 0 and args.report:
         report_after(args, "validation")
     return rc

@@ -10,6 +10,7 @@ POLICIES = {
     "fixed": {"kind": "fixed", "max_num_seqs": 8},
     "continuous": {"kind": "continuous", "max_num_seqs": 24, "max_num_batched_tokens": 6000},
     "chunked": {"kind": "chunked", "max_num_seqs": 24, "max_num_batched_tokens": 1024, "chunk_tokens": 512},
+    "vllm_v1": {"kind": "vllm_v1", "max_num_seqs": 24, "max_num_batched_tokens": 1024},   # always explicit
 }
 CASES = {
     "reserve": {},
@@ -25,7 +26,10 @@ CASES = {
 @pytest.mark.parametrize("case", list(CASES))
 @pytest.mark.parametrize("kind", sorted(SCHEDULERS))
 def test_lazy_decode_equals_stepping(kind, case):
-    sc = scenario(scheduler=POLICIES[kind], **CASES[case])
+    over = dict(CASES[case])
+    if kind == "vllm_v1" and "kv" not in over:   # vllm_v1 allocates on demand only
+        over["kv"] = {"block_tokens": 16, "format": "bf16", "budget": "12GiB", "admission": "on_demand"}
+    sc = scenario(scheduler=POLICIES[kind], **over)
     fast = Simulation(sc, ".", lazy_decode=True).run()
     slow = Simulation(sc, ".", lazy_decode=False).run()
     assert fast.summary == slow.summary
