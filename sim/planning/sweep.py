@@ -20,7 +20,6 @@ Dask is imported only when a sweep fans out (`import sim` stays light).
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import hashlib
 import itertools
@@ -28,7 +27,6 @@ import json
 import math
 import os
 import re
-import signal
 import sys
 import time
 import traceback
@@ -183,14 +181,6 @@ def run_point(base: Base, task: dict) -> dict:
 
 # ---- where the work runs ----------------------------------------------------------------------
 
-@contextlib.contextmanager
-def _restore_sigint(handler):
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, handler)
-
-
 def _stop_profiler(dask_worker=None) -> None:
     """Stop a Dask worker's statistical profiler: it samples the running task's stack every 10 ms,
     costs CPU time in a CPU-bound simulation, and keeps frames alive (it once exposed a numpy view
@@ -248,10 +238,10 @@ class Runner:
                     raise ConfigError(f"--dask {self.address}: cannot reach the Dask scheduler ({exc})") from None
             else:
                 # no statistical profiler on the workers: see _stop_profiler
-                # Ctrl-C is the parent's to handle: worker processes started while SIGINT is ignored
-                # keep ignoring it, instead of each printing a KeyboardInterrupt traceback
-                old_sigint = signal.signal(signal.SIGINT, signal.SIG_IGN)
-                with dask.config.set({"distributed.worker.profile.enabled": False}), _restore_sigint(old_sigint):
+                # Ctrl-C is the parent's to handle: workers ignore SIGINT (sim.planning.worker_signals)
+                # instead of each printing a KeyboardInterrupt traceback
+                with dask.config.set({"distributed.worker.profile.enabled": False,
+                                      "distributed.worker.preload": ["sim.planning.worker_signals"]}):
                     self._cluster = LocalCluster(n_workers=self.workers, threads_per_worker=1, processes=True,
                                                  host="127.0.0.1", dashboard_address=None,
                                                  silence_logs=logging.ERROR)

@@ -155,3 +155,26 @@ def test_plane_never_fills_a_marker_outside_the_feasible_quadrant():
     assert filled == {(0.5, 0.5): True, (1.6, 0.7): False, (0.8, 1.3): False, (0.5, 0.9): False}
     assert spots[(1.6, 0.7)] == ["b (meets the SLO target: requests queue for KV)"]
     assert spots[(0.8, 1.3)] == ["c (meets the SLO target; completion past the deadline)"]
+
+
+def test_ctrl_c_during_a_dask_sweep_prints_no_tracebacks(tmp_path):
+    """SIGINT to the whole process group (what Ctrl-C does): one 'interrupted' line, no worker tracebacks."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    pytest.importorskip("distributed", reason="the sweep fans out over dask.distributed")
+    proc = subprocess.Popen([sys.executable, "-m", "capsim.cli", "sweep", str(EXAMPLE), "--set",
+                             "workload.num_requests=20000", "--grid", "scheduler.max_num_seqs=8,16,32,64",
+                             "--workers", "2", "--out", str(tmp_path / "sw")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (tmp_path / "sw" / "points.jsonl").exists():
+        time.sleep(0.5)
+    time.sleep(3)  # the workers are running points now
+    os.killpg(proc.pid, signal.SIGINT)
+    _, err = proc.communicate(timeout=120)
+    text = err.decode()
+    assert proc.returncode == 130, text
+    assert "Traceback" not in text and "KeyboardInterrupt" not in text and text.rstrip().endswith("interrupted")
