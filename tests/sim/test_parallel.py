@@ -250,3 +250,19 @@ def test_tp1_layout_gives_exactly_the_one_gpu_outputs():
     assert base.parallel is None
     tp1 = base.model_copy(update={"parallel": ParallelConfig(tp=1, pp=1, ep=1)})
     assert Simulation(tp1, folder).run().digest() == Simulation(base, folder).run().digest()
+
+
+def test_mla_attention_is_scaled_from_measured_kernels(tmp_path):
+    from sim.models.parallel_ops import MLA_CONTEXT_SCALE, MLA_GENERATION_SCALE
+    sc = tmp_path / "ds.yaml"
+    sc.write_text(_scenario(tmp_path, "parallel: {tp: 8, ep: 8}", model="deepseek-v3",
+                            step="{kind: ops, dtype: bf16}").read_text().replace("hardware: h100-sxm", "hardware: h200-sxm")
+                  + "weight_format: fp8\n")
+    m = _run(sc).step_time
+    assert m.heads == 16 and m.kv_heads == 1
+    # decode attention: MQA of the GPU's 16 heads (one KV head, dim 128) x 2.25 (the 576-value latent)
+    assert m.generation_attention_s(32, 32 * 4096) == pytest.approx(
+        MLA_GENERATION_SCALE * m.generation.at(32, 4096))
+    assert m.context_attention_s(2, 2 * 1024 * 1025 // 2) == pytest.approx(MLA_CONTEXT_SCALE * m.context.at(2, 1024))
+    # three dense layers, 58 MoE layers, one stage
+    assert m.stage_kinds == [(3, 58)]
