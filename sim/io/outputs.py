@@ -30,6 +30,16 @@ def _why(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
 
 
+def _probe(anchor: Path, path: Path, flag: str) -> None:
+    """Create and delete a file in `anchor`: permission bits do not tell (root, read-only mounts, /proc)."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".capsim-write-test-", dir=anchor)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as exc:
+        raise ConfigError(f"{flag} {path}: cannot write in {anchor} ({_why(exc)})") from None
+
+
 def check_out_dir(out: str | Path, force: bool = False, names: Iterable[str] | None = None,
                   flag: str = "--out") -> Path:
     """Refuse an --out folder that cannot be used, before any work is done.
@@ -42,8 +52,7 @@ def check_out_dir(out: str | Path, force: bool = False, names: Iterable[str] | N
     anchor = _nearest_existing(path)
     if not anchor.is_dir():
         raise ConfigError(f"{flag} {path}: lies under {anchor}, which is a file, not a folder")
-    if not os.access(anchor, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {path}: cannot write in {anchor} (permission denied or read-only)")
+    _probe(anchor, path, flag)
     if path.is_dir() and not force:
         try:
             present = sorted(p.name for p in path.iterdir())
@@ -98,8 +107,7 @@ def check_out_file(out: str | Path, force: bool = False, flag: str = "--out") ->
     anchor = _nearest_existing(path.absolute().parent)
     if not anchor.is_dir():
         raise ConfigError(f"{flag} {path}: lies under {anchor}, which is a file, not a folder")
-    if not os.access(anchor, os.W_OK | os.X_OK):
-        raise ConfigError(f"{flag} {path}: cannot write in {anchor} (permission denied or read-only)")
+    _probe(anchor, path, flag)
     return path
 
 

@@ -178,3 +178,18 @@ def test_ctrl_c_during_a_dask_sweep_prints_no_tracebacks(tmp_path):
     text = err.decode()
     assert proc.returncode == 130, text
     assert "Traceback" not in text and "KeyboardInterrupt" not in text and text.rstrip().endswith("interrupted")
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self"), reason="needs Linux's /proc")
+def test_unwritable_places_are_refused_by_every_writer(capsys, tmp_path):
+    log = REPO_SCENARIOS.parent / "docs" / "examples" / "engine_log.csv"
+    cases = [["fit", str(log), "--model", "qwen2.5-0.5b", "--columns", "duration_ms=iter_ms",
+              "prefill_tokens=num_prefill_tokens", "decode_seqs=num_decodes", "--out", "/proc/capsim/x.yaml"],
+             ["sweep", str(EXAMPLE), "--grid", "scheduler.max_num_seqs=8", "--workers", "1", "--out", "/proc/capsim"],
+             ["plan-plane", str(SCHEME), "--out", "/proc/capsim"],
+             ["figures", "--only", "memory-deadline-plane", "--out", "/proc/capsim"],
+             ["compare", str(SCHEME), "--out", "/proc/capsim"]]
+    for argv in cases:
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert "error: --out /proc/capsim" in err and "cannot write in /proc" in err and "Traceback" not in err, argv
