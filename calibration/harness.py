@@ -25,7 +25,7 @@ from calibration.points import append_point, read_points, repair_tail, start_poi
 from calibration.shapes import Shape, grid_shapes
 from calibration.timing import (Clock, available_memory_bytes, check_device, device_name, driver_version, is_oom,
                                 measure_ceilings, median_and_spread, synchronize, total_memory_bytes)
-from sim.api import ModelSpec
+from sim.api import ModelSpec, check_out_file
 from sim.api import FittedProfile, HardwareProfile, ModelProfile
 
 # vLLM's default decode capture sizes: 1, 2, 4, then multiples of 8 up to 512
@@ -436,6 +436,7 @@ def calibrate(cfg: RunConfig) -> RunResult:
     bad configuration or when another run writes the same points; KeyboardInterrupt passes through
     after the finished points are on disk."""
     check_device(cfg.device)  # before anything asks the device its name (CPU-only torch: an AssertionError)
+    check_out_file(cfg.profile_path(), force=True)  # a rerun resumes and rewrites it; the place must be writable
     with _Lock(cfg.profile_path().with_suffix(".csv")):
         return _calibrate(cfg)
 

@@ -116,3 +116,13 @@ def test_readme_fit_command_runs_on_the_shipped_engine_log(capsys, tmp_path):
     from sim.io.profiles import load_fitted
     prof = load_fitted(tmp_path / "engine-fit.yaml")
     assert prof.fit.mape < 0.15  # a real log of a quiet-clocked engine fits within 15% held out
+
+
+def test_calibrate_refuses_an_unusable_out_before_timing(capsys, tmp_path):
+    pytest.importorskip("torch", reason="capsim calibrate needs torch")
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    assert main(["calibrate", "--model", "qwen2.5-0.5b", "--device", "cpu", "--out", str(afile / "x")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --out {afile / 'x' / 'cpu__qwen2.5-0.5b__bf16.yaml'}: lies under {afile}, which "
+                          "is a file, not a folder") and afile.read_text() == "mine"
