@@ -325,6 +325,8 @@ def validate_main(args: argparse.Namespace, argv: list[str] | None = None) -> in
     (--engine vllm goes to calibration.engines.validate_vllm.vllm_main instead: capsim/commands.)"""
     cfg = validate_config(args, argv)
     from calibration.harness import loaded_machine_warning
+    from sim.api import check_out_dir
+    check_out_dir(args.out, force=True)  # a file, a path under one, /proc: refused before minutes of replay
     warning = loaded_machine_warning(args.device, args.clock)
     if warning:  # the measured side of the comparison is only as good as the machine is quiet
         print(warning, file=sys.stderr)

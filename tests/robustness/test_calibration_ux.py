@@ -126,3 +126,13 @@ def test_calibrate_refuses_an_unusable_out_before_timing(capsys, tmp_path):
     err = capsys.readouterr().err
     assert err.startswith(f"error: --out {afile / 'x' / 'cpu__qwen2.5-0.5b__bf16.yaml'}: lies under {afile}, which "
                           "is a file, not a folder") and afile.read_text() == "mine"
+
+
+def test_validate_refuses_an_unusable_out_before_replaying(capsys, tmp_path):
+    pytest.importorskip("torch", reason="capsim validate needs torch")
+    from tests.sim.helpers import REPO_SCENARIOS
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    scenario = REPO_SCENARIOS / "validation" / "cpu-qwen0.5b-continuous.yaml"
+    assert main(["validate", str(scenario), "--device", "cpu", "--out", str(afile)]) == 2
+    assert capsys.readouterr().err.startswith(f"error: --out {afile}: is a file, expected a folder")
