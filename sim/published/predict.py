@@ -3,9 +3,10 @@ users sending fixed ISL/OSL requests to one replica running the engine's default
 simulated mean TTFT and TPOT are set against the measured ones.
 
 Multi-GPU rows run one replica of `parallel: {tp, pp, ep}` (issue [parallel]: per-GPU weights and KV,
-MoE experts over the tensor-parallel GPUs, moe_tp x moe_ep = tp). A row capsim cannot express
-(disaggregated pools, attention-data parallelism, a card or precision without operator tables, a model
-without a profile, weights that do not fit) is skipped with the reason, never guessed.
+MoE experts over the tensor-parallel GPUs, moe_tp x moe_ep = tp). Disaggregated rows run a prefill
+pool and a decode pool, each built as one replica is here (sim.published.disagg). A row capsim cannot
+express (pools without worker counts, attention-data parallelism, a card or precision without operator
+tables, a model without a profile, weights that do not fit) is skipped with the reason, never guessed.
 """
 
 from __future__ import annotations
