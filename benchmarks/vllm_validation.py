@@ -67,8 +67,9 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def fit_pooled(runs: list[EngineRun], out: Path) -> Path:
-    """One profile from the calibration replays' iterations, pooled."""
+def fit_pooled(runs: list[EngineRun], out: Path, scenarios_profile: bool) -> Path:
+    """One profile from the calibration replays' iterations, pooled (and, when `scenarios_profile`, the
+    one the scenarios under benchmarks/vllm/ use)."""
     pooled = out / "calibration-iterations.jsonl"
     with pooled.open("w") as fh:
         for run in runs:
@@ -78,7 +79,8 @@ def fit_pooled(runs: list[EngineRun], out: Path) -> Path:
                                command="benchmarks/vllm_validation.py (pooled calibration replays)"))
     print("  profile: " + "; ".join(res.report.lines()), file=sys.stderr)
     pooled.unlink()
-    shutil.copyfile(prof, HERE / "vllm-cpu__qwen3-0.6b-4l.yaml")   # the scenarios' step_time profile
+    if scenarios_profile:
+        shutil.copyfile(prof, HERE / "vllm-cpu__qwen3-0.6b-4l.yaml")   # the scenarios' step_time profile
     return prof
 
 
@@ -159,6 +161,9 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--points", default=",".join(POINTS))
     ap.add_argument("--clock", choices=("wall", "thread"), default="thread")
+    ap.add_argument("--calibration", default="calibrate",
+                    help="calibration scenario under benchmarks/vllm/ (default calibrate; calibrate-long has more long "
+                         "prompts)")
     ap.add_argument("--engine-python")
     args = ap.parse_args(argv)
     python = engine_python(args.engine_python)
@@ -169,10 +174,10 @@ def main(argv=None) -> int:
     t0 = time.time()
     for r in range(1, args.rounds + 1):
         print(f"round {r}/{args.rounds} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
-        cal.append(replay("calibrate", r, raw, python, args.clock))
+        cal.append(replay(args.calibration, r, raw, python, args.clock))
         for p in points:
             reps[p].append(replay(p, r, raw, python, args.clock))
-    prof = fit_pooled([run for run, _ in cal], out)
+    prof = fit_pooled([run for run, _ in cal], out, args.calibration == "calibrate")
     tmp = raw / "own-fits"
     tmp.mkdir(parents=True, exist_ok=True)
     report = {"engine": cal[0][0].meta.get("vllm"), "torch": cal[0][0].meta.get("torch"), "clock": args.clock,
