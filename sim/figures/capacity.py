@@ -10,7 +10,7 @@ if TYPE_CHECKING:
     import pandas as pd
     from matplotlib.figure import Figure
 
-from sim.figures.common import CHAPTER8, MiB, _new_figure, _run, _scenario_file
+from sim.figures.common import CHAPTER8, REPO, MiB, _new_figure, _run, _scenario_file
 
 
 def goodput_vs_rate(rate_scales: Sequence[float] = (0.25, 0.5, 0.75, 1.0, 1.5),
@@ -153,6 +153,8 @@ def memory_deadline_plane(schemes: dict[str, str] | None = None, variants: Seque
             if not path.exists():
                 continue
             row = plane_rows([path], deadline_s=deadline_s)[0]
+            # relative to the repository, so the table is the same wherever it is checked out
+            row["file"] = path.resolve().relative_to(REPO).as_posix()
             rows.append({"label": label, "variant": variant.lstrip("-") or "12gib", **row})
     return pd.DataFrame(rows)
 
