@@ -3,45 +3,21 @@
 from __future__ import annotations
 
 import argparse
-import json
-import sys
-from pathlib import Path
+import importlib
 
 from capsim.commands.report import add_report_flag, report_after
-from sim.io.errors import ConfigError
-from sim.io.units import fmt_bytes, parse_bytes
 
 
-def _add_calibration_calibrate(sub) -> argparse.ArgumentParser:
+def _add(sub, name: str, help_: str, module: str, adder: str) -> argparse.ArgumentParser:
+    """Register `name`; its arguments come from calibration (absent when calibration is not installed:
+    the command is kept and explains itself on use)."""
+    p = sub.add_parser(name, help=help_)
     try:
-        from calibration.cli import add_calibrate_args
-    except ImportError:  # calibration not installed: keep the command, explain on use
-        add_calibrate_args = None
-    p = sub.add_parser("calibrate", help="time a reference transformer on this device and write a fitted profile")
-    if add_calibrate_args:
-        add_calibrate_args(p)
-    return p
-
-
-def _add_calibration_fit(sub) -> argparse.ArgumentParser:
-    try:
-        from calibration.cli import add_fit_args
-    except ImportError:  # calibration not installed: keep the command, explain on use
-        add_fit_args = None
-    p = sub.add_parser("fit", help="fit a step-time profile from a serving engine's per-iteration log")
-    if add_fit_args:
-        add_fit_args(p)
-    return p
-
-
-def _add_real_validate(sub) -> argparse.ArgumentParser:
-    try:
-        from calibration.validate_args import add_validate_args  # light: no pandas, no replay
-    except ImportError:  # calibration not installed: keep the command, explain on use
-        add_validate_args = None
-    p = sub.add_parser("validate", help="replay a scenario for real on this device and measure the simulator's error")
-    if add_validate_args:
-        add_validate_args(p)
+        add_args = getattr(importlib.import_module(module), adder)
+    except ImportError:
+        return p
+    add_args(p)
+    if name == "validate":
         add_report_flag(p)
     return p
 
@@ -74,6 +50,10 @@ def cmd_fit(args) -> int:
 
 def add_parsers(sub) -> None:
     """Register this module's commands on the `capsim` subparsers."""
-    _add_calibration_calibrate(sub).set_defaults(func=cmd_calibrate)
-    _add_calibration_fit(sub).set_defaults(func=cmd_fit)
-    _add_real_validate(sub).set_defaults(func=cmd_real_validate)
+    _add(sub, "calibrate", "time a reference transformer on this device and write a fitted profile",
+         "calibration.cli", "add_calibrate_args").set_defaults(func=cmd_calibrate)
+    _add(sub, "fit", "fit a step-time profile from a serving engine's per-iteration log",
+         "calibration.cli", "add_fit_args").set_defaults(func=cmd_fit)
+    # calibration.validate_args is light: no pandas, no replay
+    _add(sub, "validate", "replay a scenario for real on this device and measure the simulator's error",
+         "calibration.validate_args", "add_validate_args").set_defaults(func=cmd_real_validate)
