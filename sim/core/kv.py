@@ -126,15 +126,21 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_tokens: int, block_bytes: float, prefix_caching: bool = True,
                  eviction: str = "lru", host_blocks: int = 0, snapshot_tokens: int | None = None,
-                 block_value: Callable[[Block, float], float] | None = None):
+                 block_value: Callable[[Block, float], float] | None = None, prefix_index: str = "foresight"):
         if num_blocks < 1:
             raise ValueError(f"KV pool must hold at least one block, got {num_blocks}")
         if eviction not in ("lru", "value"):
             raise ValueError(f"unknown eviction policy {eviction!r}; known: lru, value")
+        if prefix_index not in ("all", "foresight"):
+            raise ValueError(f"unknown prefix index policy {prefix_index!r}; known: all, foresight")
         self.num_blocks = num_blocks
         self.block_tokens = block_tokens
         self.block_bytes = block_bytes
         self.prefix_caching = prefix_caching
+        self.prefix_index = prefix_index
+        """all: every full block is indexed and kept (LRU) after its request leaves, as vLLM does;
+        foresight: only blocks a later request will match (Request.shareable_tokens), an upper bound
+        no real engine reaches because it needs to know the future."""
         self.eviction = eviction
         self.snapshot_tokens = snapshot_tokens
         self.block_value = block_value
@@ -283,14 +289,14 @@ class BlockManager:
     def register(self, req: Request, tokens: int, now_s: float = 0.0, own_reuse: bool = False) -> None:
         """Index the full blocks among `req`'s first `tokens` tokens (their KV is computed).
 
-        Only blocks another request could match are indexed (`req.shareable_tokens`); a private
-        block could never be hit and goes straight back to the free list when released. Before a
-        recompute preemption (`own_reuse`) every full block is indexed: the request itself will
-        match them when it comes back.
+        With `prefix_index` all, every full block is indexed (vLLM). With foresight, only blocks
+        another request could match are (`req.shareable_tokens`); a private block goes straight back
+        to the free list when released. Before a recompute preemption (`own_reuse`) every full block
+        is indexed either way: the request itself will match them when it comes back.
         """
         if not self.prefix_caching:
             return
-        if not own_reuse:
+        if not own_reuse and self.prefix_index == "foresight":
             if req.shareable_tokens is not None:
                 tokens = min(tokens, req.shareable_tokens)
         full = min(tokens // self.block_tokens, len(req.block_table))

@@ -163,7 +163,7 @@ class Simulation:
         mem = self.memory
         pool = BlockManager(mem.num_blocks, sc.kv.block_tokens, mem.block_bytes, prefix_caching=sc.kv.prefix_caching,
                             eviction=sc.kv.eviction, host_blocks=mem.host_blocks, snapshot_tokens=sc.kv.snapshot_tokens,
-                            block_value=self._block_value)
+                            block_value=self._block_value, prefix_index=sc.kv.prefix_index)
         for wp in sc.kv.warm_prefixes:
             try:
                 pool.warm(((prefix_stream(wp.name), 0, wp.tokens),), wp.tokens)

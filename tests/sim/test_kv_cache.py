@@ -259,3 +259,24 @@ def test_an_evicted_block_hands_its_content_to_a_live_duplicate():
     kv.allocate(req(2, 8), 8)  # needs both free blocks + evicts a's copy
     assert kv.index == {b.block_hashes[0]: b.block_table[0]}
     assert kv.match(with_prefix(3, 5, "p", 4)) == [b.block_table[0]]
+
+
+def test_prefix_index_all_caches_private_blocks_lru_and_foresight_does_not():
+    """all (vLLM): every full block of a finished request stays cached, LRU, even a private one that
+    nobody will ever match; foresight indexes only what a later request will match."""
+    for policy, cached in (("all", [1, 0]), ("foresight", [])):
+        kv = BlockManager(6, 4, 1.0, prefix_index=policy)
+        a = req(0, 10)
+        a.shareable_tokens = 0  # nothing of it is shared
+        kv.allocate(a, 10)
+        a.computed_tokens = 10
+        kv.register(a, 10, now_s=1.0)
+        assert a.indexed_blocks == (2 if policy == "all" else 0)
+        kv.free(a, now_s=2.0)
+        assert list(kv.cached_free) == cached
+        assert kv.free_blocks == 6
+        b = req(1, 24)  # needs every block: under all, the cached ones are evicted oldest first
+        kv.allocate(b, 24, now_s=3.0)
+        assert kv.stats.evictions == len(cached) and not kv.cached_free and not kv.index
+    with pytest.raises(ValueError, match="prefix index"):
+        BlockManager(6, 4, 1.0, prefix_index="oracle")
