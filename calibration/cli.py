@@ -18,6 +18,7 @@ DTYPES = ("bf16", "fp16", "fp32")
 
 
 def add_calibrate_args(parser: argparse.ArgumentParser) -> None:
+    """`capsim calibrate`'s arguments."""
     parser.add_argument("--model", required=True, help="model profile name (profiles/models) or YAML path")
     parser.add_argument("--device", choices=DEVICES, default="cpu")
     parser.add_argument("--dtype", choices=DTYPES, default="bf16")
@@ -47,6 +48,7 @@ def add_calibrate_args(parser: argparse.ArgumentParser) -> None:
 
 
 def calibrate_main(args: argparse.Namespace) -> int:
+    """`capsim calibrate`: time the grid on this device (resumable), fit, write and summarise the profile."""
     from sim.api import load_hardware, load_model
     try:
         model = load_model(args.model)
@@ -81,7 +83,7 @@ def calibrate_main(args: argparse.Namespace) -> int:
         print(f"no profile written: fewer than 2 shapes ran (see {res.points_path})", file=sys.stderr)
         return 1
     _print_summary(res)
-    from calibration.harness import heldout_warning
+    from calibration.advice import heldout_warning
     fit = res.profile.fit
     warning = heldout_warning(fit.mape if fit is not None else None, args.clock)
     if warning:
@@ -124,6 +126,7 @@ def _print_summary(res) -> None:
 
 
 def add_fit_args(parser: argparse.ArgumentParser) -> None:
+    """`capsim fit`'s arguments."""
     parser.add_argument("log", help="per-iteration log CSV (columns in docs/calibration.md), a points CSV written "
                                     "by `capsim calibrate`, or splitwise-sim's perf_model.csv (--format splitwise)")
     parser.add_argument("--model", required=True, help="model profile name or YAML path (for FLOPs and bytes)")
@@ -149,6 +152,7 @@ def add_fit_args(parser: argparse.ArgumentParser) -> None:
 
 
 def fit_main(args: argparse.Namespace) -> int:
+    """`capsim fit`: fit a profile from an engine log, report the rows used and the held-out error."""
     from calibration.logs import FitLogConfig, fit_log
     from sim.api import check_out_file, load_hardware, load_model
     try:

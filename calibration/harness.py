@@ -23,6 +23,7 @@ from calibration import fit as fitmod
 from calibration.model import DTYPES, ReferenceModel
 from calibration.points import append_point, read_points, repair_tail, start_points
 from calibration.shapes import Shape, grid_shapes
+from calibration.advice import loaded_machine_warning
 from calibration.timing import (Clock, available_memory_bytes, check_device, device_name, driver_version, is_oom,
                                 measure_ceilings, median_and_spread, synchronize, total_memory_bytes)
 from sim.api import ModelSpec, check_out_file
@@ -36,6 +37,8 @@ RESUME_KEYS = ("model", "device", "dtype", "cuda_graphs", "layers_timed", "layer
 
 @dataclass
 class RunConfig:
+    """One `capsim calibrate` run: the model, device, dtype, grid, output and timing settings."""
+
     model: ModelProfile
     device: str
     dtype: str
@@ -85,6 +88,7 @@ class RunConfig:
         return self.device
 
     def profile_path(self) -> Path:
+        """The profile YAML this run writes: --out itself, or <device>__<model>__<dtype>[__graphs].yaml in it."""
         if self.out.suffix in (".yaml", ".yml"):
             return self.out
         stem = f"{self.device_tag}__{self.model.name}__{self.dtype}" + ("__graphs" if self.cuda_graphs else "")
@@ -93,6 +97,8 @@ class RunConfig:
 
 @dataclass
 class RunResult:
+    """What a calibration run produced: the files, the profile (None when stopped early) and counts."""
+
     profile_path: Path
     points_path: Path
     profile: FittedProfile | None       # None when stopped early (max_points) or nothing measured
@@ -111,6 +117,7 @@ class Progress:
         self.tty = hasattr(stream, "isatty") and stream.isatty()
 
     def update(self, key: str, status: str, time_s: float | None) -> None:
+        """Redraw the progress line after another measured point."""
         self.done += 1
         el = time.perf_counter() - self.t0
         eta = el / self.done * (self.total - self.done)
@@ -196,6 +203,7 @@ class Runner:
         return None
 
     def measure(self, shape: Shape, index: int) -> dict:
+        """Time one shape: inputs and KV prepared outside the clock, warm-ups, then the timed repeats."""
         cfg, model, dev = self.cfg, self.model, self.device
         # Under CUDA graphs a decode batch runs padded to a capture size, and the features written are the
         # padded batch's (what ran): the simulator pads to step_time.graph_sizes before evaluating the profile.
@@ -302,35 +310,6 @@ def _unsettled(times: list[float]) -> bool:
         return True
     st = median_and_spread(times)
     return (st["time_p75_s"] - st["time_p25_s"]) > 0.1 * st["time_s"]
-
-
-HELDOUT_WARN = 0.25
-"""A held-out error above this (25%) is no fit of the device but of the noise around it."""
-
-
-def loaded_machine_warning(device: str, clock: str) -> str | None:
-    """A warning line when other processes load the CPU (load average > half the cores) on a CPU run:
-    wall-clock times are then noisy, and `--clock thread --threads 1` times the work itself."""
-    try:
-        load = os.getloadavg()
-    except (AttributeError, OSError):
-        return None
-    if device != "cpu" or load[0] <= 0.5 * (os.cpu_count() or 1):
-        return None
-    advice = ("times will be noisy; --clock thread --threads 1 times the torch thread's own CPU time instead"
-              if clock == "wall" else "the thread clock counts only this run's CPU time, but caches are shared")
-    return (f"warning: load average {' '.join(f'{x:.2f}' for x in load)} on {os.cpu_count()} cores: other "
-            f"processes are using the CPU; {advice}")
-
-
-def heldout_warning(mape: float | None, clock: str) -> str | None:
-    """A warning line when the fit's held-out error is huge (noisy timings), with what to do about it."""
-    if mape is None or mape <= HELDOUT_WARN:
-        return None
-    hint = ("rerun with --clock thread --threads 1 on a shared CPU, or on an idle machine" if clock == "wall"
-            else "rerun on an idle machine, with more --repeats")
-    return (f"warning: held-out error {mape:.1%} (> {HELDOUT_WARN:.0%}): the timings are too noisy for this profile "
-            f"to predict anything; {hint}")
 
 
 def _load1() -> float | None:
@@ -441,18 +420,9 @@ def calibrate(cfg: RunConfig) -> RunResult:
         return _calibrate(cfg)
 
 
-def _calibrate(cfg: RunConfig) -> RunResult:
-    check_device(cfg.device)
-    if cfg.threads:
-        torch.set_num_threads(cfg.threads)
-    Clock(cfg.device, cfg.clock)   # refuses a thread clock with several threads or off the CPU
-    if cfg.device == "cpu":
-        torch.set_flush_denormal(True)
-    shapes = cfg.shapes if cfg.shapes is not None else grid_shapes(cfg.grid, cfg.device, cfg.model)
-    prof_path = cfg.profile_path()
-    pts_path = prof_path.with_suffix(".csv")
-    out = cfg.stream
-
+def _resume_or_start(cfg: RunConfig, shapes: list, pts_path: Path, out) -> tuple[dict, set]:
+    """The points file's meta and finished keys: read back from an existing file of the same settings
+    (refusing one of other settings), or a new run's meta with the device's measured ceilings."""
     if pts_path.exists():
         repair_tail(pts_path)
         existing = read_points(pts_path)
@@ -484,7 +454,21 @@ def _calibrate(cfg: RunConfig) -> RunResult:
                     copy_bytes=c.copy_bytes, total_memory_bytes=total_memory_bytes(cfg.device))
         meta = {k: ("" if v is None else str(v)) for k, v in meta.items()}
         done = set()
+    return meta, done
 
+
+def _calibrate(cfg: RunConfig) -> RunResult:
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    Clock(cfg.device, cfg.clock)   # refuses a thread clock with several threads or off the CPU
+    if cfg.device == "cpu":
+        torch.set_flush_denormal(True)
+    shapes = cfg.shapes if cfg.shapes is not None else grid_shapes(cfg.grid, cfg.device, cfg.model)
+    prof_path = cfg.profile_path()
+    pts_path = prof_path.with_suffix(".csv")
+    out = cfg.stream
+
+    meta, done = _resume_or_start(cfg, shapes, pts_path, out)
     roof, roof_src = roofline_for(cfg, meta)
     pending = [s for s in shapes if s.key not in done]
     skipped = len(shapes) - len(pending)

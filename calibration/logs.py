@@ -35,6 +35,8 @@ CANONICAL = ("duration_ms", "duration_s", "prefill_tokens", "prefill_seqs", "pre
 
 @dataclass
 class FitLogConfig:
+    """One `capsim fit`: the log, its format and column mapping, the model and the peaks."""
+
     log: Path
     model: ModelProfile
     out: Path
@@ -53,6 +55,8 @@ class FitLogConfig:
 
 @dataclass
 class FitLogResult:
+    """What `capsim fit` wrote: the profile, the fit report and the notes on the rows."""
+
     path: Path
     profile: object
     report: fitmod.FitReport
@@ -122,6 +126,7 @@ class RowCount:
     ignored_columns: list[str] = field(default_factory=list)
 
     def drop(self, why: str) -> None:
+        """Count one dropped row under its reason."""
         self.dropped[why] = self.dropped.get(why, 0) + 1
 
     @property

@@ -324,7 +324,7 @@ def validate_main(args: argparse.Namespace, argv: list[str] | None = None) -> in
     """`capsim validate`'s entry point: check arguments, run, print the report; exit status.
     (--engine vllm goes to calibration.engines.validate_vllm.vllm_main instead: capsim/commands.)"""
     cfg = validate_config(args, argv)
-    from calibration.harness import loaded_machine_warning
+    from calibration.advice import loaded_machine_warning
     from sim.api import check_out_dir
     check_out_dir(args.out, force=True)  # a file, a path under one, /proc: refused before minutes of replay
     warning = loaded_machine_warning(args.device, args.clock)

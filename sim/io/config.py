@@ -31,12 +31,16 @@ Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS)]
 
 
 class ProfileStepTime(StrictModel):
+    """Step times from a fitted profile file (written by capsim calibrate or capsim fit)."""
+
     kind: Literal["profile"] = "profile"
     path: str = Field(description="Fitted profile YAML, relative to the scenario file or the repo's profiles/fitted/")
     use: Literal["linear", "efficiency"] = Field("linear", description="Which of the profile's models to use")
 
 
 class StepTimeConfig(StrictModel):
+    """The scenario's step-time model, CUDA-graph padding and extrapolation policy."""
+
     model: Annotated[Union[LinearStepTime, EfficiencyStepTime, ProfileStepTime, OpsStepTime],
                      Field(discriminator="kind")]
     graph_sizes: list[PositiveInt] | None = Field(None, description="Captured CUDA-graph batch sizes; decode batches pad up")
@@ -47,6 +51,8 @@ class StepTimeConfig(StrictModel):
 
 
 class UtilizationBudget(StrictModel):
+    """vLLM's way of sizing KV: a fraction of the card minus weights and workspace."""
+
     gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
     activation_bytes: NonNegativeInt = Field(0, description="Activation / CUDA-graph workspace")
     other_bytes: NonNegativeInt = 0
@@ -62,6 +68,8 @@ def _budget_kind(v) -> str:
 
 
 class KVConfig(StrictModel):
+    """The paged KV cache: block size, format, budget, admission, prefix caching, eviction, swap."""
+
     block_tokens: Annotated[int, Field(gt=0, le=65536, description="Tokens per KV block (vLLM: 16)")] = 16
     format: Literal["fp32", "bf16", "fp16", "fp8", "q8_0", "q4_0"] = "bf16"
     budget: Annotated[Union[Annotated[int, Tag("bytes")], Annotated[UtilizationBudget, Tag("utilization")]],
@@ -114,6 +122,8 @@ class NamedPrefix(StrictModel):
 
 
 class ExplicitRequest(StrictModel):
+    """One request written out in the scenario."""
+
     arrival_s: NonNegativeFloat
     prompt_tokens: Tokens
     output_tokens: Tokens
@@ -136,16 +146,22 @@ class ExplicitRequest(StrictModel):
 
 
 class RequestList(StrictModel):
+    """A workload of explicitly listed requests."""
+
     kind: Literal["requests"] = "requests"
     requests: list[ExplicitRequest] = Field(min_length=1)
 
 
 class Fixed(StrictModel):
+    """Every request the same length."""
+
     kind: Literal["fixed"] = "fixed"
     value: Tokens
 
 
 class Uniform(StrictModel):
+    """Lengths drawn uniformly from [low, high]."""
+
     kind: Literal["uniform"] = "uniform"
     low: Tokens
     high: Tokens
@@ -185,6 +201,8 @@ LengthDist = Annotated[Union[Fixed, Uniform, LogNormal, Empirical], Field(discri
 
 
 class Poisson(StrictModel):
+    """Poisson arrivals at rate_rps."""
+
     kind: Literal["poisson"] = "poisson"
     rate_rps: PositiveFloat
 
@@ -199,11 +217,15 @@ class GammaArrivals(StrictModel):
 
 
 class ConstantRate(StrictModel):
+    """Evenly spaced arrivals at rate_rps."""
+
     kind: Literal["constant"] = "constant"
     rate_rps: PositiveFloat
 
 
 class AllAtOnce(StrictModel):
+    """Every request arrives at start_s."""
+
     kind: Literal["all_at_once"] = "all_at_once"
 
 
@@ -227,6 +249,8 @@ class AdapterMix(StrictModel):
 
 
 class Synthetic(StrictModel):
+    """num_requests drawn from arrival and length distributions."""
+
     kind: Literal["synthetic"] = "synthetic"
     num_requests: Annotated[int, Field(gt=0, le=MAX_REQUESTS)]
     arrival: ArrivalDist
@@ -285,6 +309,8 @@ WorkloadConfig = Annotated[Union[RequestList, Synthetic, Trace, ClosedLoop], Fie
 
 
 class SLOConfig(StrictModel):
+    """Service-level objectives: a request is good when it meets every bound given."""
+
     ttft_s: PositiveFloat | None = None
     itl_s: PositiveFloat | None = Field(None, description="Bound on each request's max (or p99) inter-token gap")
     itl_stat: Literal["max", "p99"] = "max"
@@ -292,10 +318,14 @@ class SLOConfig(StrictModel):
 
 
 class AdmissionControl(StrictModel):
+    """Whether the engine turns away requests that can no longer meet their deadline."""
+
     reject_late: bool = Field(False, description="Reject a request whose e2e deadline can no longer be met")
 
 
 class AccuracyConfig(StrictModel):
+    """The chance an answer is right, and retries of wrong ones."""
+
     p_correct: Annotated[float, Field(ge=0, le=1)] = 1.0
     max_retries: NonNegativeInt = Field(0, description="Re-enqueue a wrong answer up to this many times")
 
@@ -322,6 +352,8 @@ class OffloadConfig(StrictModel):
 
 
 class LoRAConfig(StrictModel):
+    """LoRA adapters resident with the model, and their cost."""
+
     adapters: PositiveInt = Field(description="Adapters resident in GPU memory")
     rank: PositiveInt = 16
     targets: list[Literal["q", "k", "v", "o", "gate", "up", "down"]] = Field(default_factory=lambda: ["q", "v"])
@@ -329,6 +361,8 @@ class LoRAConfig(StrictModel):
 
 
 class Scenario(StrictModel):
+    """A whole what-if: model, card, KV cache, scheduler, step-time model, workload and objectives."""
+
     name: str = Field(min_length=1)
     description: str = ""
     seed: NonNegativeInt = 0
@@ -356,6 +390,7 @@ class Scenario(StrictModel):
 
 
 def set_dotted(data: dict[str, Any], dotted: str, value: Any, source: str) -> None:
+    """Set `dotted` (a.b.c) in a parsed mapping, creating mappings on the way; a scalar in the way is an error."""
     keys = dotted.split(".")
     node = data
     for k in keys[:-1]:

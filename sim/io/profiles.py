@@ -29,12 +29,16 @@ class Sourced(StrictModel):
 
 
 class OptionalSourced(StrictModel):
+    """A number that may be unpublished (null), with where it came from."""
+
     value: float | None = Field(description="The value, or null when the card has none / it is unpublished")
     source: str = Field(min_length=1)
     note: str | None = None
 
 
 class HostLink(StrictModel):
+    """The link between host memory and the card (offload, swap)."""
+
     name: str = Field(description="e.g. 'PCIe 5.0 x16' or 'NVLink-C2C'")
     bandwidth_gbs_per_direction: OptionalSourced = Field(
         description="GB/s (1e9 B/s) in ONE direction; null for unified-memory SoCs")
@@ -50,6 +54,8 @@ class MeasuredCeilings(StrictModel):
 
 
 class HardwareProfile(StrictModel):
+    """profiles/hardware/<name>.yaml: a card's memory, bandwidth, peaks and power, each with its source."""
+
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]*$", description="Equals the file stem")
     vendor: str
     description: str
@@ -86,6 +92,7 @@ class HardwareProfile(StrictModel):
         return self.memory_bandwidth_gbs.value * 1e9
 
     def peak_flops_per_s(self, dtype: str = "bf16") -> float:
+        """The dense peak in FLOP/s for `dtype` (bf16/fp16, or fp8 when the card has one)."""
         if dtype in ("bf16", "fp16"):
             return self.bf16_dense_tflops.value * 1e12
         if dtype == "fp8" and self.fp8_dense_tflops is not None and self.fp8_dense_tflops.value is not None:
@@ -105,6 +112,8 @@ class HardwareProfile(StrictModel):
 
 
 class MoESpec(StrictModel):
+    """Mixture-of-experts layers: routed and shared experts, top-k."""
+
     num_experts: PositiveInt = Field(description="Routed experts per MoE layer")
     experts_per_token: PositiveInt = Field(description="Routed experts each token uses (top-k)")
     expert_intermediate_size: PositiveInt = Field(description="FFN width of one routed expert")
@@ -130,6 +139,8 @@ class MLASpec(StrictModel):
 
 
 class ModelProfile(StrictModel):
+    """profiles/models/<name>.yaml: a model's architecture, from its published config."""
+
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]*$", description="Equals the file stem")
     hf_id: str
     family: Literal["llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3"]
@@ -198,11 +209,15 @@ _REQUIRED_LINEAR = ("constant_s", "per_new_token_s", "per_pair_s")
 
 
 class TablePoint(StrictModel):
+    """One measured decode iteration: bytes read and its time."""
+
     bytes: PositiveFloat = Field(description="Weights + KV bytes read by a decode iteration")
     time_s: PositiveFloat
 
 
 class MFUPoint(StrictModel):
+    """Measured prefill efficiency at a number of new tokens."""
+
     new_tokens: PositiveInt = Field(description="Prefill tokens in the iteration")
     mfu: Annotated[float, Field(gt=0, le=1)]
 
@@ -255,6 +270,8 @@ class ValidRange(StrictModel):
 
 
 class FitSummary(StrictModel):
+    """A fit's held-out error and size."""
+
     n_points: PositiveInt
     n_heldout: NonNegativeInt
     mape: NonNegativeFloat = Field(description="Held-out mean absolute percentage error, fraction (0.05 = 5%)")
@@ -263,6 +280,8 @@ class FitSummary(StrictModel):
 
 
 class Provenance(StrictModel):
+    """Where a fitted profile came from: the command, device, software and raw points."""
+
     source: str = Field(min_length=1, description="What produced the numbers")
     date: str | None = None
     device_name: str | None = None
@@ -307,6 +326,7 @@ def profiles_dir() -> Path:
 
 
 def known_names(kind: str) -> list[str]:
+    """Profile names (file stems) under profiles/<kind>."""
     return sorted(p.stem for p in (profiles_dir() / kind).glob("*.yaml"))
 
 
@@ -326,12 +346,15 @@ def _load_named(kind: str, cls, name_or_path: str | os.PathLike):
 
 
 def load_hardware(name_or_path: str | os.PathLike) -> HardwareProfile:
+    """A hardware profile by name (profiles/hardware) or YAML path."""
     return _load_named("hardware", HardwareProfile, name_or_path)
 
 
 def load_model(name_or_path: str | os.PathLike) -> ModelProfile:
+    """A model profile by name (profiles/models) or YAML path."""
     return _load_named("models", ModelProfile, name_or_path)
 
 
 def load_fitted(path: str | os.PathLike) -> FittedProfile:
+    """A fitted step-time profile from its YAML file."""
     return load_yaml_model(FittedProfile, path)

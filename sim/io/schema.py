@@ -123,4 +123,5 @@ def validate_mapping(cls: type[M], data: dict[str, Any], source: str | Path) -> 
 
 
 def load_yaml_model(cls: type[M], path: str | Path) -> M:
+    """Read a YAML file and validate it strictly against `cls` (errors name file and field)."""
     return validate_mapping(cls, read_yaml_mapping(path), path)

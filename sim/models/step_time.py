@@ -25,10 +25,12 @@ class LinearModel:
         self.cfg = cfg
 
     def prefill_part_s(self, plan) -> float:
+        """The prefill part of a step (chunked-prefill budgeting): its token, pair and sequence terms."""
         c = self.cfg
         return c.per_new_token_s * plan.prefill_tokens + c.per_pair_s * plan.prefill_pairs + c.per_sequence_s * plan.prefill_seqs
 
     def step_s(self, plan) -> float:
+        """The iteration's time: the linear terms over the whole batch (refused when negative)."""
         c = self.cfg
         t = (c.constant_s + c.per_new_token_s * plan.new_tokens + c.per_pair_s * plan.pairs
              + c.per_kv_token_s * plan.kv_tokens_read + c.per_sequence_s * plan.num_seqs
@@ -61,6 +63,7 @@ def _interp(xs: list[float], ys: list[float], x: float, allow: bool, what: str) 
 
 
 class ExtrapolationError(ConfigError):
+    """A shape outside the measured range, without step_time.allow_extrapolation."""
     pass
 
 
@@ -123,12 +126,14 @@ class EfficiencyModel:
         return _interp([p.new_tokens for p in m], [p.mfu for p in m], n, True, "")
 
     def prefill_mfu(self, new_tokens: int) -> float:
+        """MFU at `new_tokens` from the constant or the interpolated table."""
         m = self.cfg.prefill_mfu
         if isinstance(m, float):
             return m
         return self._table([p.new_tokens for p in m], [p.mfu for p in m], new_tokens, "prefill new tokens")
 
     def prefill_s(self, plan) -> float:
+        """Prefill part: a matching measured override, else FLOPs / (peak x MFU)."""
         if plan.prefill_seqs == 0:
             return 0.0
         if self._overrides:
@@ -145,9 +150,11 @@ class EfficiencyModel:
         return flops / (self.peak * self.prefill_mfu(plan.prefill_tokens))
 
     def prefill_part_s(self, plan) -> float:
+        """The prefill part of a step (chunked-prefill budgeting)."""
         return self.prefill_s(plan)
 
     def step_s(self, plan) -> float:
+        """Decode part + prefill part, or one pass with `mixed: one_pass`."""
         if self.cfg.mixed == "one_pass" and plan.decode_seqs and plan.prefill_seqs:
             return self.one_pass_s(plan)
         return self.decode_s(plan) + self.prefill_s(plan)
@@ -178,9 +185,11 @@ class GraphPadded:
         self.sizes = sorted(graph_sizes)
 
     def prefill_part_s(self, plan) -> float:
+        """The inner model's prefill part (prefills run eagerly)."""
         return self.inner.prefill_part_s(plan)
 
     def step_s(self, plan) -> float:
+        """A decode-only step costs the captured graph size it pads up to."""
         if plan.prefill_seqs or plan.new_tokens > self.sizes[-1]:
             return self.inner.step_s(plan)
         rows = self.sizes[bisect.bisect_left(self.sizes, plan.new_tokens)]
@@ -203,9 +212,11 @@ class RangeChecked:
         self._stream = stream or sys.stderr
 
     def prefill_part_s(self, plan) -> float:
+        """The inner model's prefill part."""
         return self.inner.prefill_part_s(plan)
 
     def step_s(self, plan) -> float:
+        """The inner model's time after checking the shape against valid_range."""
         v = self.valid
         bad = None
         if plan.num_seqs > v.max_batch:
@@ -245,9 +256,11 @@ class Overheads:
         self.per_adapter_s = per_adapter_s
 
     def prefill_part_s(self, plan) -> float:
+        """The inner model's prefill part."""
         return self.inner.prefill_part_s(plan)
 
     def step_s(self, plan) -> float:
+        """The inner model's time plus conversion, offload, LoRA and swap costs."""
         t = self.inner.step_s(plan) + self.conversion * plan.kv_tokens_read
         if self.copy_s:
             t = offload_step_s(t, self.copy_s, self.buffers, 1)
@@ -266,9 +279,12 @@ class WithDrafts:
         self.inner, self.prefill_overhead = inner, prefill_overhead
 
     def prefill_part_s(self, plan) -> float:
+        """The inner model's prefill part, stretched by the drafter's own prefill."""
         return self.inner.prefill_part_s(plan) * (1 + self.prefill_overhead)
 
     def step_s(self, plan) -> float:
+        """The target's step, plus the drafter's prefill share and its draft time (or the larger of the two
+        when drafting overlaps the step)."""
         t = self.inner.step_s(plan)
         if self.prefill_overhead and plan.prefill_seqs:
             t += self.prefill_overhead * self.inner.prefill_part_s(plan)

@@ -291,7 +291,11 @@ class Runner:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, exc_type, *exc):
+        if exc_type is KeyboardInterrupt:  # Ctrl-C: the cluster's connections break as it stops; say nothing
+            import logging
+            for name in ("distributed", "tornado"):
+                logging.getLogger(name).setLevel(logging.CRITICAL)
         self.close()
 
 

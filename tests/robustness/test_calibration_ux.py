@@ -21,7 +21,7 @@ def test_calibrate_on_a_missing_device_is_an_error_not_an_assertion(capsys, tmp_
 
 def test_loaded_machine_and_huge_heldout_error_warn(monkeypatch):
     pytest.importorskip("torch", reason="calibration.harness imports torch")
-    from calibration.harness import heldout_warning, loaded_machine_warning
+    from calibration.advice import heldout_warning, loaded_machine_warning
     monkeypatch.setattr(os, "getloadavg", lambda: (9.0, 8.0, 7.0))
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
     assert loaded_machine_warning("cpu", "wall") == (
