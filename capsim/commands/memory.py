@@ -70,8 +70,9 @@ def cmd_memory(args) -> int:
         out["hardware_memory_bytes"] = hw.memory_bytes
     if args.batch:
         ctx = args.context or args.prompt
-        peak = hw.peak_flops_per_s("bf16") if hw else None
-        bw = hw.bandwidth_bytes_per_s if hw else None
+        # a replica's reads over all its GPUs' bandwidth and FLOPs (replicated parts, collectives not counted)
+        peak = hw.peak_flops_per_s("bf16") * layout.gpus if hw else None
+        bw = hw.bandwidth_bytes_per_s * layout.gpus if hw else None
         reads = []
         for b in args.batch:
             r = decode_reads(spec, b, ctx, args.weight_format, args.kv_format, peak, bw)

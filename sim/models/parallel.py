@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from sim.io.errors import ConfigError
 from sim.models.formats import kv_bytes_per_element, weight_bytes_per_element
-from sim.models.spec import ModelSpec
+from sim.models.spec import ModelSpec, distinct_experts, expert_probabilities  # noqa: F401 (re-exported)
 
 
 @dataclass(frozen=True)
@@ -252,25 +252,7 @@ def kv_replication(spec: ModelSpec, layout: Layout) -> int:
     return max(layout.tp // p.num_kv_heads, 1)
 
 
-# ---- MoE routing -----------------------------------------------------------------------------
-
-
-def expert_probabilities(num_experts: int, skew: float) -> list[float]:
-    """Each expert's share of routing picks: uniform for skew 0, else Zipf(skew) over popularity rank."""
-    w = [1.0 / (r + 1) ** skew for r in range(num_experts)]
-    s = sum(w)
-    return [x / s for x in w]
-
-
-def distinct_experts(num_experts: int, top_k: int, tokens: float, skew: float = 0.0) -> float:
-    """Expected distinct experts `tokens` tokens touch in one MoE layer, each choosing `top_k`: a token
-    picks expert e with probability q_e = min(1, k p_e), so sum_e 1 - (1 - q_e)^T; uniform routing gives
-    E (1 - (1 - k/E)^T)."""
-    if tokens <= 0:
-        return 0.0
-    if skew == 0.0:
-        return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
-    return sum(1.0 - (1.0 - min(1.0, top_k * q)) ** tokens for q in expert_probabilities(num_experts, skew))
+# ---- MoE routing (sim.models.spec: distinct_experts, expert_probabilities) and fitting layouts ---
 
 
 KV_HEADROOM = 0.2

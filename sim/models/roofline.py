@@ -80,8 +80,9 @@ class DecodeReads:
 def decode_reads(spec: ModelSpec, batch: int, context_tokens: int, weight_fmt: str = "bf16",
                  kv_fmt: str = "bf16", peak_flops_per_s: float | None = None,
                  bandwidth_bytes_per_s: float | None = None) -> DecodeReads:
-    """D(b, L) = D_w + b L k and d(b, L) = D_w / b + L k (reference section 4)."""
-    w = spec.weight_read_bytes(weight_fmt)
+    """D(b, L) = D_w + b L k and d(b, L) = D_w / b + L k (reference section 4); for MoE, D_w counts the
+    routed experts the b tokens touch (ModelSpec.weight_read_bytes_at, uniform routing)."""
+    w = spec.weight_read_bytes_at(batch, weight_fmt)
     k = spec.kv_bytes_per_token(kv_fmt)
     total = iteration_bytes(w, k, batch * context_tokens)
     flops = batch * sequence_flops(spec, 1, context_tokens, logits=1)

@@ -115,6 +115,18 @@ class ModelSpec:
         upper bound with every expert touched (large batches)."""
         return self._bytes(self.layer_matrix_params, fmt, include_embedding=False)
 
+    def weight_read_bytes_at(self, tokens: float, fmt: str = "bf16", skew: float = 0.0) -> int:
+        """Bytes one iteration over `tokens` tokens reads: weight_read_bytes less, in every MoE layer, the
+        routed experts no token touches (E - D of them, D = distinct_experts(E, k, tokens, skew)).
+        Dense models, and MoE batches that touch every expert, read weight_read_bytes."""
+        full = self.weight_read_bytes(fmt)
+        m = self.profile.moe
+        if m is None:
+            return full
+        untouched = m.num_experts - distinct_experts(m.num_experts, m.experts_per_token, tokens, skew)
+        expert = 3 * self.profile.hidden_size * m.expert_intermediate_size * weight_bytes_per_element(fmt)
+        return int(math.ceil(full - (self.profile.num_layers - m.num_dense_layers) * untouched * expert))
+
     def _bytes(self, matrices: int, fmt: str, include_embedding: bool) -> int:
         b = weight_bytes_per_element(fmt)
         other = b if fmt in ("fp32", "fp16", "bf16") else 2
@@ -174,3 +186,21 @@ class ModelSpec:
         """One dense FFN (gate, up, down), the unit offloaded in reference section 7."""
         p = self.profile
         return int(3 * p.hidden_size * p.intermediate_size * weight_bytes_per_element(fmt))
+
+
+def expert_probabilities(num_experts: int, skew: float) -> list[float]:
+    """Each expert's share of routing picks: uniform for skew 0, else Zipf(skew) over popularity rank."""
+    w = [1.0 / (r + 1) ** skew for r in range(num_experts)]
+    s = sum(w)
+    return [x / s for x in w]
+
+
+def distinct_experts(num_experts: int, top_k: int, tokens: float, skew: float = 0.0) -> float:
+    """Expected distinct experts `tokens` tokens touch in one MoE layer, each choosing `top_k`: a token
+    picks expert e with probability q_e = min(1, k p_e), so sum_e 1 - (1 - q_e)^T; uniform routing gives
+    E (1 - (1 - k/E)^T)."""
+    if tokens <= 0:
+        return 0.0
+    if skew == 0.0:
+        return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
+    return sum(1.0 - (1.0 - min(1.0, top_k * q)) ** tokens for q in expert_probabilities(num_experts, skew))

@@ -266,3 +266,15 @@ def test_mla_attention_is_scaled_from_measured_kernels(tmp_path):
     assert m.context_attention_s(2, 2 * 1024 * 1025 // 2) == pytest.approx(MLA_CONTEXT_SCALE * m.context.at(2, 1024))
     # three dense layers, 58 MoE layers, one stage
     assert m.stage_kinds == [(3, 58)]
+
+
+def test_moe_iteration_reads_the_touched_experts():
+    spec = ModelSpec(load_model("qwen3-235b-a22b"))
+    expert = 3 * 4096 * 1536 * 2
+    one = spec.weight_read_bytes() - 94 * (128 - 8) * expert  # one token: its 8 experts in each of 94 layers
+    assert spec.weight_read_bytes_at(1) == one
+    assert spec.weight_read_bytes_at(100_000) == spec.weight_read_bytes()
+    dense = ModelSpec(load_model("qwen3-8b"))
+    assert dense.weight_read_bytes_at(1) == dense.weight_read_bytes()
+    from sim.models.roofline import decode_reads
+    assert decode_reads(spec, 1, 1024).weight_bytes_per_output_token == one
