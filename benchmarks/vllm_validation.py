@@ -58,7 +58,7 @@ def replay(name: str, r: int, raw: Path, python: Path, clock: str) -> tuple[Engi
         print(f"  {name} round {r}: {len(run.requests)} requests, {len(run.iterations)} iterations in "
               f"{time.time() - t:.0f} s wall", file=sys.stderr, flush=True)
     run.meta["scenario"] = sc.name
-    res = tables.measured_result(run, wl)
+    res = tables.measured_result(run, wl, sc.slo)
     res.write(out)
     return run, res
 

@@ -44,19 +44,39 @@ def iteration_features(items: list) -> dict:
     return f
 
 
-def iterations_table(iterations: list[dict]) -> pd.DataFrame:
-    """One row per engine iteration: timing, the fit's features, preemptions, and the items as JSON."""
+def iterations_table(iterations: list[dict], num_blocks: int | None = None) -> pd.DataFrame:
+    """One row per engine iteration: timing, the fit's features, preemptions, and the items as JSON;
+    capsim's iterations.csv columns too (replica 0, decode_sequences, kv_blocks_in_use: the usable
+    blocks, all but vLLM's null block, less the free ones after the step)."""
     rows = []
     for it in iterations:
-        row = {k: it.get(k) for k in ("iteration", "start_s", "duration_s", "cpu_s", "wake_s")}
+        row = {"replica": 0, **{k: it.get(k) for k in ("iteration", "start_s", "duration_s", "cpu_s", "wake_s")}}
         row.update(iteration_features(it["items"]))
+        row["decode_sequences"] = row["decode_seqs"]
+        free = it.get("kv_free_blocks")
+        row["kv_blocks_in_use"] = num_blocks - 1 - free if num_blocks is not None and free is not None else None
         row["preempted"] = len(it.get("preempted", []))
         row["items"] = json.dumps([x[:3] for x in it["items"]], separators=(",", ":"))
         rows.append(row)
-    cols = ["iteration", "start_s", "duration_s", "cpu_s", "wake_s", "prefill_tokens", "prefill_seqs",
+    cols = ["replica", "iteration", "start_s", "duration_s", "cpu_s", "wake_s", "prefill_tokens", "prefill_seqs",
             "prefill_cached_tokens", "decode_seqs", "decode_context_tokens", "pairs", "max_context", "new_tokens",
-            "batch_size", "preempted", "items"]
+            "batch_size", "decode_sequences", "kv_blocks_in_use", "preempted", "items"]
     return pd.DataFrame(rows, columns=cols)
+
+
+def _met_slo(row: dict, gaps: np.ndarray, slo, deadline: float) -> bool:
+    """Finished and within every bound given (slo.ttft_s, slo.itl_s on the max or p99 gap, slo.e2e_s, the
+    request's own deadline), as capsim's Recorder judges."""
+    if row["status"] != "finished":
+        return False
+    if slo is not None and slo.ttft_s is not None and row["ttft_s"] > slo.ttft_s:
+        return False
+    if slo is not None and slo.itl_s is not None and len(gaps):
+        worst = float(np.percentile(gaps, 99)) if slo.itl_stat == "p99" else float(gaps.max())
+        if worst > slo.itl_s:
+            return False
+    limits = [x for x in (getattr(slo, "e2e_s", None), deadline) if x is not None and np.isfinite(x)]
+    return not limits or row["e2e_s"] <= min(limits)
 
 
 def _request_row(i: int, wl, rec: dict | None, admitted: dict) -> dict:
@@ -77,15 +97,20 @@ def _request_row(i: int, wl, rec: dict | None, admitted: dict) -> dict:
     return row
 
 
-def measured_result(run, wl) -> Result:
-    """capsim's Result (summary, requests, iterations) of an engine replay of workload `wl`."""
+def measured_result(run, wl, slo=None) -> Result:
+    """capsim's Result (summary, requests, iterations) of an engine replay of workload `wl`; `slo` (the
+    scenario's) decides which requests are good."""
     by_id = {int(r["id"]): r for r in run.requests}
     admitted: dict[int, float] = {}
     for it in run.iterations:
         for rid in it.get("new", []):
             admitted.setdefault(int(rid), float(it["start_s"]))
-    req = pd.DataFrame([_request_row(i, wl, by_id.get(i), admitted) for i in range(len(wl))])
-    its = iterations_table(run.iterations)
+    rows = [_request_row(i, wl, by_id.get(i), admitted) for i in range(len(wl))]
+    for i, row in enumerate(rows):
+        t = by_id[i]["token_times"] if i in by_id else []
+        row["met_slo"] = _met_slo(row, np.diff(t), slo, float(wl.deadline_s[i]))
+    req = pd.DataFrame(rows)
+    its = iterations_table(run.iterations, run.meta.get("num_gpu_blocks"))
     fin = req["status"] == "finished"
     gaps = [g for r in run.requests for g in np.diff(r["token_times"]).tolist()]
     window = float(req.loc[fin, "finish_s"].max() - req["arrival_s"].min()) if fin.any() else 0.0
@@ -99,6 +124,9 @@ def measured_result(run, wl) -> Result:
         "e2e_s": stats(req.loc[fin, "e2e_s"]), "preemptions": int(sum(len(it.get("preempted", []))
                                                                        for it in run.iterations)),
         "prefix_hit_tokens": int(req["cached_tokens"].sum()), "iterations": int(len(its)),
+        "good": int(req["met_slo"].sum()),
+        "kv_capacity_blocks": run.meta.get("num_gpu_blocks"), "kv_capacity_bytes": run.meta.get("kv_cache_memory_bytes"),
+        "memory_fit": run.meta.get("num_gpu_blocks") is not None,   # the engine started with this KV budget
         "engine_meta": {k: v for k, v in run.meta.items() if k != "traceback"},
     }
     return Result(summary, req, its)

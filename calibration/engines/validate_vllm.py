@@ -15,6 +15,7 @@ An engine that fails midway leaves its measured part written; the report says so
 
 from __future__ import annotations
 
+import datetime as _dt
 import json
 import math
 import sys
@@ -104,13 +105,13 @@ def profile_errors(iterations, choice, scenario, base) -> dict:
             "time_bias": float(np.median(r)) if len(r) else None}
 
 
-def _replay_all(cfg, spec, wl, out: Path, python: Path, log) -> tuple[list, list]:
+def _replay_all(cfg, spec, wl, out: Path, python: Path, log, slo=None) -> tuple[list, list]:
     runs, results = [], []
     for k in range(cfg.replays):
         log(f"  vLLM replay {k + 1}/{cfg.replays} of {len(spec['requests'])} requests ...")
         run = run_engine(spec, out / "engine" / f"replay-{k + 1}", python, cfg.stream)
         run.meta["scenario"] = spec["scenario"]
-        res = tables.measured_result(run, wl)
+        res = tables.measured_result(run, wl, slo)
         res.write(out / "engine" / f"replay-{k + 1}")
         runs.append(run)
         results.append(res)
@@ -129,7 +130,7 @@ def validate_point(cfg, python: Path, overrides: list[str], out: Path, label: di
     spec, wl = build_spec(scenario, base, cfg.clock)
     simulated = V.simulation(scenario, base, choice).run()   # first: a profile that cannot run it fails early
     log(f"[{V.label_text(label) or scenario.name}] replaying on vLLM ...")
-    runs, results = _replay_all(cfg, spec, wl, out, python, log)
+    runs, results = _replay_all(cfg, spec, wl, out, python, log, scenario.slo)
     simulated.write(out / "simulated")
     results[0].write(out / "measured")
     summaries = [r.summary for r in results if r.summary["complete"]] or [results[0].summary]
@@ -182,7 +183,8 @@ def run_vllm_validation(cfg, engine_python_path: str | None) -> dict:
     report = {"scenario": scenario.name, "scenario_path": str(cfg.scenario), "overrides": cfg.overrides,
               "engine": "vllm", "engine_python": str(python), "profile": str(choice.path), "use": choice.use,
               "profile_fit": choice.profile.fit.model_dump() if choice.profile.fit else None, "clock": cfg.clock,
-              "command": cfg.command, "device": "cpu", "dtype": points[0]["engine_settings"]["dtype"],
+              "command": cfg.command, "date": _dt.date.today().isoformat(), "device": "cpu",
+              "dtype": points[0]["engine_settings"]["dtype"],
               "device_name": f"vLLM {points[0]['engine'].get('vllm')} on this CPU",
               "threads": points[0]["engine"].get("torch_threads"), "torch": points[0]["engine"].get("torch"),
               "definitions": {"rel_error": "(simulated - median of the replays) / median of the replays",
@@ -223,7 +225,7 @@ def record_only(cfg, engine_python_path: str | None) -> int:
     scenario, base = load_scenario(cfg.scenario, cfg.overrides)
     spec, wl = build_spec(scenario, base, cfg.clock)
     log = (lambda s: print(s, file=cfg.stream, flush=True)) if cfg.stream is not None else (lambda s: None)
-    runs, _ = _replay_all(cfg, spec, wl, Path(cfg.out), python, log)
+    runs, _ = _replay_all(cfg, spec, wl, Path(cfg.out), python, log, scenario.slo)
     model = base / scenario.model if scenario.model.endswith(".yaml") else scenario.model
     for run in runs:
         print(f"wrote {run.out} (fit a profile: capsim fit {run.out / 'iterations.jsonl'} --model {model} "

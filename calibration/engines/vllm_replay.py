@@ -33,10 +33,6 @@ FORMAT = "capsim-vllm-replay/1"
 ARCHITECTURES = {"qwen3": "Qwen3ForCausalLM", "qwen2": "Qwen2ForCausalLM", "llama": "LlamaForCausalLM",
                  "mistral": "MistralForCausalLM"}
 DTYPES = {"bf16": "bfloat16", "fp32": "float32"}
-# iterations.csv of a vLLM replay: the columns `capsim fit` reads (calibration/logs.py) plus the plan
-ITERATION_COLUMNS = ("iteration", "start_s", "duration_s", "cpu_s", "wake_s", "prefill_tokens", "prefill_seqs",
-                     "prefill_cached_tokens", "decode_seqs", "decode_context_tokens", "pairs", "max_context",
-                     "new_tokens", "batch_size", "preempted", "items")
 
 
 class EngineError(ValueError):
@@ -219,6 +215,7 @@ def run_engine(spec: dict, out: Path, python: Path, stream=None, timeout_s: floa
             rc = -9
     meta_path = out / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.exists() else {"status": "no meta.json"}
+    meta.setdefault("kv_cache_memory_bytes", spec["engine"]["kv_cache_memory_bytes"])
     run = EngineRun(meta, _read_jsonl(out / "iterations.jsonl"), _read_jsonl(out / "requests.jsonl"), rc, out, log)
     if rc != 0 and not run.iterations:
         tail = "\n".join(log.read_text(errors="replace").splitlines()[-15:])

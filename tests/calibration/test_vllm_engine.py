@@ -105,6 +105,10 @@ def test_engine_crash_mid_replay_keeps_the_measured_part(tmp_path):
     assert r0["ttft_s"] == pytest.approx(0.05) and r0["tpot_s"] == pytest.approx(0.02)
     assert r0["e2e_s"] == pytest.approx(0.09) and r0["max_itl_s"] == pytest.approx(0.02)
     assert res.summary["itl_s"]["median"] == pytest.approx(0.02)
+    assert res.summary["good"] == 1 and res.summary["kv_capacity_bytes"] == 2**30
+    from sim.io.config import SLOConfig
+    assert tables.measured_result(run, wl, SLOConfig(ttft_s=0.04)).summary["good"] == 0
+    assert tables.measured_result(run, wl, SLOConfig(itl_s=0.03, e2e_s=0.1)).summary["good"] == 1
 
 
 def test_iteration_features_split_decodes_from_chunks():
