@@ -32,6 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from calibration import validate as V  # noqa: E402
+from calibration import validate_errors as VE  # noqa: E402
 from calibration.engines import composition, tables  # noqa: E402
 from calibration.engines.validate_vllm import median_summary, profile_errors, spread_block  # noqa: E402
 from calibration.engines.vllm_replay import EngineRun, build_spec, engine_python, run_engine  # noqa: E402
@@ -93,7 +94,7 @@ def own_fit_error(run: EngineRun, res, name: str, tmp: Path) -> dict:
                                                       "step_time.allow_extrapolation=true"])
     choice = V.choose_profile(sc, base, str(prof), "linear")
     sim = V.simulation(sc, base, choice).run()
-    m = V.compare_summaries(sim.summary, res.summary)
+    m = VE.compare_summaries(sim.summary, res.summary)
     return {k: m[k]["median"]["rel_error"] for k in ("ttft_s", "itl_s", "e2e_s")}
 
 
@@ -117,7 +118,7 @@ def evaluate(name: str, runs: list, results: list, prof: Path, tmp: Path) -> dic
     choice = V.choose_profile(sc, base, str(prof), "linear")
     simulated = V.simulation(sc, base, choice).run()
     summaries = [r.summary for r in results]
-    metrics = V.compare_summaries(simulated.summary, median_summary(summaries))
+    metrics = VE.compare_summaries(simulated.summary, median_summary(summaries))
     return {"scenario": sc.name, "replays": len(runs), "metrics": metrics, "targets": spread_block(metrics, summaries),
             "preemptions": {"measured": [s["preemptions"] for s in summaries],
                             "simulated": simulated.summary.get("preemptions")},

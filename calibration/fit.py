@@ -1,6 +1,6 @@
 """Fits step-time models to measured iterations and writes profiles/fitted/*.yaml (sim.io.profiles schema).
 
-Two models, the two the simulator evaluates (sim.cost):
+Two models, the two the simulator evaluates (sim.models.step_time):
 - linear: T = c + a*new tokens + p*pairs + r*KV tokens read + s*sequences + d*decode sequences,
   least squares on relative error (rows weighted by 1/measured time), coefficients kept >= 0;
 - efficiency: a decode table (time against weight + KV bytes read, made non-decreasing by isotonic

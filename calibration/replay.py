@@ -50,7 +50,7 @@ from sim.api import NgramDraft, Result, Scenario, Simulation, Speculator, Status
 
 CLOCKS = ("wall", "thread")
 
-# Plan fields the step-time models read (sim.cost); copied per iteration so that a cost model can be
+# Plan fields the step-time models read (sim.models.step_time); copied per iteration so that a step-time model can be
 # evaluated on the replay's plans afterwards.
 PLAN_FIELDS = ("num_seqs", "new_tokens", "pairs", "prefill_tokens", "prefill_pairs", "prefill_logits", "prefill_seqs",
                "decode_seqs", "decode_kv_tokens", "kv_tokens_read", "max_context", "lazy_decodes",

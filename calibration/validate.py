@@ -38,12 +38,9 @@ from sim.api import ConfigError
 from sim.api import FittedProfile, load_fitted, load_model
 from sim.api import Simulation, resolve_profile_path
 
-from calibration.validate_args import add_validate_args  # noqa: F401  (re-exported)
-from calibration.step_checks import KINDS, MeasuredSteps, Perturbed, plan_kind, plans_check, residuals, step_errors  # noqa: F401
-from calibration.validate_errors import (LATENCIES, PER_REQUEST, SCALARS, STATS, TARGETS, _metric_values,  # noqa: F401
-                                         compare_summaries, interval, per_request_errors, rel_error, uncertainty_block)
-from calibration.validate_report import (_pct, _share, headline, label_text, plot_error_vs_load, plot_point,  # noqa: F401
-                                         print_report)
+from calibration.step_checks import KINDS, Perturbed, plans_check, residuals, step_errors
+from calibration.validate_errors import TARGETS, compare_summaries, per_request_errors, uncertainty_block
+from calibration.validate_report import headline, label_text, plot_error_vs_load, plot_point, print_report
 
 # ---------------------------------------------------------------------------------------------
 # Simulation side

@@ -39,8 +39,8 @@ def capsim_plans(sc, base_dir, durations: list[float]) -> tuple[list, object, st
     model = LinearStepTime(constant_s=1e-3, per_new_token_s=0.0, per_pair_s=0.0)
     bare = sc.model_copy(update={"step_time": StepTimeConfig(model=model)})
     sim = Simulation(bare, base_dir, lazy_decode=False)
-    cost = _Durations(durations, sim.cost)
-    sim.cost = cost
+    cost = _Durations(durations, sim.step_time)
+    sim.step_time = cost
     try:
         res, note = sim.run(), None
     except IndexError as exc:

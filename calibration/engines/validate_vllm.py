@@ -24,6 +24,9 @@ from pathlib import Path
 import numpy as np
 
 from calibration import validate as V
+from calibration import step_checks as SC
+from calibration import validate_errors as VE
+from calibration import validate_report as VR
 from calibration.engines import composition, tables
 from calibration.engines.vllm_replay import EngineError, build_spec, engine_python, run_engine
 from sim.api import load_scenario
@@ -32,9 +35,9 @@ from sim.api import load_scenario
 def median_summary(summaries: list[dict]) -> dict:
     """Per compared metric, the median over replays (the reference the error is measured against)."""
     out = dict(summaries[0])
-    for key in V.LATENCIES:
-        out[key] = {st: _median([s[key][st] for s in summaries]) for st in V.STATS}
-    for key in V.SCALARS:
+    for key in VE.LATENCIES:
+        out[key] = {st: _median([s[key][st] for s in summaries]) for st in VE.STATS}
+    for key in VE.SCALARS:
         out[key] = _median([s[key] for s in summaries])
     return out
 
@@ -48,7 +51,7 @@ def spread_block(metrics: dict, summaries: list[dict]) -> dict:
     """Per headline metric: the replays' values, their relative spread ((max - min) / median), whether
     the simulated value lies inside [min, max], and which bound the error is judged by."""
     out = {}
-    for key, limit in V.TARGETS.items():
+    for key, limit in VE.TARGETS.items():
         vals = [s[key]["median"] for s in summaries if s[key]["median"] is not None]
         med = float(np.median(vals)) if vals else None
         sim = metrics[key]["median"]["simulated"]
@@ -70,15 +73,15 @@ def _intervals(cfg, overrides, scenario, base, choice, simulated, measured, repl
     for j in range(1, cfg.seeds):
         s2, _ = load_scenario(cfg.scenario, overrides + [f"seed={scenario.seed + j}"])
         workload.append(V.simulation(s2, base, choice).run().summary)
-    res, source = V.residuals(choice.path, choice.profile, choice.use, V._model_of(scenario, base))
+    res, source = SC.residuals(choice.path, choice.profile, choice.use, V._model_of(scenario, base))
     rng = np.random.default_rng([scenario.seed, 7])
     model = []
     for _ in range(cfg.model_draws):
-        factors = {k: 1.0 / (1.0 + float(rng.choice(res[k]))) for k in V.KINDS}
+        factors = {k: 1.0 / (1.0 + float(rng.choice(res[k]))) for k in SC.KINDS}
         sim = V.simulation(scenario, base, choice)
-        sim.cost = V.Perturbed(sim.cost, factors)
+        sim.step_time = SC.Perturbed(sim.step_time, factors)
         model.append(sim.run().summary)
-    unc = V.uncertainty_block(simulated, measured, [simulated] + workload, [simulated] + model, replays)
+    unc = VE.uncertainty_block(simulated, measured, [simulated] + workload, [simulated] + model, replays)
     unc.update(workload_seeds=cfg.seeds, model_draws=cfg.model_draws, interval="5th-95th percentile",
                model_residuals=source)
     return unc
@@ -129,13 +132,13 @@ def validate_point(cfg, python: Path, overrides: list[str], out: Path, label: di
     choice = V.choose_profile(scenario, base, cfg.profile, cfg.use)
     spec, wl = build_spec(scenario, base, cfg.clock)
     simulated = V.simulation(scenario, base, choice).run()   # first: a profile that cannot run it fails early
-    log(f"[{V.label_text(label) or scenario.name}] replaying on vLLM ...")
+    log(f"[{VR.label_text(label) or scenario.name}] replaying on vLLM ...")
     runs, results = _replay_all(cfg, spec, wl, out, python, log, scenario.slo)
     simulated.write(out / "simulated")
     results[0].write(out / "measured")
     summaries = [r.summary for r in results if r.summary["complete"]] or [results[0].summary]
     measured = median_summary(summaries)
-    metrics = V.compare_summaries(simulated.summary, measured)
+    metrics = VE.compare_summaries(simulated.summary, measured)
     comp = [composition.composition_report(scenario, base, r.iterations) for r in runs]
     notes = [n for r in runs for n in r.notes]
     point = {**label, "scenario": scenario.name, "requests": len(wl), "replays": len(results),
@@ -148,7 +151,7 @@ def validate_point(cfg, python: Path, overrides: list[str], out: Path, label: di
              "prefix_hit_tokens": {"measured": [s["prefix_hit_tokens"] for s in summaries],
                                    "simulated": simulated.summary.get("prefix_hit_tokens")},
              "metrics": metrics, "targets": spread_block(metrics, summaries),
-             "per_request": V.per_request_errors(simulated.requests, results[0].requests),
+             "per_request": VE.per_request_errors(simulated.requests, results[0].requests),
              "composition": {"per_replay": comp,
                              "identical_fraction": [c["identical_fraction"] for c in comp]},
              "step_time": profile_errors(runs[0].iterations, choice, scenario, base),
@@ -157,9 +160,9 @@ def validate_point(cfg, python: Path, overrides: list[str], out: Path, label: di
              "engine": {k: v for k, v in runs[0].meta.items() if k not in ("traceback",)},
              "engine_settings": spec["engine"]}
     if cfg.plots:
-        V.plot_point(results[0], simulated, results[0].iterations, [], out, V.label_text(label) or scenario.name,
+        VR.plot_point(results[0], simulated, results[0].iterations, [], out, VR.label_text(label) or scenario.name,
                      results[1:])
-    log(f"[{V.label_text(label) or scenario.name}] " + V.headline(point) + "; composition identical "
+    log(f"[{VR.label_text(label) or scenario.name}] " + VR.headline(point) + "; composition identical "
         + ", ".join(f"{c['identical_fraction']:.0%}" for c in comp if c["identical_fraction"] is not None))
     return point
 
@@ -195,7 +198,7 @@ def run_vllm_validation(cfg, engine_python_path: str | None) -> dict:
               "points": points}
     (out / "validation.json").write_text(json.dumps(report, indent=2, default=V._json_default) + "\n")
     if cfg.plots and len(points) > 1:
-        V.plot_error_vs_load(points, out / "error_vs_load.png", xkey)
+        VR.plot_error_vs_load(points, out / "error_vs_load.png", xkey)
     return report
 
 
@@ -208,11 +211,11 @@ def print_vllm_report(report: dict, file=None) -> None:
           f"{'composition':>13}  status", file=file)
     for p in report["points"]:
         m, t = p["metrics"], p["targets"]
-        label = V.label_text({k: p.get(k) for k in ("rate_rps", "rate_scale")}) or "-"
+        label = VR.label_text({k: p.get(k) for k in ("rate_rps", "rate_scale")}) or "-"
         comp = p["composition"]["identical_fraction"]
         sp = t["e2e_s.median"]["replay_rel_spread"]
-        print(f"{label:<14}" + "".join(f"{V._pct(m[k]['median']['rel_error']):>10}" for k in ("ttft_s", "itl_s", "e2e_s"))
-              + f"{'-' if sp is None else f'{sp:.1%}':>11}{V._pct(m['makespan_s']['rel_error']):>10}"
+        print(f"{label:<14}" + "".join(f"{VR._pct(m[k]['median']['rel_error']):>10}" for k in ("ttft_s", "itl_s", "e2e_s"))
+              + f"{'-' if sp is None else f'{sp:.1%}':>11}{VR._pct(m['makespan_s']['rel_error']):>10}"
               + f"{'-' if not comp or comp[0] is None else f'{min(comp):.0%}':>13}  "
               + ("complete" if p["complete"] else "ENGINE FAILED (partial)"), file=file)
         for n in p["notes"]:

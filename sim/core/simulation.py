@@ -73,15 +73,6 @@ class Simulation:
         self.workload = build_workload(scenario.workload, scenario.seed, self.base_dir)
         self._check_adapters()
 
-    @property
-    def cost(self):
-        """Old name of `step_time` (kept while engine drivers move to the new one)."""
-        return self.step_time
-
-    @cost.setter
-    def cost(self, model) -> None:
-        self.step_time = model
-
     def _add_step_overheads(self) -> None:
         """Drafts, swaps, KV conversion, weight streaming and LoRA on top of the step-time model."""
         sc, mem, kv = self.scenario, self.memory, self.scenario.kv

@@ -146,7 +146,7 @@ def request_lifetime_s(sim, isl: int, osl: int, users: int) -> float:
     pre.add(Request(-1, 0.0, isl, osl, 0.0), isl)
     dec = StepPlan()
     dec.add_decodes(users, users * (isl + osl // 2), isl + osl)
-    return sim.cost.step_s(pre) + osl * sim.cost.step_s(dec)
+    return sim.step_time.step_s(pre) + osl * sim.step_time.step_s(dec)
 
 
 def _with_ramp(scenario: dict, ramp_s: float) -> dict:

@@ -14,7 +14,7 @@ torch = pytest.importorskip("torch", reason="the replay runs the reference model
 from calibration.replay import (ReplayConfig, Replayer, check_replayable, ngram_propose,  # noqa: E402
                                 prompt_token_ids, replay)
 from calibration.shapes import tiny_model_profile  # noqa: E402
-from calibration.validate import MeasuredSteps, plans_check  # noqa: E402
+from calibration.step_checks import MeasuredSteps, plans_check  # noqa: E402
 from sim.io.config import load_scenario  # noqa: E402
 from sim.core.metrics import ITERATION_COLUMNS, REQUEST_COLUMNS  # noqa: E402
 from sim.core.simulation import Simulation  # noqa: E402

@@ -12,8 +12,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from calibration.validate import (Perturbed, compare_summaries, interval, per_request_errors, rel_error, residuals,
-                                  targets, uncertainty_block)
+from calibration.step_checks import Perturbed, residuals
+from calibration.validate import targets
+from calibration.validate_errors import compare_summaries, interval, per_request_errors, rel_error, uncertainty_block
 from sim.models.step_time import LinearModel
 from sim.io.profiles import LinearStepTime
 
