@@ -23,6 +23,7 @@ from sim.workloads.traces import read_trace_with_blocks
 
 
 def prefix_stream(name: str) -> tuple[int, int]:
+    """The token stream id of a named shared prefix (a system prompt): equal names share tokens."""
     return (1, zlib.crc32(name.encode()))
 
 
@@ -53,17 +54,18 @@ class Workload:
     def __len__(self) -> int:
         return len(self.arrival_s)
 
-    def shareable_tokens(self, i: int, extra_shared: frozenset = frozenset()) -> int:
-        """Leading prompt tokens made only of shared streams; unlimited when the request's outputs
-        are shared too (a later turn continues it)."""
+    def shareable_tokens(self, i: int, extra_shared: frozenset = frozenset()) -> int | None:
+        """Leading prompt tokens made only of shared streams; None (all of them) when the request's
+        outputs are shared too (a later turn continues it)."""
         n = 0
         for stream, _, length in self.segments_of(i):
             if stream not in self.shared_streams and stream not in extra_shared:
                 return n
             n += length
-        return 1 << 62 if (3, i) in self.shared_streams else n
+        return None if (3, i) in self.shared_streams else n
 
     def segments_of(self, i: int) -> tuple:
+        """Request i's prompt as token segments ((stream, first, length), ...); its own private stream by default."""
         if self.segments is None or self.segments[i] is None:
             return (((0, i), 0, int(self.prompt_tokens[i])),)
         return self.segments[i]
@@ -173,6 +175,7 @@ def _mooncake_segments(hash_ids, prompt_tokens: int, block_tokens: int, where: s
 
 
 def build_workload(cfg, seed: int, base_dir: Path) -> Workload:
+    """The workload a scenario describes (list, synthetic or trace), drawn deterministically from `seed`."""
     arrival_rng, prompt_rng, output_rng, _accuracy, prefix_rng, _accept, adapter_rng = \
         np.random.default_rng(seed).spawn(7)
     if isinstance(cfg, RequestList):
