@@ -202,6 +202,43 @@ class Runner:
             return f"needs about {need / 2**30:.1f} GiB, {avail / 2**30:.1f} GiB available: not run"
         return None
 
+    def _graphed(self, batch, cache, ids: list, n_ids: int, clock: Clock, split: bool):
+        """Capture the decode step as CUDA graphs (the whole model, and its timed layers when only some
+        run); return the timed replay `run(r) -> (total, layers)` and the graph pool's bytes."""
+        model, dev = self.model, self.device
+        static_ids = ids[0].clone()
+        static_x = model.embed_tokens(static_ids)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                model(static_ids, batch, cache)
+        torch.cuda.current_stream().wait_stream(side)
+        synchronize(dev)
+        reserved0 = torch.cuda.memory_reserved()
+        g_full = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g_full):
+            model(static_ids, batch, cache)
+        g_layers = None
+        if split:
+            g_layers = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(g_layers):
+                model.run_layers(static_x, batch, cache)
+        synchronize(dev)
+        graph_pool = torch.cuda.memory_reserved() - reserved0
+
+        def run(r: int) -> tuple[float, float | None]:
+            static_ids.copy_(ids[r % n_ids])
+            clock.start()
+            g_full.replay()
+            total = clock.stop()[0]
+            if g_layers is None:
+                return total, None
+            clock.start()
+            g_layers.replay()
+            return total, clock.stop()[0]
+        return run, graph_pool
+
     def measure(self, shape: Shape, index: int) -> dict:
         """Time one shape: inputs and KV prepared outside the clock, warm-ups, then the timed repeats."""
         cfg, model, dev = self.cfg, self.model, self.device
@@ -232,37 +269,7 @@ class Runner:
         base = torch.cuda.memory_allocated() if dev == "cuda" else None
 
         if graphs:
-            static_ids = ids[0].clone()
-            static_x = model.embed_tokens(static_ids)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):
-                    model(static_ids, batch, cache)
-            torch.cuda.current_stream().wait_stream(side)
-            synchronize(dev)
-            reserved0 = torch.cuda.memory_reserved()
-            g_full = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(g_full):
-                model(static_ids, batch, cache)
-            g_layers = None
-            if split:
-                g_layers = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(g_layers):
-                    model.run_layers(static_x, batch, cache)
-            synchronize(dev)
-            graph_pool = torch.cuda.memory_reserved() - reserved0
-
-            def run(r: int) -> tuple[float, float | None]:
-                static_ids.copy_(ids[r % n_ids])
-                clock.start()
-                g_full.replay()
-                total = clock.stop()[0]
-                if g_layers is None:
-                    return total, None
-                clock.start()
-                g_layers.replay()
-                return total, clock.stop()[0]
+            run, graph_pool = self._graphed(batch, cache, ids, n_ids, clock, split)
         else:
             def run(r: int) -> tuple[float, float | None]:
                 c = caches[r % len(caches)]
