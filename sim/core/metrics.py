@@ -7,6 +7,7 @@ request, percentiles by linear interpolation.
 
 from __future__ import annotations
 
+import math
 import tempfile
 from array import array
 
@@ -319,4 +320,5 @@ def weighted_stats(values: np.ndarray, weights: np.ndarray) -> dict[str, float |
         a, b, t = at(lo), at(hi), pos - lo
         return b - (b - a) * (1 - t) if t >= 0.5 else a + (b - a) * t  # numpy's lerp, bit for bit
 
-    return {"mean": float(np.dot(v, w) / n), "median": pct(50), "p90": pct(90), "p99": pct(99), "max": float(v[-1])}
+    # math.fsum: exactly rounded, so the mean does not depend on how many BLAS threads a dot product gets
+    return {"mean": math.fsum((v * w).tolist()) / n, "median": pct(50), "p90": pct(90), "p99": pct(99), "max": float(v[-1])}
