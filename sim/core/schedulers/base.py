@@ -342,8 +342,15 @@ class Scheduler:
             if budget is not None and req.tokens_to_compute > budget and self.kind == "continuous":
                 self._reject(req, f"scheduler: {req.tokens_to_compute} tokens to recompute exceed "
                                   f"max_num_batched_tokens ({budget})")
-            else:
+            elif self.pool.blocks_for(self._kv_tokens_to_start(req)) > self.pool.free_blocks:
                 self._reject(req, "kv: does not fit the free pool even with nothing running")
+            else:   # the KV is there: the policy cannot start it (a token budget, a chunk rule), not memory
+                self._reject(req, f"scheduler: {self.kind} cannot start it even with nothing running "
+                                  f"({req.tokens_to_compute} tokens to compute)")
+
+    def _kv_tokens_to_start(self, req: Request) -> int:
+        """Tokens whose KV admission needs free: all it may hold (reserve), or its prompt (on_demand)."""
+        return self._reserve_tokens(req) if self.kv_admission == "reserve" else req.prompt_tokens + req.output_tokens
 
     # ---- parallel sampling ----------------------------------------------------------------
     def can_fork(self, follower: Request, leader: Request) -> bool:
