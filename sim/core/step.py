@@ -86,6 +86,37 @@ class StepPlan:
         if max_context > self.max_context:
             self.max_context = max_context
 
+    def freeze(self) -> "FrozenStepPlan":
+        """Hand the plan out: from now on it is read only (its lists become tuples; setting a field raises).
+        Costs one class switch, so building stays as fast as before."""
+        self.items = tuple(self.items)
+        self.spec_items = tuple(self.spec_items)
+        self.adapters = frozenset(self.adapters)
+        object.__setattr__(self, "__class__", FrozenStepPlan)
+        return self
+
     @property
     def is_empty(self) -> bool:
         return self.num_seqs == 0
+
+
+class FrozenStepPlan(StepPlan):
+    """A StepPlan its scheduler has handed out (Scheduler.plan): the engine, executors, step-time models
+    and the timeline read it; nobody sets its fields. Only the scheduler that made it may derive the
+    next steady decode iteration from it in place (`thawed`), as fast-forwarding does."""
+
+    __slots__ = ()
+
+    def __init__(self, **fields):
+        """A frozen plan with these fields (dataclasses.replace of a frozen plan comes here)."""
+        object.__setattr__(self, "__class__", StepPlan)
+        StepPlan.__init__(self, **fields)
+        self.freeze()
+
+    def __setattr__(self, name, value):
+        raise AttributeError(f"StepPlan.{name}: a plan is frozen once its scheduler hands it out")
+
+    def thawed(self) -> StepPlan:
+        """The same object, writable again (for its scheduler only; freeze() it again before handing it on)."""
+        object.__setattr__(self, "__class__", StepPlan)
+        return self

@@ -183,7 +183,7 @@ class Scheduler:
                 raise RuntimeError(f"scheduler {self.kind!r} planned nothing with {len(self.running)} running and "
                                    f"{len(self.waiting)} waiting requests: a policy bug, please report it")
             return None
-        return plan
+        return plan.freeze()
 
     def _schedule(self, plan: StepPlan, now_s: float) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -464,6 +464,7 @@ class Scheduler:
         m = self.steady_iterations(plan)
         if m <= 0:
             return start_s, step_s
+        plan = plan.thawed()   # this scheduler's own plan becomes the next steady iteration's, in place
         count = plan.lazy_decodes
         starts, ends = [], []
         linear = _linear_terms(step_time, plan)
@@ -487,6 +488,7 @@ class Scheduler:
                     step_s = step_time(plan)
             start_s = end_s
             m -= 1
+        plan.freeze()
         if starts:
             k = len(starts)
             timeline.on_steady_iterations(starts, ends, plan, blocks, count)
