@@ -44,6 +44,15 @@ def _ecdf(ax, values, label, **kw):
         ax.step(v, np.arange(1, len(v) + 1) / len(v), where="post", label=label, **kw)
 
 
+def _save(fig, path: Path) -> Path:
+    """Lay out, write and close a pyplot figure."""
+    import matplotlib.pyplot as plt
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def plot_point(measured: Result, simulated: Result, detail: pd.DataFrame, predicted: list[float], out: Path,
                title: str, other_replays: list[Result] = ()) -> list[Path]:
     """A point's figures: latency CDFs measured against simulated, and predicted against measured step times."""
@@ -73,10 +82,7 @@ def plot_point(measured: Result, simulated: Result, detail: pd.DataFrame, predic
     axes[0].legend(fontsize=8)
     ax.legend(fontsize=8)
     fig.suptitle(f"CDFs, simulated vs measured: {title}")
-    fig.tight_layout()
-    files.append(out / "cdf.png")
-    fig.savefig(files[-1], dpi=110)
-    plt.close(fig)
+    files.append(_save(fig, out / "cdf.png"))
 
     j = fin_m.merge(fin_s, on="id", suffixes=("_real", "_sim"))
     fig, axes = plt.subplots(1, 3, figsize=(13, 4))
@@ -91,10 +97,7 @@ def plot_point(measured: Result, simulated: Result, detail: pd.DataFrame, predic
         ax.set_ylabel(f"simulated {key[:-2].upper()} (s)")
         ax.grid(alpha=0.3)
     fig.suptitle(f"Per request (paired by id): {title}")
-    fig.tight_layout()
-    files.append(out / "scatter.png")
-    fig.savefig(files[-1], dpi=110)
-    plt.close(fig)
+    files.append(_save(fig, out / "scatter.png"))
     return files
 
 

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, ClassVar, Literal
 
 from pydantic import Field, PositiveInt
@@ -36,6 +36,13 @@ from sim.core.kv import BlockManager
 from sim.core.step import StepPlan
 from sim.core.request import Request, Status
 from sim.io.schema import StrictModel
+
+
+def check_budget_holds_decodes(cfg) -> None:
+    """A token budget smaller than max_num_seqs could not give every running decode its token."""
+    if cfg.max_num_batched_tokens < cfg.max_num_seqs:
+        raise ValueError(f"scheduler.max_num_batched_tokens ({cfg.max_num_batched_tokens}) must be >= "
+                         f"scheduler.max_num_seqs ({cfg.max_num_seqs}) so every running decode fits")
 
 
 class SchedulerConfig(StrictModel):

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import Field, PositiveInt, model_validator
 
-from sim.core.schedulers.base import Scheduler, SchedulerConfig, StepPlan
+from sim.core.schedulers.base import Scheduler, SchedulerConfig, StepPlan, check_budget_holds_decodes
 from sim.core.schedulers.speculation import SpeculativeConfig
 
 
@@ -24,9 +24,7 @@ class ChunkedConfig(SchedulerConfig):
         if self.chunk_tokens > self.max_num_batched_tokens:
             raise ValueError(f"scheduler.chunk_tokens ({self.chunk_tokens}) exceeds "
                              f"scheduler.max_num_batched_tokens ({self.max_num_batched_tokens})")
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(f"scheduler.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
-                             f"scheduler.max_num_seqs ({self.max_num_seqs}) so every running decode fits")
+        check_budget_holds_decodes(self)
         return self
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Annotated, Literal, Union
 
 import numpy as np
-from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from sim.io.schema import StrictModel
 from sim.models.speculative import AcceptanceModel, adaptive_draft_length, conditional_from_rates, sample_accepted

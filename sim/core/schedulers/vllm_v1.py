@@ -29,7 +29,7 @@ from typing import Literal
 from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from sim.core.request import Request
-from sim.core.schedulers.base import Scheduler, SchedulerConfig, StepPlan
+from sim.core.schedulers.base import Scheduler, SchedulerConfig, StepPlan, check_budget_holds_decodes
 from sim.io.errors import ConfigError
 
 
@@ -43,9 +43,7 @@ class VllmV1Config(SchedulerConfig):
 
     @model_validator(mode="after")
     def _budget(self):
-        if self.max_num_batched_tokens < self.max_num_seqs:
-            raise ValueError(f"scheduler.max_num_batched_tokens ({self.max_num_batched_tokens}) must be >= "
-                             f"scheduler.max_num_seqs ({self.max_num_seqs})")
+        check_budget_holds_decodes(self)
         return self
 
 
