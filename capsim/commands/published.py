@@ -24,9 +24,14 @@ def add_parsers(sub) -> None:
     p.add_argument("--mixed", choices=["one_pass", "sum"], default="one_pass",
                    help="a chunked iteration (decodes + prefill chunks) as one forward pass (default) or as a "
                         "decode iteration plus a prefill iteration (step_time.model.mixed)")
-    p.add_argument("--start", choices=["staggered", "burst"], default="staggered",
-                   help="staggered (default): the users' first requests spread over one request lifetime and "
-                        "not counted (steady state); burst: all users start together and every request counts")
+    p.add_argument("--start", choices=["cold", "staggered", "burst"], default="cold",
+                   help="cold (default): the benchmark as run, --rounds requests per user, the first wave sent at "
+                        "once to an idle engine, the later ones as the engine leaves them (docs/fidelity.md); "
+                        "staggered: the steady state alone (first requests spread over one request lifetime, not "
+                        "counted); burst: all users start together, every request counts, lock-step")
+    p.add_argument("--rounds", type=int, default=None,
+                   help="--start cold: requests per user in the replayed benchmark (default 10, AIConfigurator's "
+                        "N x concurrency)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
 
@@ -38,9 +43,14 @@ def run(args) -> int:
     if args.requests_per_user is not None and args.requests_per_user < 2:
         raise ConfigError(f"--requests-per-user: expected an integer >= 2 (the first is a warm-up), "
                           f"got {args.requests_per_user}")
+    if args.rounds is not None and args.rounds < 1:
+        raise ConfigError(f"--rounds: expected an integer >= 1 (requests per user of the benchmark), got {args.rounds}")
+    if args.rounds is not None and args.start != "cold":
+        raise ConfigError(f"--rounds: only with --start cold (got --start {args.start})")
+    from sim.published.predict import ROUNDS
     report = validate_published(args.file, args.backend, args.system, args.mode, workers=args.workers,
                                 progress=not args.no_progress, per_user=args.requests_per_user, start=args.start,
-                                mixed=args.mixed)
+                                mixed=args.mixed, rounds=args.rounds or ROUNDS)
     if args.out:
         for path in write_report(report, args.out):
             print(f"wrote {path}", file=sys.stderr)

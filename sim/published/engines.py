@@ -30,6 +30,10 @@ class EngineDefaults:
     memory_fraction: float
     graph_sizes: list[int] | None
     notes: tuple[str, ...] = field(default=())
+    later_waves: str = "spread"
+    """After a benchmark's cold first wave (every user at once), `spread`: the engine breaks the cohort up and
+    the later waves see the closed loop's steady state; `cohort`: the users keep coming back together and
+    are served together, so every wave repeats the first (sim.published.predict.combine_cold)."""
 
     def describe(self) -> str:
         """One line: the scheduler, KV admission, KV memory rule and graph padding this engine is simulated with."""
@@ -40,7 +44,8 @@ class EngineDefaults:
         mem = (f"KV = {self.memory_fraction} x card memory - weights - {RESERVE_BYTES // GIB} GiB"
                if self.memory_rule == "card" else
                f"KV = {self.memory_fraction} x (card memory - weights - {RESERVE_BYTES // GIB} GiB)")
-        return f"{self.backend} ({self.versions}): {sched}; KV admission {self.kv_admission}; {mem}; {graphs}"
+        return (f"{self.backend} ({self.versions}): {sched}; KV admission {self.kv_admission}; {mem}; {graphs}; "
+                f"after a cold first wave: {self.later_waves}")
 
 
 RESERVE_BYTES = 2 * GIB
@@ -60,7 +65,8 @@ ENGINES: dict[str, EngineDefaults] = {
         "on_demand", "card", 0.88, list(range(1, 5)) + list(range(8, 257, 8)),
         ("chunked_prefill_size 8192; mem_fraction_static ~0.88",
          "not modelled: SGLang runs prefill batches and decode batches separately (no mixed chunk by default); "
-         "capsim mixes them in one iteration")),
+         "capsim mixes them in one iteration"),
+        later_waves="cohort"),
     "trtllm": EngineDefaults(
         "trtllm", "1.x PyTorch backend: `trtllm-serve` defaults",
         {"kind": "continuous", "max_num_seqs": 2048, "max_num_batched_tokens": 8192},

@@ -1,0 +1,62 @@
+"""The cold-start replay of validate-published (sim/published/predict.py): a benchmark of N requests per
+user whose first wave reaches an idle engine at once, the later waves at the closed loop's steady state
+(`spread`) or repeating the first (`cohort`). Rows from tests/published/silicon_sample_10rows.csv."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sim.published.predict import ROUNDS, build_case, combine_cold, first_wave, simulate_case, steady_state
+from sim.published.rows import read_published
+from tests.published.test_validate_published import FIXTURE, capsim
+
+
+def _row(backend: str):
+    return next(r for r in read_published(FIXTURE) if r.backend == backend and r.mode == "agg"
+                and r.system == "h100_sxm")
+
+
+def test_combine_cold_by_hand():
+    first = {"ttft_ms": 1000.0, "tpot_ms": 20.0}
+    steady = {"ttft_ms": 100.0, "tpot_ms": 10.0}
+    # 10 rounds: one burst wave and nine steady ones
+    assert combine_cold(first, steady, 10, "spread") == pytest.approx({"ttft_ms": 190.0, "tpot_ms": 11.0})
+    assert combine_cold(first, steady, 1, "spread") == pytest.approx(first)
+    assert combine_cold(first, steady, 4, "cohort") == first
+
+
+def test_steady_state_spreads_users_over_their_own_lifetime():
+    row = _row("vllm")  # Qwen3-32B TP2, 1024/128 at concurrency 8
+    case = build_case(row, per_user=3, start="staggered")
+    st = steady_state(case, "test")
+    # the counted requests' mean lifetime is what the users were spread over (within the 5% it allows)
+    assert st["lifetime_s"] == pytest.approx(st["e2e_s"], rel=0.05)
+    first = first_wave(case, "test")
+    # the first wave is a burst: at least as slow to first token as a request of the steady state
+    assert first["ttft_ms"] >= st["ttft_ms"]
+
+
+def test_cold_is_between_steady_and_first_wave_and_keeps_its_parts():
+    row = _row("vllm")
+    res = simulate_case(None, build_case(row, per_user=3))
+    parts = res["components"]
+    lo, hi = sorted((parts["steady"]["ttft_ms"], parts["first_wave"]["ttft_ms"]))
+    assert lo <= res["ttft_ms"] <= hi
+    assert res["ttft_ms"] == pytest.approx(combine_cold(parts["first_wave"], parts["steady"], ROUNDS,
+                                                        "spread")["ttft_ms"])
+    sg = simulate_case(None, build_case(_row("sglang"), per_user=3))  # SGLang keeps the cohort
+    assert sg["ttft_ms"] == sg["components"]["first_wave"]["ttft_ms"]
+
+
+def test_rounds_flag():
+    args = ("validate-published", str(FIXTURE), "--json", "--workers", "1", "--no-progress", "--backend", "vllm",
+            "--requests-per-user", "3")
+    one = json.loads(capsim(*args, "--rounds", "1")[1])["rows"][0]
+    many = json.loads(capsim(*args, "--rounds", "40")[1])["rows"][0]
+    assert one["predicted"]["ttft_ms"] == pytest.approx(one["components"]["first_wave"]["ttft_ms"])
+    assert many["predicted"]["ttft_ms"] < one["predicted"]["ttft_ms"]
+    code, _, err = capsim(*args, "--rounds", "0")
+    assert code == 2 and "--rounds: expected an integer >= 1" in err
+    code, _, err = capsim(*args, "--rounds", "5", "--start", "burst")
+    assert code == 2 and "--rounds: only with --start cold" in err
