@@ -90,3 +90,14 @@ def write_csv(path: str | Path, columns: dict[str, np.ndarray]) -> None:
         fh.write(csv_text(columns, 0, min(n, _CHUNK)))
         for a in range(_CHUNK, n, _CHUNK):
             fh.write(csv_text(columns, a, min(n, a + _CHUNK), header=False))
+
+
+def write_csv_chunks(path: str | Path, names, blocks) -> None:
+    """Write the column dicts `blocks` (each name -> equal-length arrays, `names` in order) one after
+    another as one CSV file `path`: the same text as write_csv of their concatenation."""
+    with open(path, "w", newline="") as fh:
+        fh.write(csv_text({n: np.empty(0) for n in names}))  # the header
+        for block in blocks:
+            n = len(block[names[0]]) if names else 0
+            for a in range(0, n, _CHUNK):
+                fh.write(csv_text(block, a, min(n, a + _CHUNK), header=False))

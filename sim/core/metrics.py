@@ -49,6 +49,45 @@ class Spilled:
     def __len__(self) -> int:
         return self._spilled + len(self.buf)
 
+    def chunks(self, values: int):
+        """Every value so far, in order, as arrays of at most `values` values (the file's part, then
+        the buffer's; whole rows when `values` is a multiple of the row width), read from the file
+        piece by piece: a table far larger than memory goes through a few MB at a time."""
+        if self._file is not None:
+            self._file.seek(0)
+            for a in range(0, self._spilled, values):
+                out = np.empty(min(values, self._spilled - a))
+                self._file.readinto(memoryview(out).cast("B"))
+                yield out
+            self._file.seek(0, 2)
+        tail = np.frombuffer(self.buf, dtype=float)
+        for a in range(0, len(tail), values):
+            yield tail[a:a + values].copy()
+
+    def rows_at(self, positions: np.ndarray, width: int, gap: int = 4096) -> np.ndarray:
+        """Rows `positions` (row r = values r x width ..) of `width` values each, in that order: the
+        runs of nearby rows they fall in are read from the file one run at a time."""
+        want = np.unique(positions)
+        out = np.empty((len(want), width))
+        cuts = np.flatnonzero(np.diff(want) > gap) + 1
+        for a, b in zip(np.concatenate(([0], cuts)).tolist(), np.concatenate((cuts, [len(want)])).tolist()):
+            r0, r1 = int(want[a]), int(want[b - 1]) + 1
+            out[a:b] = self._read(r0 * width, r1 * width).reshape(-1, width)[want[a:b] - r0]
+        return out[np.searchsorted(want, positions)]
+
+    def _read(self, v0: int, v1: int) -> np.ndarray:
+        """Values v0..v1 (from the file, the buffer, or both)."""
+        out = np.empty(v1 - v0)
+        upto = min(v1, self._spilled)
+        if v0 < upto:
+            self._file.seek(v0 * 8)
+            self._file.readinto(memoryview(out[:upto - v0]).cast("B"))
+            self._file.seek(0, 2)
+        if v1 > self._spilled:
+            a = max(v0, self._spilled)
+            out[a - v0:] = np.frombuffer(self.buf, dtype=float)[a - self._spilled:v1 - self._spilled]
+        return out
+
     def numpy(self) -> np.ndarray:
         """Every value so far, in order, as one array (a copy)."""
         tail = np.frombuffer(self.buf, dtype=float)
@@ -200,13 +239,33 @@ class Timeline:
         """The iteration rows as columns (fast-forwarded stretches expanded in place)."""
         flat = self.rows.numpy().reshape(-1, len(ITERATION_COLUMNS))
         if len(self._stretches):
-            flat = self._expand(flat)
+            flat = self._expand(flat, self._stretches.numpy().reshape(-1, STRETCH_FIELDS))
         return {c: flat[:, k] for k, c in enumerate(ITERATION_COLUMNS)}
 
-    def _expand(self, flat: np.ndarray) -> np.ndarray:
-        """The explicit rows with every fast-forwarded stretch put back in place (vectorised)."""
+    def row_blocks(self, rows: int):
+        """The iteration rows in order as 2-D blocks (ITERATION_COLUMNS wide): `rows` explicit rows
+        read from the spill file at a time, with the fast-forwarded stretches that fall among them
+        put back in place. Together they are exactly table()'s rows, without holding them all."""
+        width = len(ITERATION_COLUMNS)
         st = self._stretches.numpy().reshape(-1, STRETCH_FIELDS)
-        row, first, k = st[:, 0].astype(np.int64), st[:, 1].astype(np.int64), st[:, 2].astype(np.int64)
+        at = st[:, 0]  # explicit rows recorded before each stretch (non-decreasing)
+        lo = r0 = 0
+        explicit = len(self.rows) // width
+        for values in self.rows.chunks(rows * width):
+            flat = values.reshape(-1, width)
+            r1 = r0 + len(flat)
+            # a stretch recorded after explicit row r - 1 goes before row r: into the block holding r,
+            # or into the last block when it came after every explicit row
+            hi = len(at) if r1 == explicit else int(np.searchsorted(at, r1, side="left"))
+            yield self._expand(flat, st[lo:hi], r0) if hi > lo else flat
+            lo, r0 = hi, r1
+        if explicit == 0 and len(st):  # only fast-forwarded iterations (no explicit row at all)
+            yield self._expand(np.empty((0, width)), st)
+
+    def _expand(self, flat: np.ndarray, st: np.ndarray, first_row: int = 0) -> np.ndarray:
+        """Explicit rows first_row.. (`flat`) with the fast-forwarded stretches `st` (those recorded
+        among them) put back in place (vectorised)."""
+        row, first, k = st[:, 0].astype(np.int64) - first_row, st[:, 1].astype(np.int64), st[:, 2].astype(np.int64)
         before = np.cumsum(k) - k                                # stretch rows before the stretch
         total = len(flat) + int(k.sum())
         out = np.empty((total, len(ITERATION_COLUMNS)))

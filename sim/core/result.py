@@ -9,20 +9,18 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.core.csvout import csv_text, write_csv
-from sim.core.metrics import ITERATION_COLUMNS, Recorder, Status, Timeline, stats, weighted_stats
-
-STATUS_NAMES = [s.value for s in Status]
-_INT_REQUEST_COLUMNS = ("id", "replica", "prompt_tokens", "output_tokens", "cached_tokens", "preemptions",
-                        "recomputed_tokens", "attempts")
+from sim.core.csvout import csv_text, write_csv, write_csv_chunks
+from sim.core.metrics import Recorder, Timeline, stats, weighted_stats
+from sim.core.tables import IterationTable, RequestTable
 
 
 class Result:
     """summary.json, requests.csv and iterations.csv of one run.
 
-    The tables are held as numpy columns (name -> array) and become pandas DataFrames only when
-    `requests` or `iterations` is read (pandas is imported then, not by a run that only writes its
-    outputs); a caller may also pass DataFrames."""
+    The tables are held as numpy columns (name -> array), or as tables read from the run's spill
+    files (sim.core.tables: written to CSV a block of rows at a time), and become pandas DataFrames
+    only when `requests` or `iterations` is read (pandas is imported then, not by a run that only
+    writes its outputs); a caller may also pass DataFrames."""
 
     def __init__(self, summary: dict, requests, iterations):
         self.summary = summary
@@ -31,8 +29,8 @@ class Result:
     @property
     def requests(self):
         """requests.csv as a pandas DataFrame (built on first use; changes to it are written)."""
-        if isinstance(self._requests, dict):
-            self._requests = _frame(self._requests)
+        if not _is_frame(self._requests):
+            self._requests = _frame(_columns(self._requests))
         return self._requests
 
     @requests.setter
@@ -42,8 +40,8 @@ class Result:
     @property
     def iterations(self):
         """iterations.csv as a pandas DataFrame (built on first use; changes to it are written)."""
-        if isinstance(self._iterations, dict):
-            self._iterations = _frame(self._iterations)
+        if not _is_frame(self._iterations):
+            self._iterations = _frame(_columns(self._iterations))
         return self._iterations
 
     @iterations.setter
@@ -55,14 +53,22 @@ class Result:
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         (out / "summary.json").write_text(json.dumps(self.summary, indent=2) + "\n")
-        write_csv(out / "requests.csv", _columns(self._requests))  # pandas' to_csv text, column by column
-        write_csv(out / "iterations.csv", _columns(self._iterations))
+        for name, table in (("requests.csv", self._requests), ("iterations.csv", self._iterations)):
+            if isinstance(table, (RequestTable, IterationTable)):  # from the spill files, a block at a time
+                write_csv_chunks(out / name, table.names, table.chunks())
+            else:
+                write_csv(out / name, _columns(table))  # pandas' to_csv text, column by column
 
     def digest(self) -> str:
         """sha256 over the three outputs: equal digests mean byte-identical files."""
         h = hashlib.sha256(json.dumps(self.summary, sort_keys=True).encode())
-        h.update(csv_text(_columns(self._requests)).encode())
-        h.update(csv_text(_columns(self._iterations)).encode())
+        for table in (self._requests, self._iterations):
+            if isinstance(table, (RequestTable, IterationTable)):
+                h.update(csv_text({c: np.empty(0) for c in table.names}).encode())  # the header
+                for block in table.chunks():
+                    h.update(csv_text(block, header=False).encode())
+            else:
+                h.update(csv_text(_columns(table)).encode())
         return h.hexdigest()
 
 
@@ -71,9 +77,15 @@ def _frame(columns: dict[str, np.ndarray]):
     return pd.DataFrame(columns)
 
 
+def _is_frame(table) -> bool:
+    return not isinstance(table, (dict, RequestTable, IterationTable))
+
+
 def _columns(table) -> dict[str, np.ndarray]:
     if isinstance(table, dict):
         return table
+    if isinstance(table, (RequestTable, IterationTable)):
+        return table.columns()
     return {c: table[c].to_numpy() for c in table.columns}
 
 
@@ -122,22 +134,12 @@ def merge_speculation(reports: list[dict]) -> dict | None:
 
 def request_table(rec: Recorder) -> dict[str, np.ndarray]:
     """requests.csv's columns: one row per request, in id order."""
-    cols = rec.table()
-    order = np.argsort(cols["id"], kind="stable")
-    return {c: (v[order].astype(np.int64) if c in _INT_REQUEST_COLUMNS
-                else np.array(STATUS_NAMES, dtype=object)[v[order].astype(np.int64)] if c == "status"
-                else v[order].astype(bool) if c in ("met_slo", "kv_waited") else v[order])
-            for c, v in cols.items()}
+    return RequestTable(rec).columns()
 
 
 def iteration_table(timelines: list[Timeline]) -> dict[str, np.ndarray]:
     """iterations.csv's columns: every replica's iterations, replica by replica."""
-    tables = [t.table() for t in timelines]
-
-    def joined(c: str) -> np.ndarray:  # one replica: its column as it is (no copy of the whole table)
-        return tables[0][c] if len(tables) == 1 else np.concatenate([tb[c] for tb in tables])
-    return {c: (joined(c) if c in ("start_s", "duration_s", "swap_bytes") else joined(c).astype(np.int64))
-            for c in ITERATION_COLUMNS}
+    return IterationTable(timelines).columns()
 
 
 def _sum(values: np.ndarray):
@@ -145,48 +147,56 @@ def _sum(values: np.ndarray):
     return np.nansum(values) if values.dtype.kind == "f" else values.sum()
 
 
-def _latency_part(req: dict, its: dict, rec: Recorder) -> dict:
-    """Counts, throughput, goodput and latency statistics."""
-    n, status = len(req["id"]), req["status"]
-    finished = status == "finished"
-    correct = np.nan_to_num(req["correct"], nan=0.0).astype(bool)
-    n_good = int((finished & correct & req["met_slo"]).sum())
-    t0 = float(req["arrival_s"].min()) if n else 0.0
-    t1 = float(np.nanmax(req["finish_s"])) if finished.any() else t0
+def _decode_only(its: IterationTable) -> tuple[int, float, int]:
+    """Iterations, and the seconds and output tokens of the decode-only ones, a block at a time (the
+    seconds summed over the whole column at once, as pandas sums it)."""
+    n, durations, tokens = 0, [], 0
+    for block in its.chunks():
+        decode_only = block["prefill_tokens"] == 0
+        n += len(decode_only)
+        durations.append(block["duration_s"][decode_only])
+        tokens += int(_sum(block["output_tokens"][decode_only]))
+    if not n:
+        return 0, 0.0, 0
+    return n, float(_sum(np.concatenate(durations))), tokens
+
+
+def _latency_part(req: dict, its: IterationTable, rec: Recorder) -> dict:
+    """Counts, throughput, goodput and latency statistics (`req`: RequestTable.totals())."""
+    n, n_done, n_good = req["n"], req["finished"], req["good"]
+    t0 = req["first_arrival_s"] if n else 0.0
+    t1 = req["last_finish_s"] if n_done else t0
     window = t1 - t0
     itl = weighted_stats(np.frombuffer(rec.itl_gap, dtype=float), np.frombuffer(rec.itl_weight, dtype=np.dtype(rec.itl_weight.typecode)))
-    decode_only = its["prefill_tokens"] == 0
-    n_its = len(its["prefill_tokens"])
-    dec_time = float(_sum(its["duration_s"][decode_only])) if n_its else 0.0
-    dec_tokens = int(_sum(its["output_tokens"][decode_only])) if n_its else 0
+    n_its, dec_time, dec_tokens = _decode_only(its)
     return {
-        "requests": int(n),
-        "completed": int(finished.sum()),
-        "rejected": int((status == "rejected").sum()),
-        "cancelled": int((status == "cancelled").sum()),
+        "requests": n,
+        "completed": n_done,
+        "rejected": req["rejected"],
+        "cancelled": req["cancelled"],
         "good": n_good,
         "makespan_s": window,
-        "output_throughput_tok_s": float(_sum(req["output_tokens"][finished]) / window) if window > 0 else None,
-        "request_throughput_rps": float(finished.sum() / window) if window > 0 else None,
+        "output_throughput_tok_s": float(np.int64(req["output_tokens"]) / window) if window > 0 else None,
+        "request_throughput_rps": float(np.int64(n_done) / window) if window > 0 else None,
         "goodput_rps": n_good / window if window > 0 else None,
         "decode_throughput_tok_s": dec_tokens / dec_time if dec_time > 0 else None,
         "slo_attainment": n_good / n if n else None,
-        "ttft_s": stats(req["ttft_s"][finished]),
+        "ttft_s": stats(req["ttft_s"]),
         "itl_s": itl,
-        "tpot_s": stats(req["tpot_s"][finished]),
-        "e2e_s": stats(req["e2e_s"][finished]),
+        "tpot_s": stats(req["tpot_s"]),
+        "e2e_s": stats(req["e2e_s"]),
         "iterations": int(n_its),
     }
 
 
 def _memory_part(req: dict, rec: Recorder, facts: RunFacts) -> dict:
-    """KV use against the budget, whether memory fits, prefix cache and swap counters."""
+    """KV use against the budget, whether memory fits, prefix cache and swap counters (`req`:
+    RequestTable.totals(); prompts that reached a replica's batch are the hit rate's base)."""
     mem, hw = facts.memory, facts.hardware
-    served = ~np.isnan(req["admitted_s"])  # prompts that reached a replica's batch (hit rate's base)
     peak_blocks = max(r.pool.peak_blocks for r in facts.replicas)
     stats_of = [r.pool.stats for r in facts.replicas]
-    kv_limited = int(req["kv_waited"].sum())
-    preemptions = int(req["preemptions"].sum())
+    kv_limited = req["kv_waited"]
+    preemptions = req["preemptions"]
     kv_rejected = sum(1 for r in rec.reject_reasons if r.startswith("kv:"))
     gpus = getattr(mem, "gpus", 1)
     if gpus == 1:
@@ -207,10 +217,10 @@ def _memory_part(req: dict, rec: Recorder, facts: RunFacts) -> dict:
         "kv_limited_requests": kv_limited,
         "kv_rejected_requests": kv_rejected,
         "preemptions": preemptions,
-        "recomputed_tokens": int(req["recomputed_tokens"].sum()),
-        "prefix_hit_tokens": int(req["cached_tokens"].sum()),
-        "prefix_hit_rate": (float(req["cached_tokens"][served].sum() / req["prompt_tokens"][served].sum())
-                            if served.any() else None),
+        "recomputed_tokens": req["recomputed_tokens"],
+        "prefix_hit_tokens": req["cached_tokens"],
+        "prefix_hit_rate": (float(np.int64(req["served_cached"]) / np.int64(req["served_prompt"]))
+                            if req["served"] else None),
         "evictions": sum(x.evictions for x in stats_of),
         "swap_outs": sum(x.swap_outs for x in stats_of),
         "swap_ins": sum(x.swap_ins for x in stats_of),
@@ -247,13 +257,13 @@ def _cost_part(summary: dict, facts: RunFacts) -> dict:
 
 def summarise(rec: Recorder, facts: RunFacts) -> Result:
     """The Result of a finished run: tables from the recorder and timelines, and summary.json."""
-    req = request_table(rec)
-    its = iteration_table(facts.timelines)
+    requests, its = RequestTable(rec), IterationTable(facts.timelines)
+    req = requests.totals()
     lat = _latency_part(req, its, rec)
     summary = {"scenario": facts.scenario.name, "seed": facts.scenario.seed, **lat}
     summary["busy_s"] = sum(t.busy_s for t in facts.timelines)
     summary["replicas"] = len(facts.timelines)
-    summary["failed"] = int((req["status"] == "failed").sum())
+    summary["failed"] = req["failed"]
     summary["fault_retries"] = facts.fault_retries
     summary.update(_memory_part(req, rec, facts))
     summary.update(_cost_part(summary, facts))
@@ -261,4 +271,4 @@ def summarise(rec: Recorder, facts: RunFacts) -> Result:
         summary["parallel"] = dict(facts.memory.per_gpu(), gpus=summary["replicas"] * facts.memory.gpus)
     summary["speculative"] = facts.speculation
     summary["little_area"] = rec.area
-    return Result(summary, req, its)
+    return Result(summary, requests, its)

@@ -1,0 +1,152 @@
+"""requests.csv and iterations.csv as tables read from the run's spill files when needed.
+
+A long run's rows live in temporary files (sim.core.metrics.Spilled). These tables hand them out
+a block of rows at a time (`chunks()`), so the summary and the CSV files are made without holding
+a whole table in memory; `columns()` builds the whole table when a caller asks for it (a DataFrame,
+a figure). Both give the same rows, in the same order, with the same types.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+
+from sim.core.metrics import ITERATION_COLUMNS, REQUEST_COLUMNS, Status
+
+STATUS_NAMES = [s.value for s in Status]
+INT_REQUEST_COLUMNS = ("id", "replica", "prompt_tokens", "output_tokens", "cached_tokens", "preemptions",
+                       "recomputed_tokens", "attempts")
+FLOAT_ITERATION_COLUMNS = ("start_s", "duration_s", "swap_bytes")
+CHUNK_ROWS = 50_000
+
+
+def request_column(name: str, v: np.ndarray) -> np.ndarray:
+    """One requests.csv column from its recorded doubles: integers, status names, flags or floats."""
+    if name in INT_REQUEST_COLUMNS:
+        return v.astype(np.int64)
+    if name == "status":
+        return np.array(STATUS_NAMES, dtype=object)[v.astype(np.int64)]
+    if name in ("met_slo", "kv_waited"):
+        return v.astype(bool)
+    return v
+
+
+def iteration_columns(flat: np.ndarray) -> dict[str, np.ndarray]:
+    """iterations.csv's columns of a block of recorded rows (counts as integers)."""
+    return {c: (flat[:, k] if c in FLOAT_ITERATION_COLUMNS else flat[:, k].astype(np.int64))
+            for k, c in enumerate(ITERATION_COLUMNS)}
+
+
+COL = {c: k for k, c in enumerate(REQUEST_COLUMNS)}
+_STATUS = {s: k for k, s in enumerate(Status)}
+
+
+class RequestTable:
+    """requests.csv: the recorder's rows (recorded as requests left) in id order."""
+
+    def __init__(self, recorder):
+        self._rows = recorder.rows
+        self._width = len(REQUEST_COLUMNS)
+
+    def _blocks(self):
+        """The recorded rows in record order, a block of CHUNK_ROWS at a time."""
+        for values in self._rows.chunks(CHUNK_ROWS * self._width):
+            yield values.reshape(-1, self._width)
+
+    def _order(self) -> np.ndarray:
+        """Record positions in id order (a stable sort: as the whole table sorted by id)."""
+        ids = [b[:, 0] for b in self._blocks()]
+        return np.argsort(np.concatenate(ids) if ids else np.empty(0), kind="stable")
+
+    def chunks(self, rows: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+        """The table `rows` (default CHUNK_ROWS) rows at a time (each block's rows read from the
+        spill file when needed)."""
+        rows = rows or CHUNK_ROWS
+        order = self._order()
+        for a in range(0, len(order), rows):
+            block = self._rows.rows_at(order[a:a + rows], self._width)
+            yield {c: request_column(c, block[:, k]) for k, c in enumerate(REQUEST_COLUMNS)}
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """The whole table as columns."""
+        flat = self._rows.numpy().reshape(-1, self._width)
+        order = np.argsort(flat[:, 0], kind="stable")
+        return {c: request_column(c, flat[order, k]) for k, c in enumerate(REQUEST_COLUMNS)}
+
+    def totals(self) -> dict:
+        """What the summary needs from the requests, in one pass over the rows: counts and integer
+        sums (any order gives the same), the first arrival and last finish, and the finished
+        requests' TTFT, TPOT and E2E in id order (their means are summed in that order)."""
+        t = {"n": 0, "good": 0, "output_tokens": 0, "kv_waited": 0, "preemptions": 0, "recomputed_tokens": 0,
+             "cached_tokens": 0, "served": 0, "served_cached": 0, "served_prompt": 0,
+             "first_arrival_s": None, "last_finish_s": None, **{s.value: 0 for s in Status}}
+        ids, lat = [], []
+        latency = [COL["ttft_s"], COL["tpot_s"], COL["e2e_s"]]
+        for b in self._blocks():
+            code = b[:, COL["status"]].astype(np.int64)
+            counts = np.bincount(code, minlength=len(_STATUS))
+            for s, k in _STATUS.items():
+                t[s.value] += int(counts[k])
+            done = code == _STATUS[Status.FINISHED]
+            correct = np.nan_to_num(b[:, COL["correct"]], nan=0.0).astype(bool)
+            t["good"] += int((done & correct & b[:, COL["met_slo"]].astype(bool)).sum())
+            t["output_tokens"] += int(b[done, COL["output_tokens"]].astype(np.int64).sum())
+            for c in ("kv_waited", "preemptions", "recomputed_tokens", "cached_tokens"):
+                t[c] += int(b[:, COL[c]].astype(np.int64).sum())
+            served = ~np.isnan(b[:, COL["admitted_s"]])
+            t["served"] += int(served.sum())
+            t["served_cached"] += int(b[served, COL["cached_tokens"]].astype(np.int64).sum())
+            t["served_prompt"] += int(b[served, COL["prompt_tokens"]].astype(np.int64).sum())
+            t["first_arrival_s"] = _fold(min, t["first_arrival_s"], b[:, COL["arrival_s"]])
+            t["last_finish_s"] = _fold(max, t["last_finish_s"], b[:, COL["finish_s"]])
+            t["n"] += len(b)
+            ids.append(b[done, 0])
+            lat.append(b[done][:, latency])
+        order = np.argsort(np.concatenate(ids), kind="stable") if ids else np.empty(0, dtype=np.int64)
+        lat = np.concatenate(lat)[order] if lat else np.empty((0, 3))
+        t["ttft_s"], t["tpot_s"], t["e2e_s"] = lat[:, 0].copy(), lat[:, 1].copy(), lat[:, 2].copy()
+        return t
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The column names, in file order."""
+        return REQUEST_COLUMNS
+
+
+def _fold(pick, so_far: float | None, values: np.ndarray) -> float | None:
+    """min or max of `so_far` and the non-NaN `values` (None while there is none)."""
+    v = values[~np.isnan(values)]
+    if not len(v):
+        return so_far
+    x = float(v.min() if pick is min else v.max())
+    return x if so_far is None else pick(so_far, x)
+
+
+class IterationTable:
+    """iterations.csv: every replica's iterations, replica by replica, stretches expanded in place."""
+
+    def __init__(self, timelines: list):
+        self._timelines = timelines
+
+    def chunks(self, rows: int | None = None) -> Iterator[dict[str, np.ndarray]]:
+        """The table in blocks of `rows` (default CHUNK_ROWS) recorded rows, each with the
+        fast-forwarded ones among them."""
+        rows = rows or CHUNK_ROWS
+        for t in self._timelines:
+            for block in t.row_blocks(rows):
+                yield iteration_columns(block)
+
+    def columns(self) -> dict[str, np.ndarray]:
+        """The whole table as columns."""
+        parts = list(self.chunks())
+        if len(parts) == 1:
+            return parts[0]
+        if not parts:
+            return iteration_columns(np.empty((0, len(ITERATION_COLUMNS))))
+        return {c: np.concatenate([p[c] for p in parts]) for c in ITERATION_COLUMNS}
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """The column names, in file order."""
+        return ITERATION_COLUMNS
