@@ -47,8 +47,28 @@ through it (median abs. error: norms 30%, RoPE 12%, SiLU 7%). A100 rows of the s
 add into the norm, so adds are not counted separately."""
 
 
+KV_READ_SCALE = {"bf16": 1.0, "fp16": 1.0, "fp8": 0.5}
+"""Bytes a decode-attention kernel reads per cached token, relative to the BF16 KV cache the generation
+tables were measured with. An FP8 cache (TensorRT-LLM's XQA, vLLM's FP8 KV) is read at half the bytes; with
+no FP8-KV table, its decode attention is timed as the BF16 kernel over half the cached tokens of the same
+sequences (the memory-bound part halves, the per-launch part stays). Prefill attention keeps its BF16
+time (compute-bound)."""
+
+
+def kv_read_scale(kv_format: str) -> float:
+    """KV_READ_SCALE for a scenario's kv.format, or a ConfigError naming the formats the ops model takes."""
+    try:
+        return KV_READ_SCALE[kv_format]
+    except KeyError:
+        raise ConfigError(f"kv.format: kind ops times decode attention for a {', '.join(KV_READ_SCALE)} KV cache, "
+                          f"got {kv_format!r}") from None
+
+
 class OpsModel:
     """`step_s(plan)` for a StepPlan from kernel tables; see the module docstring."""
+
+    kv_read_scale = 1.0
+    """Cached-token bytes of the KV format relative to BF16 (KV_READ_SCALE); set by build_ops_model."""
 
     def __init__(self, cfg: OpsStepTime, spec: ModelSpec, tables: TableSet, dtype: str,
                  memory_bandwidth_gbs: float, allow_extrapolation: bool = False, stream=None):
@@ -148,7 +168,7 @@ class OpsModel:
         """One layer's decode attention for `seqs` sequences holding `kv_tokens` cached tokens in all."""
         if seqs == 0:
             return 0.0
-        return self._look(self.generation.at, seqs, max(kv_tokens / seqs, 1.0))
+        return self._look(self.generation.at, seqs, max(kv_tokens * self.kv_read_scale / seqs, 1.0))
 
     def head_s(self, logits: int) -> float:
         """lm_head over the sampled positions (plus the logits' all-gather under tp)."""
@@ -218,8 +238,9 @@ def ops_dtype(cfg: OpsStepTime, weight_format: str) -> str:
 def build_ops_model(cfg: OpsStepTime, spec: ModelSpec, hw, weight_format: str, kv_format: str,
                     allow_extrapolation: bool, stream=None) -> OpsModel:
     """The ops model for a scenario: tables default to the hardware's name, dtype to the weight format."""
-    if kv_format not in ("bf16", "fp16"):
-        raise ConfigError(f"kv.format: kind ops has attention tables for a BF16 KV cache only, got {kv_format!r}")
+    scale = kv_read_scale(kv_format)
     tables = load_table_set(cfg.tables or hw.name)
-    return OpsModel(cfg, spec, tables, ops_dtype(cfg, weight_format), hw.memory_bandwidth_gbs.value,
-                    allow_extrapolation, stream)
+    model = OpsModel(cfg, spec, tables, ops_dtype(cfg, weight_format), hw.memory_bandwidth_gbs.value,
+                     allow_extrapolation, stream)
+    model.kv_read_scale = scale
+    return model

@@ -255,14 +255,15 @@ def build_replica_ops_model(cfg: OpsStepTime, spec: ModelSpec, hw, layout: Layou
                             kv_format: str, allow_extrapolation: bool, stream=None) -> OpsModel:
     """The ops model of a replica: OpsModel for one stage of a dense GQA model (TP from the layout),
     ParallelOpsModel for pipelines, MoE or MLA."""
-    from sim.models.ops import build_ops_model
+    from sim.models.ops import build_ops_model, kv_read_scale
     p = spec.profile
     if layout.pp == 1 and p.moe is None and p.mla is None:
         if cfg.tp != layout.tp:
             cfg = cfg.model_copy(update={"tp": layout.tp})
         return build_ops_model(cfg, spec, hw, weight_format, kv_format, allow_extrapolation, stream)
-    if kv_format not in ("bf16", "fp16"):
-        raise ConfigError(f"kv.format: kind ops has attention tables for a BF16 KV cache only, got {kv_format!r}")
+    scale = kv_read_scale(kv_format)
     tables = load_table_set(cfg.tables or hw.name)
-    return ParallelOpsModel(cfg, spec, tables, ops_dtype(cfg, weight_format), hw.memory_bandwidth_gbs.value, layout,
-                            allow_extrapolation, stream)
+    model = ParallelOpsModel(cfg, spec, tables, ops_dtype(cfg, weight_format), hw.memory_bandwidth_gbs.value, layout,
+                             allow_extrapolation, stream)
+    model.kv_read_scale = scale
+    return model

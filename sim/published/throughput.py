@@ -95,17 +95,15 @@ def throughput_case(row: ThroughputRow, num_requests: int = NUM_REQUESTS) -> tup
     engine = ENGINES["trtllm"]
     spec, hw = ModelSpec(load_model(model)), load_hardware(hardware)
     budget = kv_budget_bytes(engine, hw.memory_bytes, spec.weight_bytes(row.precision) / row.tp, row.tp)
-    if row.precision == "fp8" and row.checkpoint.startswith("nvidia/"):
-        # NVIDIA's FP8 checkpoints store the KV cache in FP8 (hf_quant_config kv_cache_quant_algo FP8); the
-        # ops tables time BF16-KV attention only, so the replay keeps BF16 attention times and gives the
-        # pool the token capacity of FP8 KV (twice the bytes): capacity right, attention pessimistic
-        budget *= 2
-    need = math.ceil((row.isl + row.osl) / 16) * 16 * spec.kv_bytes_per_token("bf16")
+    # NVIDIA's FP8 checkpoints store the KV cache in FP8 (hf_quant_config kv_cache_quant_algo FP8): half the
+    # bytes per token in the pool and half read by decode attention (sim.models.ops.KV_READ_SCALE)
+    kv_format = "fp8" if row.precision == "fp8" and row.checkpoint.startswith("nvidia/") else "bf16"
+    need = math.ceil((row.isl + row.osl) / 16) * 16 * spec.kv_bytes_per_token(kv_format)
     if budget < need:
         return None, "weights leave less KV than one request needs"
     return {
         "name": row.id, "seed": 0, "model": model, "hardware": hardware, "weight_format": row.precision,
-        "kv": {"block_tokens": 16, "format": "bf16", "budget": budget, "admission": engine.kv_admission},
+        "kv": {"block_tokens": 16, "format": kv_format, "budget": budget, "admission": engine.kv_admission},
         "scheduler": dict(engine.scheduler),
         "step_time": {"model": {"kind": "ops", "tp": row.tp}},
         "workload": {"kind": "synthetic", "num_requests": num_requests, "arrival": {"kind": "all_at_once"},

@@ -214,10 +214,20 @@ def test_unknown_table_set_and_models_it_cannot_express():
         build_ops_model(OpsStepTime(tables="no-such-card"), spec, hw, "bf16", "bf16", False)
     with pytest.raises(ConfigError, match="MoE"):
         build_ops_model(OpsStepTime(), ModelSpec(load_model("mixtral-8x7b")), hw, "bf16", "bf16", False)
-    with pytest.raises(ConfigError, match="BF16 KV"):
-        build_ops_model(OpsStepTime(), spec, hw, "bf16", "fp8", False)
+    with pytest.raises(ConfigError, match="kv.format: kind ops times decode attention for a bf16, fp16, fp8 KV"):
+        build_ops_model(OpsStepTime(), spec, hw, "bf16", "q4_0", False)
     with pytest.raises(ConfigError, match="gemm_fp8"):
         build_ops_model(OpsStepTime(dtype="fp8"), spec, load_hardware("b200"), "fp8", "bf16", False)
+
+
+def test_fp8_kv_cache_halves_the_bytes_decode_attention_reads():
+    spec, hw = ModelSpec(load_model("llama-3.1-8b")), load_hardware("h100-sxm")
+    bf16 = build_ops_model(OpsStepTime(), spec, hw, "fp8", "bf16", False)
+    fp8 = build_ops_model(OpsStepTime(), spec, hw, "fp8", "fp8", False)
+    # the BF16 kernel over half the cached tokens of the same sequences
+    assert fp8.generation_attention_s(256, 256 * 2048) == bf16.generation_attention_s(256, 256 * 1024)
+    assert fp8.step_s(decode_plan(256, 2048)) < bf16.step_s(decode_plan(256, 2048))
+    assert fp8.step_s(prefill_plan(1, 2048)) == bf16.step_s(prefill_plan(1, 2048))  # prefill: BF16 times
 
 
 def test_scenario_runs_with_kind_ops_deterministically():
