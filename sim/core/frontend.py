@@ -48,8 +48,10 @@ class Frontend:
 
     def _shareable(self, i: int) -> int | None:
         wl = self.workload
-        # a retried request re-sends its prompt: all of it may be hit again
-        return int(wl.prompt_tokens[i]) if self._retried else wl.shareable_tokens(i, self._warm)
+        # a retried request re-sends its prompt: all of it may be hit again (and its outputs, when a
+        # later turn continues them)
+        shareable = wl.shareable_tokens(i, self._warm)
+        return int(wl.prompt_tokens[i]) if self._retried and shareable is not None else shareable
 
     def make_request(self, i: int, sent_s: float | None = None) -> Request:
         """Workload row i as a Request (closed loop: sent at `sent_s`, when a user frees up)."""

@@ -89,6 +89,8 @@ class DisaggFrontend(Frontend):
         leg = Request(req.rid, req.arrival_s, req.prompt_tokens, 1, req.engine_arrival_s, deadline_s=req.deadline_s,
                       attempt=req.attempt, preemptions=req.preemptions, recomputed_tokens=req.recomputed_tokens,
                       segments=req.segments, shareable_tokens=req.shareable_tokens, adapter=req.adapter)
+        leg.hash_all = True  # a holder takes its cached prompt blocks by reference (_hold_kv): the block
+        # manager must hash them all, not treat its private ones as nobody else's (sim.core.kv)
         self.handoffs[req.rid] = Handoff(req, leg)
         super().route(leg)
 

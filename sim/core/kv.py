@@ -12,6 +12,17 @@ State model
   commit, after the iteration that read them (deferred free, reference section 3).
 - Eviction of cached-free blocks is a policy: LRU on simulated time (default) or the chapter's
   value per byte V_h / size (section 6).
+- Which full blocks are cached is `prefix_index`: all (default, vLLM: every full block, reusable
+  until evicted) or foresight (only blocks a later request will match: an upper bound).
+- Cost of all (LRU): a block holding a token of a stream no other request's tokens come from (past
+  Request.shareable_tokens, which the workload derives from token identity, as a hash would) can
+  only ever be matched by a request with its id. Such blocks are not hashed while their request
+  runs; when it finishes they join the LRU list as one run, unhashed, evicted from its end in the
+  order single entries freed tail first would be. A request that may meet its own earlier blocks
+  (preempted, swapped, retried, a disaggregated leg, or any request whose id left runs, which are
+  hashed then) hashes every block (Request.hash_all). Hits, eviction order and counts are those of
+  hashing every block as it fills (LAZY_PRIVATE = False; tests/sim/test_prefix_index.py compares
+  the two, and withholds shareable_tokens to show the results do not depend on it).
 """
 
 from __future__ import annotations
@@ -21,6 +32,10 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from sim.core.request import Request
+
+LAZY_PRIVATE = True
+"""Under prefix_index all + LRU, release private full blocks as unhashed LRU runs (see above);
+False hashes and indexes every full block as it fills (same results, slower: for tests)."""
 
 OUTPUT_STREAM = 3  # stream kinds (first element of a stream id): 0 private prompt, 1 named prefix,
                    # 2 trace block id (Mooncake hash_ids), 3 a request's outputs
@@ -54,6 +69,48 @@ class KVStats:
     swapped_bytes: float = 0.0
     hit_tokens: int = 0
     cow_copies: int = 0
+
+
+class CachedFree:
+    """Cached-free blocks in LRU order, oldest first. An entry is one block (key: its id, value None)
+    or a run of a finished request's private blocks (key < 0, value: their ids in table order, the
+    last evicted first, as single entries freed tail first would be). len() counts blocks;
+    iterating yields block ids in eviction order."""
+
+    __slots__ = ("od", "count", "_next_run")
+
+    def __init__(self):
+        self.od: OrderedDict[int, list[int] | None] = OrderedDict()
+        self.count = 0
+        self._next_run = -1
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __iter__(self):
+        for key, run in self.od.items():
+            if run is None:
+                yield key
+            else:
+                yield from reversed(run)
+
+    def add(self, bid: int) -> None:
+        """Append one block (the most recently used)."""
+        self.od[bid] = None
+        self.count += 1
+
+    def add_run(self, ids: list[int]) -> int:
+        """Append a run of blocks that only their own finished request could match; its key."""
+        key = self._next_run
+        self._next_run = key - 1
+        self.od[key] = ids
+        self.count += len(ids)
+        return key
+
+    def remove(self, bid: int) -> None:
+        """Take one single-entry block out (a prefix hit; a block of a run: BlockManager._take_from_run)."""
+        del self.od[bid]
+        self.count -= 1
 
 
 def _adapter_seed(req: Request) -> int:
@@ -126,7 +183,7 @@ class BlockManager:
 
     def __init__(self, num_blocks: int, block_tokens: int, block_bytes: float, prefix_caching: bool = True,
                  eviction: str = "lru", host_blocks: int = 0, snapshot_tokens: int | None = None,
-                 block_value: Callable[[Block, float], float] | None = None, prefix_index: str = "foresight"):
+                 block_value: Callable[[Block, float], float] | None = None, prefix_index: str = "all"):
         if num_blocks < 1:
             raise ValueError(f"KV pool must hold at least one block, got {num_blocks}")
         if eviction not in ("lru", "value"):
@@ -144,6 +201,13 @@ class BlockManager:
         self.eviction = eviction
         self.snapshot_tokens = snapshot_tokens
         self.block_value = block_value
+        self._lru = eviction == "lru" or block_value is None
+        self._lazy = LAZY_PRIVATE and prefix_index == "all" and self._lru
+        """Private full blocks are released as unhashed LRU runs (module docstring)."""
+        self._runs_of: dict[int, list[int]] = {}       # request id -> keys of its cached runs
+        self._run_owner: dict[int, tuple] = {}         # run key -> (request id, segments, adapter, first block)
+        self._hashed_runs: set[int] = set()            # runs hashed since (their owner came back)
+        self._in_run: dict[int, int] = {}              # block id -> run key, for blocks of hashed runs
         # Blocks come into being when first handed out (never one object per block up front: a pool
         # of 1e24 blocks costs nothing). Logically the free list is a stack whose bottom holds the
         # never-used ids in order (handed out 0, 1, 2, ...); `free_list` holds the freed ids on top of
@@ -151,7 +215,7 @@ class BlockManager:
         self.blocks: list[Block] = [Block(0)]
         self.free_list: list[int] = [0]
         self._fresh = 1
-        self.cached_free: OrderedDict[int, None] = OrderedDict()        # LRU order: oldest first
+        self.cached_free = CachedFree()                                  # LRU order: oldest first
         self.index: dict[int, int] = {}                                  # content hash -> block id
         self._dups: dict[int, list[int]] = {}                            # content hash -> live duplicates
         self.used_blocks = 0
@@ -202,7 +266,10 @@ class BlockManager:
     def match(self, req: Request) -> list[int]:
         """Block ids whose content equals the start of `req`'s existing tokens, for a request that
         holds no blocks yet. At least one token is always left to compute (its logits are needed);
-        with hybrid-model snapshots reuse rounds down to the last snapshot. Pure: changes nothing."""
+        with hybrid-model snapshots reuse rounds down to the last snapshot. Changes no state that
+        decides a result (it may hash the runs of an earlier request with the same id, see _hash_runs)."""
+        if self._runs_of and req.rid in self._runs_of:
+            self._hash_runs(req)
         if not self.prefix_caching or req.block_table or not self.index:
             return []
         bs = self.block_tokens
@@ -239,7 +306,10 @@ class BlockManager:
         for bid in hits or ():
             blk = self.blocks[bid]
             if blk.ref_count == 0:
-                del self.cached_free[bid]
+                if bid in self._in_run:
+                    self._take_from_run(bid)
+                else:
+                    self.cached_free.remove(bid)
                 self.used_blocks += 1
             blk.ref_count += 1
             blk.hits += 1
@@ -256,7 +326,7 @@ class BlockManager:
         empty = self.empty_blocks
         new = self._take_empty(min(extra, empty))
         if extra > empty:
-            evicted = [self._evict(now_s) for _ in range(extra - empty)]
+            evicted = self._evict_lru(extra - empty) if self._lru else [self._evict(now_s) for _ in range(extra - empty)]
             blocks = self.blocks
             for bid in evicted:
                 blocks[bid].ref_count = 1
@@ -266,42 +336,130 @@ class BlockManager:
         if self.used_blocks > self.peak_blocks:
             self.peak_blocks = self.used_blocks
 
+    def _evict_lru(self, n: int) -> list[int]:
+        """Evict the n least recently used cached-free blocks; their ids, in eviction order."""
+        od, blocks = self.cached_free.od, self.blocks
+        out: list[int] = []
+        while len(out) < n:
+            key, run = od.popitem(last=False)
+            if run is not None:  # a run of private blocks, taken from its end
+                take = min(n - len(out), len(run))
+                taken = run[len(run) - take:]
+                taken.reverse()
+                del run[len(run) - take:]
+                if key in self._hashed_runs:
+                    for bid in taken:
+                        del self._in_run[bid]
+                        if blocks[bid].content_hash is not None:
+                            self._unindex(blocks[bid])
+                out.extend(taken)
+                if run:
+                    od[key] = run
+                    od.move_to_end(key, last=False)
+                else:
+                    self._drop_run(key)
+                continue
+            blk = blocks[key]
+            self._unindex(blk)
+            out.append(key)
+        self.cached_free.count -= n
+        self.stats.evictions += n
+        return out
+
     def _evict(self, now_s: float) -> int:
-        if self.eviction == "lru" or self.block_value is None:
-            bid, _ = self.cached_free.popitem(last=False)
-        else:  # lowest value per byte first; LRU order breaks ties
-            bid = min(self.cached_free, key=lambda b: self.block_value(self.blocks[b], now_s))
-            del self.cached_free[bid]
-        blk = self.blocks[bid]
+        """Evict one block by value per byte (LRU order breaks ties)."""
+        bid = min(self.cached_free, key=lambda b: self.block_value(self.blocks[b], now_s))
+        self.cached_free.remove(bid)
+        self._unindex(self.blocks[bid])
+        self.stats.evictions += 1
+        return bid
+
+    def _unindex(self, blk: Block) -> None:
+        """Drop an evicted block's index entry; a live block with the same content takes it over."""
         h = blk.content_hash
         del self.index[h]
         blk.content_hash = None
         blk.hits = 0
-        self.stats.evictions += 1
         for dup in self._dups.pop(h, ()):  # a live block with the same content keeps it findable
             d = self.blocks[dup]
             if d.dup_of == h and d.ref_count > 0:
                 d.dup_of, d.content_hash = None, h
                 self.index[h] = dup
                 break
-        return bid
+
+    def _hash_runs(self, req: Request) -> None:
+        """A request with the id of an earlier one that left private runs: they are no longer only
+        their owner's, so hash and index their blocks (still where they are in the LRU list), as
+        hashing every block would have done when they filled; from now on `req` hashes all of its."""
+        req.hash_all = True
+        for key in self._runs_of[req.rid]:
+            if key in self._hashed_runs:
+                continue
+            self._hashed_runs.add(key)
+            rid, segments, adapter, first = self._run_owner[key]
+            run = self.cached_free.od[key]
+            streams = segments + (((OUTPUT_STREAM, rid), 0, 1 << 62),)  # as request_streams
+            seed = 0 if adapter is None else adapter + 1                 # as _adapter_seed
+            hashes = chain_hashes(streams, self.block_tokens, first + len(run), [], seed=seed)
+            for depth, bid in enumerate(run, start=first):
+                self._in_run[bid] = key
+                h = hashes[depth]
+                if h in self.index:  # cannot happen: a lazily handled request met no block of its own id
+                    continue
+                blk = self.blocks[bid]
+                blk.content_hash, blk.depth, blk.cached_since_s = h, depth, blk.last_used_s
+                self.index[h] = bid
+
+    def _take_from_run(self, bid: int) -> None:
+        """A prefix hit on a block of a hashed run: out of the run, which keeps its place."""
+        key = self._in_run.pop(bid)
+        run = self.cached_free.od[key]
+        run.remove(bid)
+        self.cached_free.count -= 1
+        if not run:
+            del self.cached_free.od[key]
+            self._drop_run(key)
+
+    def _drop_run(self, key: int) -> None:
+        """Forget an emptied run."""
+        rid = self._run_owner.pop(key)[0]
+        keys = self._runs_of[rid]
+        keys.remove(key)
+        if not keys:
+            del self._runs_of[rid]
+        self._hashed_runs.discard(key)
 
     def register(self, req: Request, tokens: int, now_s: float = 0.0, own_reuse: bool = False) -> None:
         """Index the full blocks among `req`'s first `tokens` tokens (their KV is computed).
 
-        With `prefix_index` all, every full block is indexed (vLLM). With foresight, only blocks
-        another request could match are (`req.shareable_tokens`); a private block goes straight back
-        to the free list when released. Before a recompute preemption (`own_reuse`) every full block
-        is indexed either way: the request itself will match them when it comes back.
+        With `prefix_index` all, every full block is cached (vLLM); its private ones (past
+        `req.shareable_tokens`, which only this request could match) are hashed lazily, see the
+        module docstring. With foresight, only blocks another request could match are indexed; a
+        private block goes straight back to the free list when released. Before a recompute
+        preemption (`own_reuse`) every full block is indexed either way: the request itself will
+        match them when it comes back.
         """
         if not self.prefix_caching:
             return
-        if not own_reuse and self.prefix_index == "foresight":
-            if req.shareable_tokens is not None:
-                tokens = min(tokens, req.shareable_tokens)
         full = min(tokens // self.block_tokens, len(req.block_table))
-        if full <= req.indexed_blocks:
-            return
+        upto = full
+        if not own_reuse and req.shareable_tokens is not None and self.prefix_index == "foresight":
+            upto = min(upto, req.shareable_tokens // self.block_tokens)
+        elif self._lazy:
+            if own_reuse:
+                req.hash_all = True  # it will come back to its own blocks: hash everything from now on
+            elif self._runs_of and req.rid in self._runs_of:
+                self._hash_runs(req)
+            if req.shareable_tokens is not None and not (req.hash_all or req.tail_shared or req.attempt > 1):
+                upto = min(upto, req.shareable_tokens // self.block_tokens)
+                if full > req.full_blocks:
+                    req.full_blocks = full
+        if upto > req.indexed_blocks:
+            self._index(req, upto, now_s)
+
+    def _index(self, req: Request, full: int, now_s: float) -> None:
+        """Hash and index `req`'s blocks from `req.indexed_blocks` up to `full` (a duplicate of
+        content already indexed is kept aside, to take over if that block is evicted)."""
         hashes = chain_hashes(request_streams(req), self.block_tokens, full, req.block_hashes, seed=_adapter_seed(req))
         for b in range(req.indexed_blocks, full):
             blk = self.blocks[req.block_table[b]]
@@ -324,16 +482,32 @@ class BlockManager:
         table = req.block_table
         released = 0
         k = req.indexed_blocks
+        f = min(req.full_blocks, len(table))
+        if f > k and req.tail_shared:  # shared past its indexed prefix: no shortcut, hash them now
+            self._index(req, f, now_s)
+            k = f
         if not req.tail_shared and k < len(table):
             # fast path: blocks past the indexed prefix were handed out fresh to this request alone
-            # (no content hash, one reference): straight back to the free list, tail first
-            tail = table[k:]
-            for bid in tail:
-                blocks[bid].ref_count = 0
-            tail.reverse()
-            fl.extend(tail)
-            released = len(tail)
+            # (no content hash, one reference): the unfilled tail straight back to the free list,
+            # tail first; full private blocks (prefix_index all) to the LRU list as one run
+            if f < len(table):
+                tail = table[max(f, k):]
+                for bid in tail:
+                    blocks[bid].ref_count = 0
+                tail.reverse()
+                fl.extend(tail)
+            if f > k:
+                run = table[k:f]
+                for bid in run:
+                    blk = blocks[bid]
+                    blk.ref_count = 0
+                    blk.last_used_s = now_s
+                key = cf.add_run(run)
+                self._run_owner[key] = (req.rid, req.segments, req.adapter, k)
+                self._runs_of.setdefault(req.rid, []).append(key)
+            released = len(table) - k
             table = table[:k]
+        od = cf.od
         for bid in reversed(table):
             blk = blocks[bid]
             rc = blk.ref_count - 1
@@ -352,10 +526,11 @@ class BlockManager:
                 fl.append(bid)
             else:
                 blk.last_used_s = now_s
-                cf[bid] = None
+                od[bid] = None
+                cf.count += 1
         self.used_blocks -= released
         req.block_table = []
-        req.indexed_blocks = 0
+        req.indexed_blocks = req.full_blocks = 0
 
     # ---- host tier (swap) ---------------------------------------------------------------------
     def can_swap_out(self, req: Request) -> bool:
@@ -367,6 +542,8 @@ class BlockManager:
         n = len(req.block_table)
         self.host_used_blocks += n
         req.swapped_blocks = n
+        if self._lazy:
+            req.hash_all = True  # a swapped request meets its own cached blocks again: hash them all
         self.register(req, req.computed_tokens, now_s)
         self.free(req, now_s)
         self.stats.swap_outs += 1
@@ -399,6 +576,6 @@ class BlockManager:
             blk.ref_count = 0
             blk.content_hash, blk.depth, blk.last_used_s, blk.cached_since_s = h, depth, now_s, now_s
             self.index[h] = bid
-            self.cached_free[bid] = None
+            self.cached_free.add(bid)
             added += 1
         return added

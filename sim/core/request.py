@@ -57,6 +57,12 @@ class Request:
     """Branches forked from it share blocks past its indexed prefix (their references count)."""
     indexed_blocks: int = 0
     """Leading blocks of block_table already offered to the prefix index."""
+    hash_all: bool = False
+    """The block manager hashes every full block of it as it fills (prefix_index all): it may meet
+    blocks of an earlier request with its id (preempted, swapped, retried; see sim.core.kv)."""
+    full_blocks: int = 0
+    """Leading blocks of block_table full of computed KV as last registered, when past indexed_blocks
+    (prefix_index all: private blocks, cached unhashed when released; see sim.core.kv)."""
     segments: tuple = ()
     """Token identity of the prompt: ((stream id, first token, length), ...); see sim.core.kv."""
     shareable_tokens: int | None = None
@@ -104,11 +110,12 @@ class Request:
         """Lost with a failed replica: start over elsewhere (latency still counts from arrival_s)."""
         self.status = Status.WAITING
         self.output_tokens = self.computed_tokens = self.cached_tokens = 0
-        self.block_table, self.block_hashes, self.indexed_blocks = [], [], 0
+        self.block_table, self.block_hashes, self.indexed_blocks, self.full_blocks = [], [], 0, 0
         self.first_token_s = self.last_token_s = None
         self.max_itl_s, self.last_iteration, self.replica = 0.0, None, None
         self.recompute_upto = self.swapped_blocks = 0
         self.accept_rates = None
+        self.hash_all = True
 
     @property
     def num_blocks(self) -> int:

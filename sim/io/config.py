@@ -79,7 +79,7 @@ class KVConfig(StrictModel):
         "reserve", description="reserve prompt + max output at admission, or grow block by block and preempt")
     prefix_caching: bool = Field(True, description="Reuse cached KV of identical token prefixes (vLLM's default)")
     prefix_index: Literal["all", "foresight"] = Field(
-        "foresight", description="Which full blocks the prefix cache keeps: all (vLLM: every full block, LRU) or "
+        "all", description="Which full blocks the prefix cache keeps: all (vLLM: every full block, LRU) or "
                                  "foresight (only blocks a later request will match: an upper bound, it needs the future)")
     eviction: Literal["lru", "value"] = Field(
         "lru", description="Which cached-free block to drop first: least recently used, or lowest value per byte")

@@ -206,9 +206,20 @@ def test_prefix_hit_shortens_ttft_on_a_multi_turn_session():
     assert r.loc[1, "ttft_s"] < alone.loc[1, "ttft_s"] / 5
 
 
+def _hot_cold_requests():
+    hot = {"prompt_tokens": 1100, "output_tokens": 2, "prefix": {"name": "hot", "tokens": 1024}}
+    reqs = [{"arrival_s": 0.0, **hot}, {"arrival_s": 10.0, **hot}, {"arrival_s": 20.0, **hot},
+            {"arrival_s": 30.0, "prompt_tokens": 1100, "output_tokens": 2, "prefix": {"name": "cold", "tokens": 1024}},
+            {"arrival_s": 40.0, "prompt_tokens": 1100, "output_tokens": 2},
+            {"arrival_s": 50.0, **hot},
+            {"arrival_s": 60.0, "prompt_tokens": 1100, "output_tokens": 2, "prefix": {"name": "cold", "tokens": 1024}}]
+    return {"workload": {"kind": "requests", "requests": reqs}}
+
+
 def test_value_eviction_keeps_the_prefix_with_more_value():
     """A one-off request needs room while two 1024-token prefixes are cached: LRU evicts the hot
-    prefix (used less recently), value per byte evicts the cold one (never hit)."""
+    prefix (used less recently), value per byte evicts the cold one (never hit). Pinned to
+    prefix_index foresight (only the prefixes are cached), the set-up the chapter's arithmetic uses."""
     hot = {"prompt_tokens": 1100, "output_tokens": 2, "prefix": {"name": "hot", "tokens": 1024}}
     reqs = [{"arrival_s": 0.0, **hot}, {"arrival_s": 10.0, **hot}, {"arrival_s": 20.0, **hot},
             {"arrival_s": 30.0, "prompt_tokens": 1100, "output_tokens": 2, "prefix": {"name": "cold", "tokens": 1024}},
@@ -217,11 +228,31 @@ def test_value_eviction_keeps_the_prefix_with_more_value():
             {"arrival_s": 60.0, "prompt_tokens": 1100, "output_tokens": 2, "prefix": {"name": "cold", "tokens": 1024}}]
     budget = 168 * 16 * 147456  # both prefixes (2 x 64 blocks) + 40 free: the one-off (69) must evict 29
     common = {"workload": {"kind": "requests", "requests": reqs}}
-    lru = run(scenario(kv={"block_tokens": 16, "format": "bf16", "budget": budget}, **common))
-    val = run(scenario(kv={"block_tokens": 16, "format": "bf16", "budget": budget, "eviction": "value"}, **common))
+    kv = {"block_tokens": 16, "format": "bf16", "budget": budget, "prefix_index": "foresight"}
+    lru = run(scenario(kv=kv, **common))
+    val = run(scenario(kv={**kv, "eviction": "value"}, **common))
     assert lru.summary["evictions"] == val.summary["evictions"] == 29
     assert lru.requests.loc[5, "cached_tokens"] == (64 - 29) * 16
     assert val.requests.loc[5, "cached_tokens"] == 1024
+
+
+def test_value_eviction_under_prefix_index_all_drops_private_blocks_first():
+    """The same requests under the default prefix_index all (vLLM): every full block stays cached,
+    private ones too. Each 1,102-token request fills 68 blocks (64 prefix + 4 private) and a partial
+    one. Before the one-off request (69 blocks) the pool holds 64 hot + 64 cold + 4 x 4 private
+    cached blocks and 24 empty ones, so it evicts 45. LRU takes the oldest: the three hot requests'
+    12 private blocks, then 33 hot prefix blocks (tail first), leaving request 5 a 31-block hit; value
+    per byte drops never-hit blocks first and request 5 hits the whole hot prefix."""
+    budget = 168 * 16 * 147456
+    common = _hot_cold_requests()
+    kv = {"block_tokens": 16, "format": "bf16", "budget": budget}
+    lru = run(scenario(kv=kv, **common))
+    val = run(scenario(kv={**kv, "eviction": "value"}, **common))
+    assert lru.requests.loc[5, "cached_tokens"] == (64 - 33) * 16
+    assert val.requests.loc[5, "cached_tokens"] == 1024
+    # request 5 then evicts 37 (1 empty block, 69 - 31 needed): the cold request's 4 private and 33 cold prefix blocks
+    assert lru.requests.loc[6, "cached_tokens"] == (64 - 33) * 16
+    assert val.summary["evictions"] < lru.summary["evictions"]  # value keeps the hot prefix: fewer misses
 
 
 def test_chain_hashes_walk_streams_like_block_pieces():
@@ -271,7 +302,7 @@ def test_prefix_index_all_caches_private_blocks_lru_and_foresight_does_not():
         kv.allocate(a, 10)
         a.computed_tokens = 10
         kv.register(a, 10, now_s=1.0)
-        assert a.indexed_blocks == (2 if policy == "all" else 0)
+        assert max(a.indexed_blocks, a.full_blocks) == (2 if policy == "all" else 0)  # cached at release
         kv.free(a, now_s=2.0)
         assert list(kv.cached_free) == cached
         assert kv.free_blocks == 6
