@@ -153,16 +153,92 @@ def start_mode_held_out(staggered: str, burst: str, sample: str, aic_path: str) 
     return out
 
 
+ROUND_CHOICES = ((1, "cohort"), (2, "spread"), (3, "spread"), (5, "spread"), (10, "spread"), (20, "spread"),
+                 (1000, "spread"))
+"""What `rounds_held_out` chooses among: every wave a repeat of the first (cohort), or N rounds of which the
+first is a burst and the rest the steady state (N = 1000: the steady state alone)."""
+
+
+def rounds_held_out(report: str, sample: str, aic_path: str) -> list[dict]:
+    """The benchmark's length and the engine's cohort regime are not in the file: per (collection, engine),
+    choose them among ROUND_CHOICES on the rows with an even line number from the two parts a cold-start
+    report keeps per row (`components`), then report both metrics on the odd rows only."""
+    from sim.published.predict import combine_cold
+    with open(sample, newline="") as fh:
+        coll = {r["id"]: collection(r["silicon_data_source"]) for r in csv.DictReader(fh)}
+    rows = {r["id"]: r for r in json.loads(Path(report).read_text())["rows"] if "components" in r}
+    aic = {}
+    if aic_path:
+        with open(aic_path, newline="") as fh:
+            aic = {r["id"]: r for r in csv.DictReader(fh) if r["aic_ttft_ms"]}
+    ids = sorted(set(rows) & set(aic)) if aic_path else sorted(rows)
+
+    def err(i, choice, metric):
+        n, regime = choice
+        pred = combine_cold(rows[i]["components"]["first_wave"], rows[i]["components"]["steady"], n, regime)
+        return abs(pred[metric] / rows[i]["measured"][metric] - 1)
+
+    out, every = [], {"ttft_ms": [], "tpot_ms": [], "aic_ttft_ms": [], "aic_tpot_ms": []}
+    for c in sorted({coll[i] for i in ids}):
+        for backend in sorted({rows[i]["backend"] for i in ids if coll[i] == c}):
+            mine = [i for i in ids if coll[i] == c and rows[i]["backend"] == backend]
+            fit = [i for i in mine if rows[i]["line"] % 2 == 0]
+            test = [i for i in mine if rows[i]["line"] % 2 == 1]
+            if not fit or not test:
+                continue
+            best = min(ROUND_CHOICES, key=lambda ch: np.median([err(i, ch, "ttft_ms") for i in fit]))
+            row = {"collection": c, "backend": backend, "chosen": best, "n_fit": len(fit), "n_test": len(test)}
+            for metric in ("ttft_ms", "tpot_ms"):
+                mine_err = [err(i, best, metric) for i in test]
+                peer_err = [abs(float(aic[i]["aic_" + metric]) / rows[i]["measured"][metric] - 1)
+                            for i in test if i in aic]
+                row[metric] = float(np.median(mine_err))
+                row["aic_" + metric] = float(np.median(peer_err)) if peer_err else float("nan")
+                every[metric] += mine_err
+                every["aic_" + metric] += peer_err
+            out.append(row)
+    n = len(every["ttft_ms"])
+    out.append({"collection": "all", "backend": "all", "chosen": "per collection", "n_fit": len(ids) - n,
+                "n_test": n, **{k: float(np.median(v)) if v else float("nan") for k, v in every.items()}})
+    return out
+
+
+def _choice(chosen) -> str:
+    if isinstance(chosen, str):
+        return chosen
+    n, regime = chosen
+    return "cohort (every wave a burst)" if regime == "cohort" else (
+        "steady state alone" if n >= 1000 else f"{n} rounds, first a burst")
+
+
+def _print_rounds(report: str, sample: str, aic: str | None) -> None:
+    print("\n| collection | engine | chosen on even lines | fit rows | held-out rows | capsim TTFT | "
+          "AIConfigurator TTFT | capsim TPOT | AIConfigurator TPOT |\n|---|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in rounds_held_out(report, sample, aic):
+        print(f"| {r['collection']} | {r['backend']} | {_choice(r['chosen'])} | {r['n_fit']} | {r['n_test']} | "
+              f"{r['ttft_ms']:.1%} | {r['aic_ttft_ms']:.1%} | {r['tpot_ms']:.1%} | {r['aic_tpot_ms']:.1%} |")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("report", help="capsim validate-published --out DIR: DIR/report.json")
-    ap.add_argument("aic", help="benchmarks/aiconfigurator_peer.py output CSV")
+    ap.add_argument("aic", nargs="?", help="benchmarks/aiconfigurator_peer.py output CSV (without it: capsim only, "
+                                           "--rounds-held-out)")
     ap.add_argument("--fig", help="write the predicted-vs-measured figure here (PNG)")
     ap.add_argument("--md", help="write the Markdown table here")
     ap.add_argument("--burst", help="a second report.json run with --start burst: choose the start mode per "
                                     "collection on even lines, report on odd lines")
+    ap.add_argument("--rounds-held-out", action="store_true",
+                    help="REPORT is a --start cold run: choose the benchmark length and cohort regime per collection "
+                         "on even lines, report on odd lines (needs --sample)")
     ap.add_argument("--sample", help="the silicon sample CSV (its silicon_data_source names the collection)")
     args = ap.parse_args(argv)
+    if args.aic is None:
+        if not (args.rounds_held_out and args.sample):
+            print("without the peer's CSV only --rounds-held-out --sample is available", file=sys.stderr)
+            return 2
+        _print_rounds(args.report, args.sample, None)
+        return 0
     rows = load(args.report, args.aic)
     if not rows:
         print("no row was predicted by both tools", file=sys.stderr)
@@ -173,6 +249,8 @@ def main(argv=None) -> int:
         Path(args.md).write_text(text + "\n")
     if args.fig:
         figure(rows, args.fig)
+    if args.rounds_held_out and args.sample:
+        _print_rounds(args.report, args.sample, args.aic)
     if args.burst and args.sample:
         print("\n| collection | engine | start mode (chosen on even lines) | fit rows | held-out rows | "
               "capsim TTFT | AIConfigurator TTFT | capsim TPOT | AIConfigurator TPOT |\n"

@@ -60,3 +60,24 @@ def test_rounds_flag():
     assert code == 2 and "--rounds: expected an integer >= 1" in err
     code, _, err = capsim(*args, "--rounds", "5", "--start", "burst")
     assert code == 2 and "--rounds: only with --start cold" in err
+
+
+def test_rounds_held_out_chooses_on_even_lines_and_reports_odd(tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("published_peer", Path(__file__).parents[2] / "benchmarks"
+                                                  / "published_peer.py")
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    first, steady = {"ttft_ms": 900.0, "tpot_ms": 30.0}, {"ttft_ms": 100.0, "tpot_ms": 10.0}
+    truth = combine_cold(first, steady, 5, "spread")  # rows measured as a 5-round cold benchmark
+    rows, sample = [], ["id,silicon_data_source"]
+    for line in range(2, 8):
+        measured = dict(truth) if line != 7 else {"ttft_ms": 2 * truth["ttft_ms"], "tpot_ms": truth["tpot_ms"]}
+        rows.append({"id": f"r{line}", "line": line, "backend": "vllm", "measured": measured,
+                     "predicted": truth, "components": {"first_wave": first, "steady": steady}})
+        sample.append(f"r{line},source_file=x.csv; silicon_concurrency=8")
+    (tmp_path / "report.json").write_text(json.dumps({"rows": rows}))
+    (tmp_path / "sample.csv").write_text("\n".join(sample) + "\n")
+    out = peer.rounds_held_out(str(tmp_path / "report.json"), str(tmp_path / "sample.csv"), None)
+    assert out[0]["chosen"] == (5, "spread") and (out[0]["n_fit"], out[0]["n_test"]) == (3, 3)
+    assert out[0]["ttft_ms"] == pytest.approx(0.0)  # median over lines 3, 5, 7: line 7 is off by 50%
