@@ -56,7 +56,7 @@ class RequestTable:
 
     def _order(self) -> np.ndarray:
         """Record positions in id order (a stable sort: as the whole table sorted by id)."""
-        ids = [b[:, 0] for b in self._blocks()]
+        ids = [b[:, 0].copy() for b in self._blocks()]  # copies: a view would keep its whole block
         return np.argsort(np.concatenate(ids) if ids else np.empty(0), kind="stable")
 
     def chunks(self, rows: int | None = None) -> Iterator[dict[str, np.ndarray]]:

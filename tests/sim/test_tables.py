@@ -62,3 +62,15 @@ def test_rows_at_reads_rows_from_the_file_and_the_buffer(monkeypatch):
     pieces = list(s.chunks(33))  # whole rows (33 is a multiple of the width), at most 33 values each
     assert all(len(c) <= 33 and len(c) % 3 == 0 for c in pieces)
     assert [v for c in pieces for v in c.tolist()] == [float(v) for r in range(52) for v in (r, r + 0.5, -r)]
+
+
+def test_distinct_weights_equal_numpy_unique():
+    """The pooled ITL's distinct gaps and their weights, as np.unique + bincount give them."""
+    import numpy as np
+    rng = np.random.default_rng(7)
+    values = np.round(rng.random(5000), 3)  # many repeats
+    weights = rng.integers(1, 300, len(values)).astype(np.int32)
+    v, w = metrics._distinct_weights(values, weights)
+    u, inverse = np.unique(values, return_inverse=True)
+    assert np.array_equal(v, u) and np.array_equal(w, np.bincount(inverse, weights=weights).astype(np.int64))
+    assert w.dtype == np.int64
