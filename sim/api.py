@@ -36,7 +36,7 @@ _EXPORTS: dict[str, str] = {
     "ModelProfile": "sim.io.profiles", "FittedProfile": "sim.io.profiles", "LinearStepTime": "sim.io.profiles",
     "EfficiencyStepTime": "sim.io.profiles", "TablePoint": "sim.io.profiles", "MFUPoint": "sim.io.profiles",
     "PrefillOverride": "sim.io.profiles", "ValidRange": "sim.io.profiles", "FitSummary": "sim.io.profiles",
-    "Provenance": "sim.io.profiles",
+    "Provenance": "sim.io.profiles", "ShapeCache": "sim.io.profiles",
     # model arithmetic and step-time models
     "ModelSpec": "sim.models.spec", "causal_pairs": "sim.models.roofline", "forward_flops": "sim.models.roofline",
     "sequence_flops": "sim.models.roofline", "iteration_bytes": "sim.models.roofline", "mfu": "sim.models.roofline",

@@ -20,6 +20,7 @@ import numpy as np
 import simpy
 
 from sim.core.request import Request
+from sim.models.step_time import KeptShapes, shape_cache_of
 
 
 class StepExecutor(Protocol):
@@ -45,13 +46,18 @@ class ModelledExecutor:
     def __init__(self, step_time, fast_forward: bool = True):
         self.step_time = step_time
         self.fast_forward = fast_forward
+        cache = shape_cache_of(step_time)
+        self.shapes = None if cache is None else KeptShapes(cache)
+        """The engine's kernel cache when the profile has a shape_cache (one executor per replica then)."""
 
     def begin(self, now_s: float) -> None:
         """Nothing to line up: simulated time is the only clock."""
 
     def execute(self, plan, start_s: float) -> float:
-        """The model's time for this iteration."""
-        return self.step_time.step_s(plan)
+        """The model's time for this iteration (plus building its shape's kernel, if not kept)."""
+        if self.shapes is None:
+            return self.step_time.step_s(plan)
+        return self.step_time.step_s(plan) + self.shapes.miss_s(plan)
 
     def committed(self, plan, outcome, now_s: float) -> None:
         """Nothing to record: the timeline and the recorder have it."""

@@ -200,7 +200,12 @@ class Simulation:
             from sim.core.pools import run_disaggregated
             return run_disaggregated(self, executor, env)
         env = env or simpy.Environment()
-        executor = executor or ModelledExecutor(self.step_time)
+        if executor is None and costmod.shape_cache_of(self.step_time) is not None:
+            executors = {}   # each replica's engine keeps its own kernels (a restarted one starts empty)
+            own = lambda replica: executors.setdefault(id(replica), ModelledExecutor(self.step_time))  # noqa: E731
+        else:
+            executor = executor or ModelledExecutor(self.step_time)
+            own = lambda replica: executor  # noqa: E731
         deadline = self._deadline_check()
         rec = Recorder(sc.slo, track_request_gaps=sc.slo.itl_s is not None and sc.slo.itl_stat == "p99")
         self._speculators = []
@@ -209,11 +214,11 @@ class Simulation:
         self._speculator = self._speculators[0] if self._speculators else None
         frontend = Frontend(env, sc, self.workload, replicas, ROUTERS[sc.cluster.router.kind](), rec, self.progress)
         for r in replicas:
-            frontend.start(r, executor)
+            frontend.start(r, own(r))
         frontend.open()
         if sc.cluster.faults:
             FaultInjector(env, sc.cluster, frontend, lambda index, inc: self._new_replica(env, index, rec, deadline, inc),
-                          lambda replica: frontend.start(replica, executor)).begin()
+                          lambda replica: frontend.start(replica, own(replica))).begin()
         try:
             env.run()
         except costmod.ExtrapolationError as exc:

@@ -23,6 +23,7 @@ class StepPlan:
     prefill_tokens: int = 0
     prefill_pairs: int = 0
     prefill_logits: int = 0
+    """Prefill sequences whose prompt completes in this iteration (each samples its first token)."""
     prefill_seqs: int = 0
     decode_seqs: int = 0
     decode_kv_tokens: int = 0

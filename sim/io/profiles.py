@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import (Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, ValidationInfo,
-                      model_validator)
+                      model_serializer, model_validator)
 
 from sim.io.errors import ConfigError
 from sim.io.schema import StrictModel, load_yaml_model
@@ -171,9 +171,23 @@ class ModelProfile(StrictModel):
 # Step-time models (shared by scenarios and by fitted profiles)
 
 
+class ShapeCache(StrictModel):
+    """An engine that builds a kernel for each batch token count and keeps only the `entries` most recently
+    used (vLLM 0.32's CPU build: a oneDNN primitive cache of 32 shapes per linear layer,
+    vllm/model_executor/layers/utils.py `create_onednn_mm(weight, 32)`) pays, in an iteration whose token
+    count is not among them, miss_s + per_miss_token_s x its tokens on top of the linear model's time.
+    Each replica's engine starts with an empty cache."""
+
+    entries: PositiveInt = Field(description="Shapes (batch token counts) the engine keeps built, least recently "
+                                             "used evicted first")
+    miss_s: NonNegativeFloat = 0.0
+    per_miss_token_s: NonNegativeFloat = 0.0
+
+
 class LinearStepTime(StrictModel):
     """T = constant + per_new_token * tokens + per_pair * causal pairs + per_kv_token * KV tokens read
-    + per_sequence * sequences + per_decode_sequence * decode sequences, all summed over the batch."""
+    + per_sequence * sequences + per_decode_sequence * decode sequences
+    + per_prefill_completion * prompts completed (sampling their first token), all summed over the batch."""
 
     kind: Literal["linear"] = "linear"
     constant_s: NonNegativeFloat = 0.0
@@ -182,6 +196,22 @@ class LinearStepTime(StrictModel):
     per_kv_token_s: float = Field(0.0, description="Per context token read from KV by the iteration")
     per_sequence_s: float = 0.0
     per_decode_sequence_s: float = 0.0
+    per_prefill_completion_s: NonNegativeFloat = Field(
+        0.0, description="Per sequence whose prompt completes in the iteration (its last prefill chunk, after "
+                         "which it samples its first token); optional, 0 when the data cannot tell completions apart")
+    shape_cache: ShapeCache | None = Field(None, description="Optional: the time of building a kernel for a batch "
+                                                             "token count the engine has not kept (ShapeCache)")
+
+    @model_serializer(mode="wrap")
+    def _omit_optional_terms(self, handler):
+        """A profile or scenario without the optional terms dumps exactly as before they existed."""
+        data = handler(self)
+        if isinstance(data, dict):
+            if not self.per_prefill_completion_s:
+                data.pop("per_prefill_completion_s", None)
+            if self.shape_cache is None:
+                data.pop("shape_cache", None)
+        return data
 
     @model_validator(mode="before")
     @classmethod

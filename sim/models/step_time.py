@@ -9,6 +9,7 @@ from __future__ import annotations
 import bisect
 import dataclasses
 import sys
+from collections import OrderedDict
 from pathlib import Path
 
 from sim.io.errors import ConfigError
@@ -19,7 +20,8 @@ from sim.models.roofline import forward_flops
 
 
 class LinearModel:
-    """T = c + a x tokens + p x pairs + r x KV tokens read + s x sequences + d x decode sequences."""
+    """T = c + a x tokens + p x pairs + r x KV tokens read + s x sequences + d x decode sequences
+    (+ f x prompts completed: plan.prefill_logits, the sequences sampling their first token)."""
 
     def __init__(self, cfg: LinearStepTime):
         self.cfg = cfg
@@ -27,7 +29,10 @@ class LinearModel:
     def prefill_part_s(self, plan) -> float:
         """The prefill part of a step (chunked-prefill budgeting): its token, pair and sequence terms."""
         c = self.cfg
-        return c.per_new_token_s * plan.prefill_tokens + c.per_pair_s * plan.prefill_pairs + c.per_sequence_s * plan.prefill_seqs
+        t = c.per_new_token_s * plan.prefill_tokens + c.per_pair_s * plan.prefill_pairs + c.per_sequence_s * plan.prefill_seqs
+        if c.per_prefill_completion_s:
+            t += c.per_prefill_completion_s * plan.prefill_logits
+        return t
 
     def step_s(self, plan) -> float:
         """The iteration's time: the linear terms over the whole batch (refused when negative)."""
@@ -35,6 +40,8 @@ class LinearModel:
         t = (c.constant_s + c.per_new_token_s * plan.new_tokens + c.per_pair_s * plan.pairs
              + c.per_kv_token_s * plan.kv_tokens_read + c.per_sequence_s * plan.num_seqs
              + c.per_decode_sequence_s * plan.decode_seqs)
+        if c.per_prefill_completion_s:   # optional term (0 in most profiles: t stays bit for bit as before)
+            t += c.per_prefill_completion_s * plan.prefill_logits
         if t < 0:  # negative coefficients (a fit's) can go below zero far from the fitted shapes
             raise ExtrapolationError(
                 f"the linear model (step_time.model) gives a negative step time ({t:.6g} s) for an iteration of "
@@ -173,6 +180,37 @@ class EfficiencyModel:
         if dec + pre > compute + kv_read > max(dec, pre):
             self._note_clamp(plan.new_tokens)
         return min(dec + pre, max(dec, pre, compute + kv_read))
+
+
+class KeptShapes:
+    """One engine's kernel cache (a profile's `shape_cache`): the batch token counts it keeps built, least
+    recently used first. The executor asks it once per executed iteration; step_s stays a pure function
+    (a warm cache), so probes of made-up plans leave it alone."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.kept: OrderedDict[int, None] = OrderedDict()
+
+    def miss_s(self, plan) -> float:
+        """0 when the iteration's token count is kept (it becomes the most recent); otherwise the cost of
+        building it (it is kept from now on, the least recently used shape leaving when full)."""
+        n, kept = plan.new_tokens, self.kept
+        if n in kept:
+            kept.move_to_end(n)
+            return 0.0
+        kept[n] = None
+        if len(kept) > self.cfg.entries:
+            kept.popitem(last=False)
+        return self.cfg.miss_s + self.cfg.per_miss_token_s * n
+
+
+def shape_cache_of(model):
+    """The `shape_cache` of the linear model inside `model`'s wrappers (None when there is none)."""
+    while model is not None:
+        if isinstance(model, LinearModel):
+            return model.cfg.shape_cache
+        model = getattr(model, "inner", None)
+    return None
 
 
 class GraphPadded:

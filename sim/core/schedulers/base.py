@@ -68,11 +68,14 @@ class Outcome:
 def _linear_terms(step_time: Callable, plan: StepPlan) -> tuple | None:
     """For a plain linear step-time model, the terms of its step_s that stay fixed while a steady
     plan grows (None for any other model): step_s = head + p x pairs + r x KV tokens + seqs + decodes,
-    evaluated left to right exactly as LinearModel.step_s does."""
+    evaluated left to right exactly as LinearModel.step_s does. Its per_prefill_completion_s term is
+    absent: a steady plan is all decodes (no prompt completes in it)."""
     model = getattr(step_time, "__self__", None)
     if type(model).__name__ != "LinearModel" or getattr(step_time, "__name__", "") != "step_s":
         return None
     c = model.cfg
+    if c.per_prefill_completion_s and plan.prefill_logits:
+        return None
     return (c.constant_s + c.per_new_token_s * plan.new_tokens, c.per_pair_s, c.per_kv_token_s,
             c.per_sequence_s * plan.num_seqs, c.per_decode_sequence_s * plan.decode_seqs)
 
