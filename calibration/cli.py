@@ -148,6 +148,9 @@ def add_fit_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--peak-tflops", type=float, default=None, help="peak for MFU when no --hardware")
     parser.add_argument("--bandwidth-gbs", type=float, default=None, help="bandwidth for MBU when no --hardware")
     parser.add_argument("--cuda-graphs", action="store_true", help="the logged engine ran decode as CUDA graphs")
+    parser.add_argument("--shape-cache", type=_positive_int, default=None, metavar="N",
+                        help="the engine keeps kernels for its N most recent batch token counts and builds one for "
+                             "any other (vLLM 0.32's CPU build: 32): fit that cost too (vllm format)")
     parser.add_argument("--source", default=None, help="provenance text (default: the log path)")
 
 
@@ -162,7 +165,7 @@ def fit_main(args: argparse.Namespace) -> int:
             columns=_pairs(args.columns, "--columns"), where=_pairs(args.where, "--where"), fmt=args.format,
             hardware=load_hardware(args.hardware) if args.hardware else None, devices=args.devices,
             dtype=args.dtype, peak_tflops=args.peak_tflops, bandwidth_gbs=args.bandwidth_gbs,
-            cuda_graphs=args.cuda_graphs, source=args.source,
+            cuda_graphs=args.cuda_graphs, source=args.source, shape_cache_entries=args.shape_cache,
             command=_fit_command(args))
         res = fit_log(cfg)
     except (ValueError, ConfigError) as exc:
@@ -183,12 +186,23 @@ def _fit_command(args: argparse.Namespace) -> str:
             argv += [flag, *values]
     for flag, value in (("--format", args.format), ("--hardware", args.hardware), ("--devices", args.devices),
                         ("--dtype", args.dtype), ("--peak-tflops", args.peak_tflops),
-                        ("--bandwidth-gbs", args.bandwidth_gbs)):
+                        ("--bandwidth-gbs", args.bandwidth_gbs), ("--shape-cache", args.shape_cache)):
         if value is not None:
             argv += [flag, str(value)]
     if args.cuda_graphs:
         argv.append("--cuda-graphs")
     return "capsim fit " + " ".join(shlex.quote(str(a)) for a in argv)
+
+
+def _positive_int(text: str) -> int:
+    """argparse type: an integer >= 1 (argparse names the flag in its error)."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {n}")
+    return n
 
 
 def _pairs(items: list[str], flag: str) -> dict[str, str]:

@@ -1,8 +1,10 @@
 """Fits step-time models to measured iterations and writes profiles/fitted/*.yaml (sim.io.profiles schema).
 
 Two models, the two the simulator evaluates (sim.models.step_time):
-- linear: T = c + a*new tokens + p*pairs + r*KV tokens read + s*sequences + d*decode sequences,
-  least squares on relative error (rows weighted by 1/measured time), coefficients kept >= 0;
+- linear: T = c + a*new tokens + p*pairs + r*KV tokens read + s*sequences + d*decode sequences
+  (+ f*prompts completed, where the points tell completing prefill chunks from the others: an engine's
+  log does, a grid whose every prefill ends its prompt does not, and there f stays 0), least squares on
+  relative error (rows weighted by 1/measured time), coefficients kept >= 0;
 - efficiency: a decode table (time against weight + KV bytes read, made non-decreasing by isotonic
   regression) and a prefill MFU table (median MFU per prefill token count).
 Both are fitted on about 75% of the points; the rest (a quarter of each kind, chosen by a hash of the
@@ -28,14 +30,14 @@ from scipy.optimize import nnls
 from sim.api import EfficiencyModel, LinearModel
 from sim.api import ModelSpec
 from sim.api import (EfficiencyStepTime, FitSummary, FittedProfile, LinearStepTime, MFUPoint, Provenance,
-                         TablePoint, ValidRange, load_fitted)
+                         ShapeCache, TablePoint, ValidRange, load_fitted)
 from sim.api import StepPlan
 from sim.api import forward_flops, iteration_bytes, mbu, mfu
 from sim.api import validate_mapping
 
-LINEAR_FEATURES = ("const", "new_tokens", "pairs", "kv_tokens_read", "num_seqs", "decode_seqs")
+LINEAR_FEATURES = ("const", "new_tokens", "pairs", "kv_tokens_read", "num_seqs", "decode_seqs", "prefill_completions")
 _LINEAR_FIELDS = ("constant_s", "per_new_token_s", "per_pair_s", "per_kv_token_s", "per_sequence_s",
-                  "per_decode_sequence_s")
+                  "per_decode_sequence_s", "per_prefill_completion_s")
 HOLDOUT_EVERY = 4  # every 4th point of each kind is held out (25%)
 
 
@@ -58,6 +60,11 @@ class Observation:
     prefill_cached_tokens: int = 0
     logits: int | None = None
     key: str | None = None
+    prefill_completions: int | None = None
+    """Prefill sequences completing their prompt; None: as many as the logit rows of prefills say (all
+    of them without a `logits` count)."""
+    shape_miss: int = 0
+    """1 when the engine built kernels for this iteration's token count (sim.io.profiles.ShapeCache)."""
 
     @classmethod
     def from_row(cls, row: dict) -> "Observation":
@@ -69,17 +76,28 @@ class Observation:
     def n_logits(self) -> int:
         return self.logits if self.logits is not None else self.num_seqs
 
+    @property
+    def completions(self) -> int:
+        """Prefill sequences completing their prompt (each samples its first token)."""
+        if self.prefill_completions is not None:
+            return self.prefill_completions
+        if self.logits is not None:
+            return min(self.prefill_seqs, max(0, self.logits - self.decode_seqs))
+        return self.prefill_seqs
+
     def vector(self) -> list[float]:
-        """The linear model's features: 1, new tokens, attention pairs, KV tokens read, sequences, decodes."""
-        return [1.0, self.new_tokens, self.pairs, self.kv_tokens_read, self.num_seqs, self.decode_seqs]
+        """The linear model's features: 1, new tokens, attention pairs, KV tokens read, sequences, decodes,
+        prompts completed; then a shape miss and its tokens (the shape cache's two terms)."""
+        return [1.0, self.new_tokens, self.pairs, self.kv_tokens_read, self.num_seqs, self.decode_seqs,
+                self.completions, self.shape_miss, self.shape_miss * self.new_tokens]
 
     def plan(self) -> StepPlan:
-        """The StepPlan a scheduler would build for this iteration, for sim.models.step_time. Each prefill
-        sequence finishes its prompt (one logit row); decodes are plain, not speculative (they enter
-        as the decode set's aggregate, which is all sim.models.step_time reads of them)."""
+        """The StepPlan a scheduler would build for this iteration, for sim.models.step_time. `completions`
+        of the prefill sequences finish their prompt (one logit row each); decodes are plain, not
+        speculative (they enter as the decode set's aggregate, which is all sim.models.step_time reads of them)."""
         plan = StepPlan(num_seqs=self.prefill_seqs, new_tokens=self.prefill_tokens, pairs=self.prefill_pairs,
                         prefill_tokens=self.prefill_tokens, prefill_pairs=self.prefill_pairs,
-                        prefill_logits=self.prefill_seqs, prefill_seqs=self.prefill_seqs,
+                        prefill_logits=self.completions, prefill_seqs=self.prefill_seqs,
                         kv_tokens_read=self.kv_tokens_read - self.decode_kv_tokens, max_context=self.max_context)
         if self.prefill_seqs:
             n = self.prefill_tokens // self.prefill_seqs
@@ -143,6 +161,10 @@ class Roofline:
 def _split_key(o: Observation) -> str:
     ident = o.key or (f"{o.kind}:{o.new_tokens}:{o.pairs}:{o.kv_tokens_read}:{o.num_seqs}:{o.decode_seqs}:"
                       f"{o.prefill_tokens}:{o.max_context}")
+    if o.key is None and o.completions != o.prefill_seqs:   # (the hash of every other shape stays as it was)
+        ident += f":{o.completions}"
+    if o.key is None and o.shape_miss:
+        ident += ":miss"
     return hashlib.sha256(ident.encode()).hexdigest()
 
 
@@ -173,18 +195,29 @@ def split_heldout(obs: list[Observation]) -> tuple[list[Observation], list[Obser
     return [o for o in obs if id(o) not in held], [o for o in obs if id(o) in held]
 
 
-def fit_linear(obs: list[Observation]) -> LinearStepTime:
-    """Non-negative least squares on relative error: minimise sum(((X b - t) / t)^2), b >= 0."""
+def fit_linear(obs: list[Observation], shape_entries: int | None = None) -> LinearStepTime:
+    """Non-negative least squares on relative error: minimise sum(((X b - t) / t)^2), b >= 0. The
+    prompt-completion term is fitted only when some prefill sequence does not complete its prompt:
+    otherwise it equals sequences minus decodes and cannot be told apart (it stays 0). With
+    `shape_entries` and some shape misses among the points, the shape cache's terms are fitted too."""
     if not obs:
         raise ValueError("no points to fit")
     X = np.array([o.vector() for o in obs], dtype=float)
+    if all(o.completions == o.prefill_seqs for o in obs):
+        X[:, 6] = 0.0
+    shapes = bool(shape_entries) and any(o.shape_miss for o in obs)
+    if not shapes:
+        X[:, 7:] = 0.0
     t = np.array([o.time_s for o in obs], dtype=float)
     A = X / t[:, None]
     scale = np.abs(A).max(axis=0)
     scale[scale == 0] = 1.0   # a feature absent from the data gets coefficient 0
     z, _ = nnls(A / scale, np.ones(len(obs)), maxiter=50 * A.shape[1])
     coef = z / scale
-    return LinearStepTime(**{f: float(c) for f, c in zip(_LINEAR_FIELDS, coef)})
+    fields = {f: float(c) for f, c in zip(_LINEAR_FIELDS, coef)}
+    if shapes:
+        fields["shape_cache"] = ShapeCache(entries=shape_entries, miss_s=float(coef[7]), per_miss_token_s=float(coef[8]))
+    return LinearStepTime(**fields)
 
 
 def _isotonic(y: np.ndarray, w: np.ndarray) -> np.ndarray:
@@ -245,6 +278,9 @@ def predictor(cfg: LinearStepTime | EfficiencyStepTime, roof: Roofline):
     """A function point -> predicted seconds, through the simulator's own step-time model for `cfg`."""
     if isinstance(cfg, LinearStepTime):
         model = LinearModel(cfg)
+        sc = cfg.shape_cache
+        if sc is not None:   # the executor's shape-cache cost, as the simulator adds it (sim.models.step_time.KeptShapes)
+            return lambda o: model.step_s(o.plan()) + (sc.miss_s + sc.per_miss_token_s * o.new_tokens) * o.shape_miss
     else:
         model = EfficiencyModel(cfg, roof.spec, roof.weight_read_bytes, roof.kv_bytes_per_token,
                                 roof.peak_flops_per_s or 0.0, allow_extrapolation=True)
@@ -303,12 +339,13 @@ class FitReport:
         return out
 
 
-def fit_observations(obs: list[Observation], roof: Roofline) -> FitReport:
-    """Fit the linear and efficiency models on a training split and state their held-out error."""
+def fit_observations(obs: list[Observation], roof: Roofline, shape_entries: int | None = None) -> FitReport:
+    """Fit the linear and efficiency models on a training split and state their held-out error
+    (`shape_entries`: fit_linear's)."""
     if len(obs) < 2:
         raise ValueError(f"need at least 2 measured points to fit, got {len(obs)}")
     train, test = split_heldout(obs)
-    lin = fit_linear(train)
+    lin = fit_linear(train, shape_entries)
     eff = fit_efficiency(train, roof)
     rep = FitReport(lin, eff, len(obs), len(test), valid_range=valid_range_of(obs))
     for name, cfg in (("linear", lin), ("efficiency", eff)):

@@ -7,6 +7,8 @@ Iteration log columns (names mappable with --columns OURS=THEIRS):
     prefill_tokens             new tokens of the sequences in prefill (whole prompts or chunks)   [0]
     prefill_seqs               sequences in prefill                         [1 if prefill_tokens]
     prefill_cached_tokens      tokens already cached for those sequences, summed                  [0]
+    prefill_completions        of those, the ones whose prompt completes (sampling its first token;
+                               optional: all of them; with it the per-completion term is fitted)
     decode_seqs                sequences decoding one token each                                  [0]
     decode_context_tokens      tokens already cached for the decoding sequences, summed           [0]
     pairs                      causal query-key pairs of the iteration (optional; otherwise derived,
@@ -30,7 +32,7 @@ from sim.api import ModelSpec
 from sim.api import HardwareProfile, ModelProfile
 
 CANONICAL = ("duration_ms", "duration_s", "prefill_tokens", "prefill_seqs", "prefill_cached_tokens", "decode_seqs",
-             "decode_context_tokens", "pairs", "max_context")
+             "decode_context_tokens", "pairs", "max_context", "prefill_completions")
 
 
 @dataclass
@@ -51,6 +53,9 @@ class FitLogConfig:
     cuda_graphs: bool = False
     source: str | None = None
     command: str | None = None
+    shape_cache_entries: int | None = None
+    """The engine's kernel cache size (sim.io.profiles.ShapeCache; vLLM 0.32's CPU build keeps 32): with it,
+    the cost of an iteration whose token count was not kept is fitted (`vllm` format only)."""
 
 
 @dataclass
@@ -148,10 +153,16 @@ class RowCount:
 
 def iteration_observation(prefill_tokens: int, prefill_seqs: int, prefill_cached: int, decode_seqs: int,
                           decode_context: int, time_s: float, pairs: int | None = None,
-                          max_context: int | None = None) -> fitmod.Observation:
-    """Features of one logged iteration, in the simulator's terms."""
+                          max_context: int | None = None, completions: int | None = None,
+                          shape_miss: int = 0) -> fitmod.Observation:
+    """Features of one logged iteration, in the simulator's terms (`completions`: the prefill sequences
+    completing their prompt; None when the log cannot tell, then all of them; `shape_miss`: 1 when the
+    engine had to build kernels for the iteration's token count, sim.io.profiles.ShapeCache)."""
     if prefill_tokens and not prefill_seqs:
         prefill_seqs = 1
+    if completions is not None and completions > prefill_seqs:
+        raise ValueError(f"prefill_completions {completions} > prefill_seqs {prefill_seqs} (only a sequence in "
+                         "prefill can complete its prompt)")
     if prefill_seqs:
         n, h = prefill_tokens / prefill_seqs, prefill_cached / prefill_seqs
         prefill_pairs = round(prefill_seqs * (n * h + n * (n + 1) / 2))
@@ -170,7 +181,8 @@ def iteration_observation(prefill_tokens: int, prefill_seqs: int, prefill_cached
         kind=kind, time_s=time_s, new_tokens=prefill_tokens + decode_seqs, pairs=prefill_pairs + decode_pairs,
         kv_tokens_read=prefill_cached + decode_context, num_seqs=prefill_seqs + decode_seqs, decode_seqs=decode_seqs,
         decode_kv_tokens=decode_context, prefill_seqs=prefill_seqs, prefill_tokens=prefill_tokens,
-        prefill_pairs=prefill_pairs, prefill_cached_tokens=prefill_cached, max_context=max(1, max_context))
+        prefill_pairs=prefill_pairs, prefill_cached_tokens=prefill_cached, max_context=max(1, max_context),
+        prefill_completions=completions, shape_miss=shape_miss)
 
 
 def read_iterations(path: Path, columns: dict[str, str], where: dict[str, str],
@@ -204,13 +216,15 @@ def read_iterations(path: Path, columns: dict[str, str], where: dict[str, str],
             continue
         pairs = int(get("pairs")) if name["pairs"] in r and r[name["pairs"]] != "" else None
         maxc = int(get("max_context")) if name["max_context"] in r and r[name["max_context"]] != "" else None
+        done = (int(get("prefill_completions")) if name["prefill_completions"] in r
+                and r[name["prefill_completions"]] != "" else None)
         pf, ds = int(get("prefill_tokens")), int(get("decode_seqs"))
         if pf == 0 and ds == 0:
             count.drop(f"with neither {name['prefill_tokens']} nor {name['decode_seqs']} > 0")
             continue
         try:
             obs.append(iteration_observation(pf, int(get("prefill_seqs")), int(get("prefill_cached_tokens")), ds,
-                                             int(get("decode_context_tokens")), t, pairs, maxc))
+                                             int(get("decode_context_tokens")), t, pairs, maxc, done))
         except ValueError as exc:
             raise ValueError(f"{path}: row {i}: {exc}") from None
     return obs
@@ -242,7 +256,7 @@ def merge_duplicates(obs: list[fitmod.Observation]) -> list[fitmod.Observation]:
     groups: dict[tuple, list[fitmod.Observation]] = {}
     for o in obs:
         k = (o.kind, o.new_tokens, o.pairs, o.kv_tokens_read, o.num_seqs, o.decode_seqs, o.prefill_tokens,
-             o.prefill_cached_tokens, o.max_context)
+             o.prefill_cached_tokens, o.max_context, o.completions, o.shape_miss)
         groups.setdefault(k, []).append(o)
     out = []
     for k in sorted(groups, key=lambda k: (("prefill", "decode", "mixed").index(k[0]), k[4], k[1], k[3])):
@@ -262,6 +276,9 @@ def _read_observations(cfg: FitLogConfig) -> tuple[list, str, list[str], int | N
         if fmt == "iterations" and path.exists():
             from calibration.engines.vllm_logs import sniff
             fmt = sniff(path) or fmt
+    if cfg.shape_cache_entries and fmt != "vllm":
+        raise ValueError(f"{path}: --shape-cache needs the iterations in the order they ran, which only the `vllm` "
+                         f"format (the replay driver's iterations.jsonl) has; this log is read as {fmt!r}")
     extra, devices, meta = [], cfg.devices, {}
     if fmt == "points":
         pts = read_points(path)
@@ -281,7 +298,7 @@ def _read_observations(cfg: FitLogConfig) -> tuple[list, str, list[str], int | N
                      + f": {raw} iterations from {raw // 2} rows, {len(obs)} distinct shapes")
     elif fmt in ("vllm", "vllm-log"):
         from calibration.engines.vllm_logs import read_vllm_iterations, read_vllm_log
-        rows = read_vllm_iterations(path) if fmt == "vllm" else read_vllm_log(path)
+        rows = read_vllm_iterations(path, cfg.shape_cache_entries) if fmt == "vllm" else read_vllm_log(path)
         obs = [iteration_observation(*row) for row in rows]
         raw = len(obs)
         obs = merge_duplicates(obs)
@@ -331,7 +348,7 @@ def fit_log(cfg: FitLogConfig) -> FitLogResult:
                                      f"in {o.time_s * 1e3:.1f} ms" for o in impossible))
         if len(obs) < 2:
             raise ValueError(f"{path}: fewer than 2 usable iterations after dropping impossible ones")
-    report = fitmod.fit_observations(obs, roof)
+    report = fitmod.fit_observations(obs, roof, cfg.shape_cache_entries)
 
     mfus = [roof.mfu(o) for o in obs if o.kind == "prefill"] if peak else []
     mbus = [roof.mbu(o) for o in obs if o.kind == "decode"] if bw else []

@@ -44,14 +44,37 @@ def iteration_features(items: list) -> dict:
     return f
 
 
+def prefill_completions(iterations: list[dict]) -> list[int]:
+    """Per iteration, the prefill sequences that complete their prompt (their last prefill chunk, after
+    which each samples a token). A request's length is its prompt plus the tokens it has sampled, which
+    an item [id, tokens, computed before, prompt] alone cannot tell after a preemption (recompute covers
+    prompt and outputs), so it is tracked across iterations; a request named in `new` starts afresh (so
+    pooled logs of several replays, which reuse ids, read right)."""
+    length: dict = {}
+    out = []
+    for it in iterations:
+        for rid in it.get("new") or ():
+            length.pop(rid, None)
+        done = 0
+        for rid, n, h, prompt in (x[:4] for x in it["items"]):
+            total = length.get(rid, prompt)
+            if h + n >= total:
+                if not (n == 1 and h >= prompt):   # a decode samples too, but is no prompt completion
+                    done += 1
+                length[rid] = h + n + 1
+        out.append(done)
+    return out
+
+
 def iterations_table(iterations: list[dict], num_blocks: int | None = None) -> pd.DataFrame:
     """One row per engine iteration: timing, the fit's features, preemptions, and the items as JSON;
     capsim's iterations.csv columns too (replica 0, decode_sequences, kv_blocks_in_use: the usable
     blocks, all but vLLM's null block, less the free ones after the step)."""
     rows = []
-    for it in iterations:
+    for it, done in zip(iterations, prefill_completions(iterations)):
         row = {"replica": 0, **{k: it.get(k) for k in ("iteration", "start_s", "duration_s", "cpu_s", "wake_s")}}
         row.update(iteration_features(it["items"]))
+        row["prefill_completions"] = done
         row["decode_sequences"] = row["decode_seqs"]
         free = it.get("kv_free_blocks")
         row["kv_blocks_in_use"] = num_blocks - 1 - free if num_blocks is not None and free is not None else None
@@ -59,8 +82,8 @@ def iterations_table(iterations: list[dict], num_blocks: int | None = None) -> p
         row["items"] = json.dumps([x[:3] for x in it["items"]], separators=(",", ":"))
         rows.append(row)
     cols = ["replica", "iteration", "start_s", "duration_s", "cpu_s", "wake_s", "prefill_tokens", "prefill_seqs",
-            "prefill_cached_tokens", "decode_seqs", "decode_context_tokens", "pairs", "max_context", "new_tokens",
-            "batch_size", "decode_sequences", "kv_blocks_in_use", "preempted", "items"]
+            "prefill_cached_tokens", "prefill_completions", "decode_seqs", "decode_context_tokens", "pairs", "max_context",
+            "new_tokens", "batch_size", "decode_sequences", "kv_blocks_in_use", "preempted", "items"]
     return pd.DataFrame(rows, columns=cols)
 
 

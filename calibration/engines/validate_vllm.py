@@ -90,19 +90,16 @@ def _intervals(cfg, overrides, scenario, base, choice, simulated, measured, repl
 def profile_errors(iterations, choice, scenario, base) -> dict:
     """The profile's error on the engine's own iterations (features as `capsim fit` reads them)."""
     from calibration.fit import Roofline, predictor
+    from calibration.engines.vllm_logs import iteration_rows
     from calibration.logs import iteration_observation
     from sim.api import ModelSpec
 
     cfg = choice.inner
     peak = cfg.peak_tflops * 1e12 if choice.use == "efficiency" and cfg.peak_tflops else None
     pred = predictor(cfg, Roofline(ModelSpec(V._model_of(scenario, base)), choice.profile.dtype, peak, None))
-    r = []
-    for it in iterations:
-        f = tables.iteration_features(it["items"])
-        o = iteration_observation(f["prefill_tokens"], f["prefill_seqs"], f["prefill_cached_tokens"],
-                                  f["decode_seqs"], f["decode_context_tokens"], it["duration_s"], f["pairs"],
-                                  f["max_context"])
-        r.append(pred(o) / o.time_s - 1.0)
+    sc = getattr(cfg, "shape_cache", None)
+    r = [pred(o) / o.time_s - 1.0 for o in (iteration_observation(*row) for row in
+                                            iteration_rows(iterations, sc.entries if sc is not None else None))]
     r = np.array(r)
     return {"iterations": len(r), "mape": float(np.abs(r).mean()) if len(r) else None,
             "time_bias": float(np.median(r)) if len(r) else None}

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections import OrderedDict
 from pathlib import Path
 
 LOG_LINE = re.compile(r"Iteration\((\d+)\): (\d+) context requests, (\d+) context tokens, (\d+) generation requests, "
@@ -34,12 +35,11 @@ def sniff(path: Path) -> str | None:
     return "vllm-log" if LOG_LINE.search(head) else None
 
 
-def read_vllm_iterations(path: Path) -> list[tuple]:
+def read_vllm_iterations(path: Path, shape_entries: int | None = None) -> list[tuple]:
     """Rows (prefill tokens, prefill seqs, prefill cached, decode seqs, decode context, seconds, pairs,
-    max context) of the driver's iterations.jsonl (one JSON object per line)."""
-    from calibration.engines.tables import iteration_features
-
-    obs = []
+    max context, prompts completed, shape miss) of the driver's iterations.jsonl (one JSON object per line);
+    see `iteration_rows`."""
+    records = []
     for i, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
             continue
@@ -49,19 +49,47 @@ def read_vllm_iterations(path: Path) -> list[tuple]:
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{path}: line {i}: expected a vLLM replay iteration record with items and "
                              f"duration_s ({exc})") from None
+        if not isinstance(items, list) or any(not isinstance(x, list) or len(x) < 4 for x in items):
+            raise ValueError(f"{path}: line {i}: items must be [id, tokens, computed before, prompt length]")
+        records.append({"items": items, "duration_s": t, "new": it.get("new") or (),
+                        "iteration": it.get("iteration")})
+    return iteration_rows(records, shape_entries)
+
+
+def iteration_rows(iterations: list[dict], shape_entries: int | None = None) -> list[tuple]:
+    """`capsim fit` rows of replay iterations, in the order they ran (several replays may follow each other;
+    each starts at iteration 0). Prompts completed need the order (calibration.engines.tables.prefill_completions);
+    so does the shape miss: with `shape_entries` (the engine's kernel cache, sim.io.profiles.ShapeCache), 1
+    when the iteration's token count was not among the last `shape_entries` distinct counts of its replay."""
+    from calibration.engines.tables import iteration_features, prefill_completions
+
+    kept: OrderedDict[int, None] = OrderedDict()
+    rows = []
+    for it, done in zip(iterations, prefill_completions(iterations)):
+        items, t = it["items"], float(it["duration_s"])
+        if it.get("iteration") == 0:
+            kept.clear()   # a new engine: its kernel cache starts empty
+        miss = 0
+        if shape_entries and items:
+            n = sum(int(x[1]) for x in items)
+            if n in kept:
+                kept.move_to_end(n)
+            else:
+                miss, kept[n] = 1, None
+                if len(kept) > shape_entries:
+                    kept.popitem(last=False)
         if not items or t <= 0:
             continue
-        if any(len(x) < 4 for x in items):
-            raise ValueError(f"{path}: line {i}: items must be [id, tokens, computed before, prompt length]")
         f = iteration_features(items)
-        obs.append((f["prefill_tokens"], f["prefill_seqs"], f["prefill_cached_tokens"], f["decode_seqs"],
-                    f["decode_context_tokens"], t, f["pairs"], f["max_context"]))
-    return obs
+        rows.append((f["prefill_tokens"], f["prefill_seqs"], f["prefill_cached_tokens"], f["decode_seqs"],
+                     f["decode_context_tokens"], t, f["pairs"], f["max_context"], done, miss))
+    return rows
 
 
 def read_vllm_log(path: Path) -> list[tuple]:
-    """Rows (as read_vllm_iterations, without KV context, pairs or max context) of vLLM's
-    iteration-details log lines (other lines are skipped)."""
+    """Rows (as read_vllm_iterations, without KV context, pairs, max context, completions -- a context
+    request's chunk may or may not end its prompt -- or shape misses) of vLLM's iteration-details log lines
+    (other lines are skipped)."""
     obs = []
     for line in path.read_text(errors="replace").splitlines():
         m = LOG_LINE.search(line)
@@ -71,7 +99,7 @@ def read_vllm_log(path: Path) -> list[tuple]:
         t = float(ms) / 1e3
         if t <= 0 or (int(ctx_tok) == 0 and int(gen_req) == 0):
             continue
-        obs.append((int(ctx_tok), int(ctx_req), 0, int(gen_req), 0, t, None, None))
+        obs.append((int(ctx_tok), int(ctx_req), 0, int(gen_req), 0, t, None, None, None, 0))
     if not obs:
         raise ValueError(f"{path}: no 'Iteration(N): ... iteration elapsed time: X ms' lines (vLLM's "
                          "--enable-logging-iteration-details)")
