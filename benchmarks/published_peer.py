@@ -110,6 +110,39 @@ def figure(rows: list[dict], path: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def figure_before_after(before: str, after: str, path: str) -> None:
+    """Predicted vs measured TTFT and TPOT of two capsim reports (e.g. staggered before, cold now), one marker
+    colour per engine, on the rows both predicted."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    runs = [{r["id"]: r for r in json.loads(Path(f).read_text())["rows"] if "predicted" in r} for f in (before, after)]
+    ids = sorted(set(runs[0]) & set(runs[1]))
+    colors = {"vllm": "tab:blue", "sglang": "tab:green", "trtllm": "tab:red"}
+    fig, axes = plt.subplots(2, 2, figsize=(10.5, 9.5), squeeze=False)
+    for j, (label, run) in enumerate((("before", runs[0]), ("now", runs[1]))):
+        for i, m in enumerate(("ttft_ms", "tpot_ms")):
+            ax = axes[i][j]
+            meas = np.array([run[k]["measured"][m] for k in ids])
+            for backend, color in colors.items():
+                sel = [k for k in ids if run[k]["backend"] == backend]
+                e = np.median([abs(run[k]["error"][m]) for k in sel]) if sel else float("nan")
+                ax.scatter([run[k]["measured"][m] for k in sel], [run[k]["predicted"][m] for k in sel], s=10,
+                           alpha=0.5, color=color, label=f"{backend} ({len(sel)} rows, median |err| {e:.0%})")
+            lo, hi = meas.min() / 2, meas.max() * 2
+            ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+            ax.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="0.85", zorder=0)
+            ax.set_xscale("log")
+            ax.set_yscale("log")
+            ax.set_xlabel(f"measured {m[:-3].upper()} (ms)")
+            ax.set_ylabel(f"predicted {m[:-3].upper()} (ms)")
+            ax.set_title(f"{label} ({Path(before if j == 0 else after).parent.name}): {m[:-3].upper()}, band +-15%")
+            ax.legend(loc="upper left", fontsize=8)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=100)
+
+
 def collection(source: str) -> str:
     """Which benchmark collection of the silicon sample a row comes from (its silicon_data_source)."""
     if "aic-auto-gap-analysis" in source:
@@ -228,16 +261,21 @@ def main(argv=None) -> int:
     ap.add_argument("--md", help="write the Markdown table here")
     ap.add_argument("--burst", help="a second report.json run with --start burst: choose the start mode per "
                                     "collection on even lines, report on odd lines")
+    ap.add_argument("--before", help="without the peer: another capsim report.json; --fig then plots it beside "
+                                     "REPORT (before / now)")
     ap.add_argument("--rounds-held-out", action="store_true",
                     help="REPORT is a --start cold run: choose the benchmark length and cohort regime per collection "
                          "on even lines, report on odd lines (needs --sample)")
     ap.add_argument("--sample", help="the silicon sample CSV (its silicon_data_source names the collection)")
     args = ap.parse_args(argv)
     if args.aic is None:
-        if not (args.rounds_held_out and args.sample):
-            print("without the peer's CSV only --rounds-held-out --sample is available", file=sys.stderr)
+        if not ((args.rounds_held_out and args.sample) or (args.before and args.fig)):
+            print("without the peer's CSV: --rounds-held-out --sample, or --before REPORT --fig PNG", file=sys.stderr)
             return 2
-        _print_rounds(args.report, args.sample, None)
+        if args.rounds_held_out and args.sample:
+            _print_rounds(args.report, args.sample, None)
+        if args.before and args.fig:
+            figure_before_after(args.before, args.report, args.fig)
         return 0
     rows = load(args.report, args.aic)
     if not rows:

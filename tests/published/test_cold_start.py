@@ -81,3 +81,20 @@ def test_rounds_held_out_chooses_on_even_lines_and_reports_odd(tmp_path):
     out = peer.rounds_held_out(str(tmp_path / "report.json"), str(tmp_path / "sample.csv"), None)
     assert out[0]["chosen"] == (5, "spread") and (out[0]["n_fit"], out[0]["n_test"]) == (3, 3)
     assert out[0]["ttft_ms"] == pytest.approx(0.0)  # median over lines 3, 5, 7: line 7 is off by 50%
+
+
+def test_before_after_figure(tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("published_peer2", Path(__file__).parents[2] / "benchmarks"
+                                                  / "published_peer.py")
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    for name, factor in (("before", 0.5), ("now", 1.1)):
+        rows = [{"id": f"r{i}", "backend": b, "measured": {"ttft_ms": 100.0 * (i + 1), "tpot_ms": 10.0},
+                 "predicted": {"ttft_ms": factor * 100.0 * (i + 1), "tpot_ms": 10.0},
+                 "error": {"ttft_ms": factor - 1, "tpot_ms": 0.0}} for i, b in enumerate(("vllm", "sglang", "trtllm"))]
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "report.json").write_text(json.dumps({"rows": rows}))
+    assert peer.main([str(tmp_path / "now" / "report.json"), "--before", str(tmp_path / "before" / "report.json"),
+                      "--fig", str(tmp_path / "fig.png")]) == 0
+    assert (tmp_path / "fig.png").stat().st_size > 10_000
