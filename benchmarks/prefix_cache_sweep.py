@@ -19,7 +19,12 @@ One more simulated run with a pool that holds every token of the window ("unboun
 close the simulator gets to that ceiling when requests overlap in time.
 
 A third, rougher model from the hash_ids alone: LRU stack distances over 512-token blocks, once caching
-only blocks another request of the window shares (capsim's policy) and once caching every block (vLLM's).
+only blocks another request of the window shares (kv.prefix_index foresight) and once caching every
+block (all, vLLM's policy and capsim's default).
+
+Caching-on runs go once per kv.prefix_index policy (--prefix-index, default both): all (every full
+block stays cached until evicted LRU, as vLLM does) and foresight (only blocks a later request will
+match: an upper bound no engine reaches, since it needs the future).
 
 The simulator runs with its default lazy decode set; --stepping steps every decode instead (identical
 results, slower; an earlier version of the lazy set stranded a recomputing request, since fixed).
@@ -191,17 +196,19 @@ def lru_estimate(rows: list[dict], capacities_tokens: list[int], block_tokens: i
 
 # ---- scenarios -----------------------------------------------------------------------------------
 
-def scenario_dict(trace: Path, args, label: str, budget_bytes: int, prefix_caching: bool) -> dict:
+def scenario_dict(trace: Path, args, label: str, budget_bytes: int, prefix_caching: bool,
+                  prefix_index: str = "all") -> dict:
     from bench_sim import step_time_model
     return {
-        "name": f"prefix-sweep-{label}-{'on' if prefix_caching else 'off'}",
+        "name": f"prefix-sweep-{label}-{prefix_index if prefix_caching else 'off'}",
         "description": "prefix_cache_sweep.py: assumed linear step-time model (bench_sim.py)",
         "seed": 0,
         "model": MODEL,
         "hardware": HARDWARE,
         "weight_format": "bf16",
         "kv": {"block_tokens": args.block_tokens, "format": "bf16", "budget": int(budget_bytes),
-               "admission": args.admission, "prefix_caching": prefix_caching, "eviction": "lru"},
+               "admission": args.admission, "prefix_caching": prefix_caching, "prefix_index": prefix_index,
+               "eviction": "lru"},
         "scheduler": {"kind": "chunked", "max_num_seqs": args.max_num_seqs,
                       "max_num_batched_tokens": args.max_num_batched_tokens, "chunk_tokens": args.chunk_tokens},
         "step_time": {"model": step_time_model()},
@@ -225,7 +232,7 @@ def run_case(case: dict) -> dict:
     busy = s.get("busy_s")
     return {
         "label": case["label"], "budget_bytes": case["budget_bytes"], "prefix_caching": case["prefix_caching"],
-        "wall_s": wall,
+        "prefix_index": case["prefix_index"] if case["prefix_caching"] else None, "wall_s": wall,
         "requests": s["requests"], "completed": s["completed"], "rejected": s["rejected"],
         "kv_rejected": s.get("kv_rejected_requests"),
         "kv_capacity_blocks": s["kv_capacity_blocks"], "peak_kv_blocks": s["peak_kv_blocks"],
@@ -267,9 +274,72 @@ def common_stats(runs: list[dict], common) -> None:
                             "p90": float(np.percentile(t, 90)), "p99": float(np.percentile(t, 99))}
 
 
+POLICY_TITLE = {"all": "`kv.prefix_index: all`: every full block cached, LRU (vLLM's policy, the default)",
+                "foresight": "`kv.prefix_index: foresight`: only blocks a later request will match (an upper bound: "
+                             "it needs the future)"}
+
+
+def policy(r: dict) -> str:
+    """A caching-on run's prefix_index (runs recorded before the option existed used foresight)."""
+    return r.get("prefix_index") or "foresight"
+
+
+def on_runs(res: dict) -> dict[str, list[dict]]:
+    """Caching-on runs of each policy (the unbounded check apart), budgets in order."""
+    out: dict[str, list[dict]] = {}
+    for r in res["runs"]:
+        if r["prefix_caching"] and r["label"] != "unbounded":
+            out.setdefault(policy(r), []).append(r)
+    return out
+
+
+def render_on(L: list, res: dict, pol: str, rows: list[dict], unb) -> None:
+    """The full table of one policy's caching-on runs."""
+    ch = res["checks"]
+    lru = dict(zip(ch["lru_budgets"], ch["lru_all"] if pol == "all" else ch["lru_capsim"]))
+    L.append(f"Prefix caching on, {POLICY_TITLE[pol]}, per KV budget (hit rate over all prompt tokens, rejected "
+             "requests included with 0 hits, and over the prompts of served requests; TTFT over served requests; "
+             f"'common' = the {res['common_n']:,} requests every run served):")
+    L.append("")
+    L.append(f"| KV budget | blocks | served | rejected | hit rate (all) | hit rate (served) | LRU model, "
+             f"{'every block cached' if pol == 'all' else 'shared blocks only'} | TTFT mean s | p50 | p90 | p99 "
+             "| common p50 | common p90 | output tok/s | busy | evictions | preemptions | recomputed tokens |")
+    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in rows + ([unb] if unb and policy(unb) == pol else []):
+        t, c = r["ttft"], r["ttft_common"]
+        name = "unbounded (check)" if r is unb else budget_label(r["budget_bytes"])
+        est = ch["ceiling_rate"] if r is unb else lru.get(r["budget_bytes"])
+        L.append(f"| {name} | {r['kv_capacity_blocks']:,} | {r['completed']:,} | {r['rejected']:,} | "
+                 f"{pct(r['hit_rate_all'])} | {pct(r['hit_rate_served'])} | {pct(est)} | "
+                 f"{sec(t['mean'])} | {sec(t['median'])} | "
+                 f"{sec(t['p90'])} | {sec(t['p99'])} | {sec(c['median'])} | {sec(c['p90'])} | {r['output_tok_s']:,.0f} | "
+                 f"{pct(r['busy_frac'])} | {r['evictions']:,} | {r['preemptions']:,} | {r['recomputed_tokens']:,} |")
+    L.append("")
+
+
+def render_side_by_side(L: list, on: dict[str, list[dict]]) -> None:
+    """all next to foresight, budget by budget."""
+    fs = {r["budget_bytes"]: r for r in on["foresight"]}
+    L.append("The two policies side by side (all = what vLLM does; foresight = the upper bound):")
+    L.append("")
+    L.append("| KV budget | hit rate all | hit rate foresight | TTFT p50 all | p50 foresight | TTFT p90 all "
+             "| p90 foresight | evictions all | evictions foresight | preemptions all | preemptions foresight |")
+    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for r in on["all"]:
+        f = fs.get(r["budget_bytes"])
+        if f is None:
+            continue
+        L.append(f"| {budget_label(r['budget_bytes'])} | {pct(r['hit_rate_all'])} | {pct(f['hit_rate_all'])} | "
+                 f"{sec(r['ttft']['median'])} | {sec(f['ttft']['median'])} | {sec(r['ttft']['p90'])} | "
+                 f"{sec(f['ttft']['p90'])} | {r['evictions']:,} | {f['evictions']:,} | {r['preemptions']:,} | "
+                 f"{f['preemptions']:,} |")
+    L.append("")
+
+
 def render(res: dict) -> str:
     a, m, L = res["args"], res["machine"], []
-    on = [r for r in res["runs"] if r["prefix_caching"] and r["label"] != "unbounded"]
+    by_policy = on_runs(res)
+    on = [r for rs in by_policy.values() for r in rs]
     off = [r for r in res["runs"] if not r["prefix_caching"]]
     unb = next((r for r in res["runs"] if r["label"] == "unbounded"), None)
     ch = res["checks"]
@@ -302,30 +372,17 @@ def render(res: dict) -> str:
                  f"| {pct(unb['hit_rate_all'])} ({unb['hit_tokens']:,} tokens) |")
         L.append(f"| requests whose simulated hit exceeds their ceiling (must be 0) | {ch['over_ceiling']} |")
     L.append("")
-    L.append("Prefix caching on, per KV budget (hit rate over all prompt tokens, rejected requests included with "
-             "0 hits, and over the prompts of served requests; TTFT over served requests; 'common' = the "
-             f"{res['common_n']:,} requests every run served):")
-    L.append("")
-    lru = dict(zip(ch["lru_budgets"], zip(ch["lru_capsim"], ch["lru_all"])))
-    L.append("| KV budget | blocks | served | rejected | hit rate (all) | hit rate (served) | LRU model, capsim policy "
-             "| LRU model, every block cached | TTFT mean s | p50 | p90 | p99 "
-             "| common p50 | common p90 | output tok/s | busy | evictions | preemptions | recomputed tokens |")
-    L.append("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
-    for r in on + ([unb] if unb else []):
-        t, c = r["ttft"], r["ttft_common"]
-        name = "unbounded (check)" if r is unb else budget_label(r["budget_bytes"])
-        est = (ch["ceiling_rate"], ch["ceiling_rate"]) if r is unb else lru.get(r["budget_bytes"], (None, None))
-        L.append(f"| {name} | {r['kv_capacity_blocks']:,} | {r['completed']:,} | {r['rejected']:,} | "
-                 f"{pct(r['hit_rate_all'])} | {pct(r['hit_rate_served'])} | {pct(est[0])} | {pct(est[1])} | "
-                 f"{sec(t['mean'])} | {sec(t['median'])} | "
-                 f"{sec(t['p90'])} | {sec(t['p99'])} | {sec(c['median'])} | {sec(c['p90'])} | {r['output_tok_s']:,.0f} | "
-                 f"{pct(r['busy_frac'])} | {r['evictions']:,} | {r['preemptions']:,} | {r['recomputed_tokens']:,} |")
+    if "all" in by_policy and "foresight" in by_policy:
+        render_side_by_side(L, by_policy)
+    for pol in ("all", "foresight"):
+        if pol in by_policy:
+            render_on(L, res, pol, by_policy[pol], unb)
     more = [(b, x, y) for b, x, y in zip(ch["lru_budgets"], ch["lru_capsim"], ch["lru_all"])
             if b not in {r["budget_bytes"] for r in on}]
     if more:
-        L.append("")
         L.append("The LRU model beyond one card (no simulation): "
-                 + "; ".join(f"{budget_label(b)}: {pct(x)} capsim policy, {pct(y)} every block cached" for b, x, y in more)
+                 + "; ".join(f"{budget_label(b)}: {pct(y)} every block cached (all), {pct(x)} shared blocks only "
+                             "(foresight)" for b, x, y in more)
                  + f"; infinite: {pct(ch['ceiling_rate'])}.")
     if off:
         L.append("")
@@ -345,7 +402,7 @@ def render(res: dict) -> str:
              f"{(a['window_s'][1] - a['window_s'][0]) / a['rate_scale']:,.0f} s simulated. busy = share of the makespan "
              "(first arrival to last completion) in which the card iterates. Simulator wall time per run: "
              + ", ".join(f"{'unbounded' if r is unb else budget_label(r['budget_bytes'])} "
-                         f"{'on' if r['prefix_caching'] else 'off'} {r['wall_s']:.0f} s" for r in res["runs"]) + ".")
+                         f"{policy(r) if r['prefix_caching'] else 'off'} {r['wall_s']:.0f} s" for r in res["runs"]) + ".")
     L.append("")
     L.append(f"![hit rate and TTFT against KV budget]({res['figure_rel']})")
     return "\n".join(L)
@@ -366,17 +423,25 @@ def plot(res: dict, out: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    on = [r for r in res["runs"] if r["prefix_caching"] and r["label"] != "unbounded"]
+    by_policy = on_runs(res)
+    on = [r for rs in by_policy.values() for r in rs]
     off = [r for r in res["runs"] if not r["prefix_caching"]]
     unb = next((r for r in res["runs"] if r["label"] == "unbounded"), None)
     ch = res["checks"]
     gib = lambda rs: [r["budget_bytes"] / 2**30 for r in rs]  # noqa: E731
-    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7.5, 8), sharex=True)
-    ax1.plot(gib(on), [100 * r["hit_rate_all"] for r in on], "o-", label="simulated, all prompt tokens")
-    ax1.plot(gib(on), [100 * r["hit_rate_served"] for r in on], "s--", label="simulated, served requests' prompts")
+    color = {"all": "tab:blue", "foresight": "tab:orange"}
+    fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(7.5, 8.5), sharex=True)
+    for pol, rs in by_policy.items():
+        tag = "all (vLLM)" if pol == "all" else "foresight (upper bound)"
+        ax1.plot(gib(rs), [100 * r["hit_rate_all"] for r in rs], "o-", color=color[pol],
+                 label=f"simulated, {tag}, all prompt tokens")
+        ax1.plot(gib(rs), [100 * r["hit_rate_served"] for r in rs], "s--", color=color[pol], alpha=0.6,
+                 label=f"simulated, {tag}, served requests' prompts")
     lb = [b / 2**30 for b in ch["lru_budgets"] if b <= max(r["budget_bytes"] for r in on)]
-    ax1.plot(lb, [100 * x for x in ch["lru_all"][:len(lb)]], ":", color="gray",
-             label="LRU model from hash_ids, every block cached (vLLM-like)")
+    ax1.plot(lb, [100 * x for x in ch["lru_all"][:len(lb)]], ":", color="tab:blue",
+             label="LRU model from hash_ids, every block cached (all)")
+    ax1.plot(lb, [100 * x for x in ch["lru_capsim"][:len(lb)]], ":", color="tab:orange",
+             label="LRU model from hash_ids, shared blocks only (foresight)")
     ax1.axhline(100 * ch["ceiling_rate"], color="k", ls=":", lw=3,
                 label=f"infinite-cache ceiling ({100 * ch['ceiling_rate']:.1f} %, from hash_ids)")
     if unb is not None:
@@ -384,26 +449,29 @@ def plot(res: dict, out: Path) -> None:
                     label=f"simulated, unbounded pool ({100 * unb['hit_rate_all']:.1f} %)")
     ax1.set_ylabel("prefix hit rate (% of prompt tokens)")
     ax1.set_ylim(0, max(100 * ch["ceiling_rate"] * 1.15, 5))
-    ax1.legend(fontsize=8, loc="center right")
+    ax1.legend(fontsize=7, loc="center right")
     ax1.grid(alpha=0.3)
     a = res["args"]
     ax1.set_title(f"Mooncake conversation trace [{a['window_s'][0]:g}, {a['window_s'][1]:g}) s, arrivals x{a['rate_scale']:g}\n"
                   "Llama-3.1-8B on one H100 SXM (assumed step-time model)", fontsize=9)
-    for rs, style, tag in ((on, "-", "caching on"), (off, "--", "caching off")):
+    lines = [(by_policy.get("all", []), "-", "tab:blue", "all"), (by_policy.get("foresight", []), "-", "tab:orange", "foresight"),
+             (off, "--", "gray", "caching off")]
+    for rs, style, col, tag in lines:
         if not rs:
             continue
-        ax2.plot(gib(rs), [r["ttft"]["median"] for r in rs], "o" + style, color="tab:blue", label=f"TTFT p50, {tag}")
-        ax2.plot(gib(rs), [r["ttft"]["p90"] for r in rs], "^" + style, color="tab:red", label=f"TTFT p90, {tag}")
+        ax2.plot(gib(rs), [r["ttft"]["median"] for r in rs], "o" + style, color=col, label=f"TTFT p50, {tag}")
+        ax2.plot(gib(rs), [r["ttft"]["p90"] for r in rs], "^" + style, color=col, alpha=0.6, label=f"TTFT p90, {tag}")
     ax2.set_yscale("log")
     ax2.set_ylim(bottom=min(r["ttft"]["median"] for r in on + off) / 4)  # room for the labels below
     ax2.set_xscale("log", base=2)
-    ax2.set_xticks(gib(on))
-    ax2.set_xticklabels([f"{x:g}" for x in gib(on)])
+    ticks = sorted(set(gib(on)))
+    ax2.set_xticks(ticks)
+    ax2.set_xticklabels([f"{x:g}" for x in ticks])
     ax2.set_xlabel("KV cache budget (GiB)")
     ax2.set_ylabel("TTFT of served requests (s, log)")
-    ax2.legend(fontsize=8, loc="lower left", bbox_to_anchor=(0.01, 0.47))
+    ax2.legend(fontsize=7, loc="lower left", bbox_to_anchor=(0.01, 0.40), ncol=2)
     ax2.grid(alpha=0.3, which="both")
-    for r in on:
+    for r in by_policy.get("all", on):
         if r["rejected"]:
             ax2.annotate(f"{r['rejected']} rejected", (r["budget_bytes"] / 2**30, r["ttft"]["median"]), fontsize=7,
                          textcoords="offset points", xytext=(-14, -14))
@@ -430,6 +498,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--baseline", default="all", help="budgets to also run with prefix caching off: all (default), "
                     "largest, none, or a comma-separated list")
     ap.add_argument("--no-unbounded", action="store_true", help="skip the unbounded-pool check run")
+    ap.add_argument("--prefix-index", default="all,foresight",
+                    help="kv.prefix_index policies of the caching-on runs: all (vLLM, the default policy), foresight "
+                         "(upper bound), or both comma-separated (default all,foresight)")
     ap.add_argument("--block-tokens", type=int, default=16)
     ap.add_argument("--admission", choices=["on_demand", "reserve"], default="on_demand")
     ap.add_argument("--max-num-seqs", type=int, default=128)
@@ -467,6 +538,11 @@ def main(argv: list[str] | None = None) -> int:
               file=sys.stderr)
         return 2
     budgets = [parse_bytes(b) for b in args.budgets.split(",") if b.strip()]
+    policies = [p.strip() for p in args.prefix_index.split(",") if p.strip()]
+    if not policies or any(p not in ("all", "foresight") for p in policies):
+        print(f"prefix_cache_sweep: --prefix-index {args.prefix_index!r}: expected all, foresight or all,foresight",
+              file=sys.stderr)
+        return 2
     if args.baseline == "all":
         base = list(budgets)
     elif args.baseline == "largest":
@@ -504,16 +580,19 @@ def main(argv: list[str] | None = None) -> int:
     checks["lru_all"] = lru_estimate(win, caps, args.block_tokens, cache_all=True)
 
     cases = []
-    for b in budgets:
-        cases.append({"label": budget_label(b), "budget_bytes": b, "prefix_caching": True})
+    for pol in policies:
+        for b in budgets:
+            cases.append({"label": budget_label(b), "budget_bytes": b, "prefix_caching": True, "prefix_index": pol})
     for b in base:
-        cases.append({"label": budget_label(b), "budget_bytes": b, "prefix_caching": False})
-    if not args.no_unbounded:
+        cases.append({"label": budget_label(b), "budget_bytes": b, "prefix_caching": False, "prefix_index": policies[0]})
+    if not args.no_unbounded:  # a pool that holds every block of the window: nothing is evicted under either policy
         every = sum(-(-(r["input_length"] + r["output_length"]) // args.block_tokens) for r in win)
-        cases.append({"label": "unbounded", "budget_bytes": int(every * block_bytes), "prefix_caching": True})
+        cases.append({"label": "unbounded", "budget_bytes": int(every * block_bytes), "prefix_caching": True,
+                      "prefix_index": policies[0]})
     for c in cases:
         c["lazy_decode"] = not args.stepping
-        c["scenario"] = scenario_dict(trace, args, c["label"].replace(" ", ""), c["budget_bytes"], c["prefix_caching"])
+        c["scenario"] = scenario_dict(trace, args, c["label"].replace(" ", ""), c["budget_bytes"], c["prefix_caching"],
+                                      c["prefix_index"])
     # longest first, so two workers finish together
     order = sorted(range(len(cases)), key=lambda i: (not cases[i]["prefix_caching"], -cases[i]["budget_bytes"]))
     print(f"{len(win):,} requests, {len(cases)} runs on {args.jobs} worker(s) ...", file=sys.stderr, flush=True)
@@ -522,12 +601,12 @@ def main(argv: list[str] | None = None) -> int:
         with mp.get_context("spawn").Pool(args.jobs) as pool:
             for i, r in zip(order, pool.imap(run_case, [cases[i] for i in order])):
                 runs[i] = r
-                print(f"  {r['label']:>10} caching {'on ' if r['prefix_caching'] else 'off'} "
+                print(f"  {r['label']:>10} caching {policy(r) if r['prefix_caching'] else 'off'} "
                       f"{r['wall_s']:6.1f} s", file=sys.stderr, flush=True)
     else:
         for i in order:
             runs[i] = run_case(cases[i])
-            print(f"  {runs[i]['label']:>10} caching {'on ' if cases[i]['prefix_caching'] else 'off'} "
+            print(f"  {runs[i]['label']:>10} caching {policy(runs[i]) if cases[i]['prefix_caching'] else 'off'} "
                   f"{runs[i]['wall_s']:6.1f} s", file=sys.stderr, flush=True)
 
     served = np.ones(len(win), dtype=bool)

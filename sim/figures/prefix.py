@@ -42,7 +42,7 @@ def _prefix_step_time() -> dict:
 
 def prefix_cache_curve(trace: str | Path | None = None, budgets_gib: Sequence[float] = (8, 16, 32, 64, 128, 256),
                        window_s: tuple[float, float] = (0.0, 300.0), rate_scale: float = 0.3,
-                       baseline: bool = True, block_tokens: int = 128) -> pd.DataFrame:
+                       baseline: bool = True, block_tokens: int = 128, prefix_index: str = "all") -> pd.DataFrame:
     """Prefix hit rate and TTFT against KV-cache size on a window of the Mooncake conversation trace.
 
     Llama-3.1-8B BF16 on one H100 SXM with the assumed step-time model of benchmarks/bench_sim.py,
@@ -50,7 +50,8 @@ def prefix_cache_curve(trace: str | Path | None = None, budgets_gib: Sequence[fl
     whole cluster's traffic). Blocks of 128 tokens (a 512-token trace block is 4 of them; 16-token
     blocks give the same hit rates on this window to 0.1%, 3x slower). With `baseline`, every budget also runs with prefix
     caching off. Budgets beyond the card's memory are what-ifs (a bigger card or a tier serving hits
-    at HBM speed): column `card_fit` says which fit an 80 GB H100.
+    at HBM speed): column `card_fit` says which fit an 80 GB H100. `prefix_index` is kv.prefix_index:
+    all (vLLM's policy, the default) or foresight (only blocks a later request will match: an upper bound).
 
     Raises FileNotFoundError when the trace is absent (see :func:`mooncake_trace`).
     """
@@ -68,7 +69,8 @@ def prefix_cache_curve(trace: str | Path | None = None, budgets_gib: Sequence[fl
                 "name": f"mooncake-{gib:g}GiB-{'on' if caching else 'off'}", "seed": 0,
                 "model": PREFIX_MODEL, "hardware": PREFIX_HARDWARE,
                 "kv": {"block_tokens": block_tokens, "format": "bf16", "budget": int(gib * GiB),
-                       "admission": "reserve", "prefix_caching": caching, "eviction": "lru"},
+                       "admission": "reserve", "prefix_caching": caching, "prefix_index": prefix_index,
+                       "eviction": "lru"},
                 "scheduler": {"kind": "chunked", "max_num_seqs": 128, "max_num_batched_tokens": 8192,
                               "chunk_tokens": 2048},
                 "step_time": {"model": step},
