@@ -34,7 +34,8 @@ def request_column(name: str, v: np.ndarray) -> np.ndarray:
 
 def iteration_columns(flat: np.ndarray) -> dict[str, np.ndarray]:
     """iterations.csv's columns of a block of recorded rows (counts as integers)."""
-    return {c: (flat[:, k] if c in FLOAT_ITERATION_COLUMNS else flat[:, k].astype(np.int64))
+    cols = np.ascontiguousarray(flat.T)  # each column contiguous: faster to format than a strided view
+    return {c: (cols[k] if c in FLOAT_ITERATION_COLUMNS else cols[k].astype(np.int64))
             for k, c in enumerate(ITERATION_COLUMNS)}
 
 
@@ -65,8 +66,8 @@ class RequestTable:
         rows = rows or CHUNK_ROWS
         order = self._order()
         for a in range(0, len(order), rows):
-            block = self._rows.rows_at(order[a:a + rows], self._width)
-            yield {c: request_column(c, block[:, k]) for k, c in enumerate(REQUEST_COLUMNS)}
+            block = np.ascontiguousarray(self._rows.rows_at(order[a:a + rows], self._width).T)
+            yield {c: request_column(c, block[k]) for k, c in enumerate(REQUEST_COLUMNS)}
 
     def columns(self) -> dict[str, np.ndarray]:
         """The whole table as columns."""
