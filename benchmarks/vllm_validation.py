@@ -42,6 +42,10 @@ from sim.api import load_model, load_scenario  # noqa: E402
 HERE = REPO / "benchmarks" / "vllm"
 POINTS = ("light", "near-saturation", "overload", "shared-prefix", "kv-pressure", "long-prompts")
 MODEL = HERE / "qwen3-0.6b-4l.yaml"
+# vLLM 0.32's CPU build keeps a oneDNN primitive per batch token count, 32 per linear layer
+# (vllm/model_executor/layers/utils.py: create_onednn_mm(weight, 32)); an iteration of any other token count
+# builds one first (measured here: +25-30 ms for a fresh 200-240-token iteration of ~60 ms). The profile fits it.
+SHAPE_CACHE = 32
 
 
 def replay(name: str, r: int, raw: Path, python: Path, clock: str) -> tuple[EngineRun, object]:
@@ -77,6 +81,7 @@ def fit_pooled(runs: list[EngineRun], out: Path, scenarios_profile: bool) -> Pat
             fh.write((run.out / "iterations.jsonl").read_text())
     prof = out / "profile.yaml"
     res = fit_log(FitLogConfig(log=pooled, model=load_model(MODEL), out=prof, dtype="bf16", fmt="vllm",
+                               shape_cache_entries=SHAPE_CACHE,
                                command="benchmarks/vllm_validation.py (pooled calibration replays)"))
     print("  profile: " + "; ".join(res.report.lines()), file=sys.stderr)
     pooled.unlink()
@@ -89,7 +94,7 @@ def own_fit_error(run: EngineRun, res, name: str, tmp: Path) -> dict:
     """Fit a profile on this replay's own iterations, simulate the replay with it: the remaining error."""
     prof = tmp / f"own-{name}-{run.out.name}.yaml"
     fit_log(FitLogConfig(log=run.out / "iterations.jsonl", model=load_model(MODEL), out=prof, dtype="bf16",
-                         fmt="vllm"))
+                         fmt="vllm", shape_cache_entries=SHAPE_CACHE))
     sc, base = load_scenario(HERE / f"{name}.yaml", [f"step_time.model.path={prof}",
                                                       "step_time.allow_extrapolation=true"])
     choice = V.choose_profile(sc, base, str(prof), "linear")
