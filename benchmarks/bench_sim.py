@@ -14,8 +14,10 @@ Cases (each runs in its own child process, so peak RSS and ru_maxrss belong to t
   stepping   --compare-stepping N: N requests with lazy_decode=False vs True (identical results
              asserted; the speed ratio is measured within one process).
   profile    --profile N: cProfile of an N-request (b) run, top functions by own time.
-  trees      --compare-tree PATH[@dotted.key=value]: this checkout against other checkouts (or
-             itself with a scenario override) on (b)'s workload, alternating runs; CPU ratios.
+  trees      --compare-tree PATH: this checkout against other checkouts on (a), its chunked variant
+             and (b)'s workload, alternating runs; CPU ratios. --this-set KEY=VALUE runs this
+             checkout's side with a scenario override (e.g. kv.prefix_index=foresight, the behaviour
+             of checkouts older than that setting), so both sides do the same work.
 
 Wall time is time.perf_counter; memory is RSS read from /proc/self/statm by a background thread
 every 0.5 s plus at 5 % steps of finished requests (via Simulation's progress callback), and
@@ -405,9 +407,12 @@ def at(marks: list[dict], frac: float) -> dict:
 def render_trees(tr: dict) -> list[str]:
     """The --compare-tree table: whole-process CPU seconds, memory and output equality per case."""
     this = tr["trees"][0]
+    over = tr.get("this_set") or []
     L = ["", f"Whole process against other checkouts (`run SCENARIO --out DIR --progress` in a fresh process per "
              f"run, checkouts alternated; CPU = user + system seconds from wait4; the poisson case has "
-             f"{tr['n']:,} requests at {tr['rate']:.2f} req/s; raw runs in the JSON):", "",
+             f"{tr['n']:,} requests at {tr['rate']:.2f} req/s"
+             + (f"; this checkout's scenarios with {', '.join(f'`{o}`' for o in over)}" if over else "")
+             + "; raw runs in the JSON):", "",
          "| case | checkout | runs | CPU s min | CPU s median | its CPU-s / this checkout's (min / median) "
          "| peak RSS MiB | RSS growth B / finished request | outputs identical to this checkout |",
          "|---|---|---:|---:|---:|---:|---:|---:|---|"]
@@ -644,11 +649,32 @@ def compare_trees(args, rate: float, trace: Path) -> dict:
         raise SystemExit(f"bench_sim: --compare-cases: unknown {unknown}; known: {', '.join(COMPARE_CASES)}")
     folder = Path(tempfile.mkdtemp(prefix="bench_scenarios_"))
     paths = process_compare.write_scenarios(folder, {c: cases[c] for c in wanted})
+    if args.this_set:  # this checkout runs its own copy of each scenario, with the overrides
+        own = process_compare.write_scenarios(folder / "this", {c: with_overrides(cases[c], args.this_set)
+                                                                for c in wanted})
+        paths = {c: {trees[0][0]: own[c], **{label: paths[c] for label, _ in trees[1:]}} for c in wanted}
     repeat = {c: (args.compare_repeat_large if c == "poisson" and n >= 200_000 else args.compare_repeat) for c in wanted}
     print(f"compare: {len(trees)} checkouts, cases {', '.join(wanted)} ...", file=sys.stderr, flush=True)
     out = process_compare.compare(trees, paths, repeat, log=lambda m: print(m, file=sys.stderr, flush=True))
     return {"n": n, "rate": rate, "trees": [label for label, _ in trees], "cases": out,
-            "scenarios": {c: cases[c] for c in wanted}}
+            "scenarios": {c: cases[c] for c in wanted}, "this_set": list(args.this_set)}
+
+
+def with_overrides(sc: dict, sets: list[str]) -> dict:
+    """A copy of scenario `sc` with each KEY=VALUE of `sets` set (dotted key, value read as YAML)."""
+    import copy
+    import yaml
+    out = copy.deepcopy(sc)
+    for item in sets:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise SystemExit(f"bench_sim: --this-set {item!r}: expected KEY=VALUE (e.g. kv.prefix_index=foresight)")
+        node = out
+        *parents, leaf = key.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = yaml.safe_load(value)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -667,6 +693,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="another capsim checkout (e.g. a `git worktree` of an older commit) to time against this "
                          "one: `run SCENARIO --out DIR` in fresh processes, alternating, whole-process CPU seconds "
                          "and memory (repeatable)")
+    ap.add_argument("--this-set", action="append", default=[], metavar="KEY=VALUE",
+                    help="with --compare-tree: a scenario override for this checkout's runs only (dotted key, "
+                         "YAML value; repeatable), e.g. kv.prefix_index=foresight so an older checkout and this "
+                         "one do the same work")
     ap.add_argument("--compare-cases", default=",".join(COMPARE_CASES),
                     help=f"comma-separated cases for --compare-tree (default {','.join(COMPARE_CASES)})")
     ap.add_argument("--compare-requests", type=int, default=N_FULL, metavar="N",

@@ -133,15 +133,16 @@ def write_scenarios(folder: Path, cases: dict[str, dict]) -> dict[str, Path]:
     return paths
 
 
-def compare(trees: list[tuple[str, Path]], scenarios: dict[str, Path], repeat: dict[str, int],
+def compare(trees: list[tuple[str, Path]], scenarios: dict[str, Path | dict[str, Path]], repeat: dict[str, int],
             log=print) -> dict:
-    """Alternate the checkouts on every case; min and median CPU, peak memory, growth, output equality."""
+    """Alternate the checkouts on every case; min and median CPU, peak memory, growth, output equality.
+    A case's scenario is one file for every checkout, or a file per checkout label."""
     result = {}
     for case, path in scenarios.items():
         runs: dict[str, list[dict]] = {label: [] for label, _ in trees}
         for k in range(repeat.get(case, 1)):
             for label, tree in trees:
-                r = run_case(tree, path)
+                r = run_case(tree, path[label] if isinstance(path, dict) else path)
                 runs[label].append(r)
                 log(f"  {case} #{k + 1} {label}: CPU {r['cpu_s']:.2f} s, wall {r['wall_s']:.1f} s, "
                     f"peak {r['ru_maxrss'] / 2**20:,.0f} MiB")
@@ -167,5 +168,6 @@ def compare(trees: list[tuple[str, Path]], scenarios: dict[str, Path], repeat: d
             s["summary_common_keys_equal_first"] = all(mine[k] == theirs[k] for k in common)
             s["summary_keys_only_in_first"] = sorted(set(mine) - set(theirs))
             s["summary_keys_only_here"] = sorted(set(theirs) - set(mine))
-        result[case] = {"scenario": path.name, "repeat": repeat.get(case, 1), "trees": summary}
+        name = {k: str(v.relative_to(v.parents[1])) for k, v in path.items()} if isinstance(path, dict) else path.name
+        result[case] = {"scenario": name, "repeat": repeat.get(case, 1), "trees": summary}
     return result
