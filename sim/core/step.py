@@ -28,6 +28,9 @@ class StepPlan:
     decode_seqs: int = 0
     decode_kv_tokens: int = 0
     kv_tokens_read: int = 0
+    shared_kv_tokens: int = 0
+    """Of kv_tokens_read, those in the sequences' prefix-cache hits (Request.cached_tokens: blocks another
+    request computed, which several sequences read; a profile's per_shared_kv_token_s prices them)."""
     max_context: int = 0
     lazy_decodes: int = 0
     decode_positions: int = 0
@@ -55,6 +58,9 @@ class StepPlan:
         self.new_tokens += n
         self.pairs += pairs
         self.kv_tokens_read += h
+        s = req.cached_tokens
+        if s:
+            self.shared_kv_tokens += h if h < s else s
         if h + n > self.max_context:
             self.max_context = h + n
         if drafts or (n == 1 and not req.in_prefill):
@@ -72,9 +78,11 @@ class StepPlan:
             if n == req.tokens_to_compute:
                 self.prefill_logits += 1
 
-    def add_decodes(self, count: int, kv_tokens: int, max_context: int) -> None:
-        """`count` decode sequences holding `kv_tokens` cached tokens in all (one new token each)."""
+    def add_decodes(self, count: int, kv_tokens: int, max_context: int, shared_kv_tokens: int = 0) -> None:
+        """`count` decode sequences holding `kv_tokens` cached tokens in all (one new token each), of which
+        `shared_kv_tokens` are their prefix-cache hits."""
         self.lazy_decodes += count
+        self.shared_kv_tokens += shared_kv_tokens
         self.num_seqs += count
         self.new_tokens += count
         self.pairs += kv_tokens + count

@@ -187,7 +187,8 @@ class ShapeCache(StrictModel):
 class LinearStepTime(StrictModel):
     """T = constant + per_new_token * tokens + per_pair * causal pairs + per_kv_token * KV tokens read
     + per_sequence * sequences + per_decode_sequence * decode sequences
-    + per_prefill_completion * prompts completed (sampling their first token), all summed over the batch."""
+    + per_prefill_completion * prompts completed (sampling their first token), all summed over the batch;
+    with per_shared_kv_token, the KV tokens of prefix-cache hits cost that instead of per_kv_token."""
 
     kind: Literal["linear"] = "linear"
     constant_s: NonNegativeFloat = 0.0
@@ -201,6 +202,10 @@ class LinearStepTime(StrictModel):
                          "which it samples its first token); optional, 0 when the data cannot tell completions apart")
     shape_cache: ShapeCache | None = Field(None, description="Optional: the time of building a kernel for a batch "
                                                              "token count the engine has not kept (ShapeCache)")
+    per_shared_kv_token_s: NonNegativeFloat | None = Field(
+        None, description="Optional: per KV token read from a sequence's prefix-cache hits (blocks another request "
+                          "computed, read by several sequences: on a CPU they stay in cache) in place of "
+                          "per_kv_token_s; absent: they cost per_kv_token_s like any other KV token")
 
     @model_serializer(mode="wrap")
     def _omit_optional_terms(self, handler):
@@ -211,6 +216,8 @@ class LinearStepTime(StrictModel):
                 data.pop("per_prefill_completion_s", None)
             if self.shape_cache is None:
                 data.pop("shape_cache", None)
+            if self.per_shared_kv_token_s is None:
+                data.pop("per_shared_kv_token_s", None)
         return data
 
     @model_validator(mode="before")

@@ -74,8 +74,9 @@ def _linear_terms(step_time: Callable, plan: StepPlan) -> tuple | None:
     if type(model).__name__ != "LinearModel" or getattr(step_time, "__name__", "") != "step_s":
         return None
     c = model.cfg
-    if c.per_prefill_completion_s and plan.prefill_logits:
-        return None
+    if (c.per_prefill_completion_s and plan.prefill_logits) or (
+            c.per_shared_kv_token_s is not None and plan.shared_kv_tokens):
+        return None   # (a steady plan's shared KV stays fixed, but step_s itself keeps the float order)
     return (c.constant_s + c.per_new_token_s * plan.new_tokens, c.per_pair_s, c.per_kv_token_s,
             c.per_sequence_s * plan.num_seqs, c.per_decode_sequence_s * plan.decode_seqs)
 
@@ -113,6 +114,7 @@ class Scheduler:
         # decode set (lazy mode)
         self.decoding: dict[int, Request] = {}
         self._dec_computed = 0            # sum of members' computed tokens as of `iteration`
+        self._dec_shared = 0              # sum of members' prefix-cache hits (Request.cached_tokens)
         self._dec_adapters: dict[int, int] = {}  # LoRA adapter -> members using it
         self._pending_decoders: list[Request] = []  # decode-ready but not yet in the set (see commit)
         self._preempted = False           # vLLM V1: no admissions in an iteration that preempted
@@ -248,7 +250,7 @@ class Scheduler:
             ctx = self._ctx_heap
             while ctx[0][2] != ctx[0][3].lazy_version:
                 heapq.heappop(ctx)
-            plan.add_decodes(len(self.decoding), self._dec_computed, -ctx[0][0] + i + 1)
+            plan.add_decodes(len(self.decoding), self._dec_computed, -ctx[0][0] + i + 1, self._dec_shared)
 
     def _reserve_tokens(self, req: Request) -> int:
         """Tokens whose KV must be held: everything up to the last output (which is never stored)."""
@@ -411,6 +413,7 @@ class Scheduler:
         self.decoding[req.rid] = req
         self._explicit.pop(req.rid, None)
         self._dec_computed += req.computed_tokens
+        self._dec_shared += req.cached_tokens
         if req.adapter is not None:
             self._dec_adapters[req.adapter] = self._dec_adapters.get(req.adapter, 0) + 1
         heapq.heappush(self._finish_heap, (i + req.max_output_tokens - req.output_tokens - 1, seq, v, req))
@@ -434,6 +437,7 @@ class Scheduler:
         self._materialize(req, self.iteration if i is None else i)
         del self.decoding[req.rid]
         self._dec_computed -= req.computed_tokens
+        self._dec_shared -= req.cached_tokens
         if req.adapter is not None:
             left = self._dec_adapters[req.adapter] - 1
             if left:
