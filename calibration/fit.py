@@ -65,6 +65,8 @@ class Observation:
     of them without a `logits` count)."""
     shape_miss: int = 0
     """1 when the engine built kernels for this iteration's token count (sim.io.profiles.ShapeCache)."""
+    shared_kv_tokens: int = 0
+    """Of kv_tokens_read, those in the sequences' prefix-cache hits (StepPlan.shared_kv_tokens)."""
 
     @classmethod
     def from_row(cls, row: dict) -> "Observation":
@@ -86,10 +88,12 @@ class Observation:
         return self.prefill_seqs
 
     def vector(self) -> list[float]:
-        """The linear model's features: 1, new tokens, attention pairs, KV tokens read, sequences, decodes,
-        prompts completed; then a shape miss and its tokens (the shape cache's two terms)."""
-        return [1.0, self.new_tokens, self.pairs, self.kv_tokens_read, self.num_seqs, self.decode_seqs,
-                self.completions, self.shape_miss, self.shape_miss * self.new_tokens]
+        """The linear model's features: 1, new tokens, attention pairs, KV tokens read outside prefix-cache hits,
+        sequences, decodes, prompts completed; then a shape miss and its tokens (the shape cache's two terms),
+        and the KV tokens read in prefix-cache hits (all KV tokens are one feature when none are)."""
+        return [1.0, self.new_tokens, self.pairs, self.kv_tokens_read - self.shared_kv_tokens, self.num_seqs,
+                self.decode_seqs, self.completions, self.shape_miss, self.shape_miss * self.new_tokens,
+                self.shared_kv_tokens]
 
     def plan(self) -> StepPlan:
         """The StepPlan a scheduler would build for this iteration, for sim.models.step_time. `completions`
@@ -98,7 +102,8 @@ class Observation:
         plan = StepPlan(num_seqs=self.prefill_seqs, new_tokens=self.prefill_tokens, pairs=self.prefill_pairs,
                         prefill_tokens=self.prefill_tokens, prefill_pairs=self.prefill_pairs,
                         prefill_logits=self.completions, prefill_seqs=self.prefill_seqs,
-                        kv_tokens_read=self.kv_tokens_read - self.decode_kv_tokens, max_context=self.max_context)
+                        kv_tokens_read=self.kv_tokens_read - self.decode_kv_tokens, max_context=self.max_context,
+                        shared_kv_tokens=self.shared_kv_tokens)
         if self.prefill_seqs:
             n = self.prefill_tokens // self.prefill_seqs
             h = self.prefill_cached_tokens // self.prefill_seqs
@@ -199,7 +204,8 @@ def fit_linear(obs: list[Observation], shape_entries: int | None = None) -> Line
     """Non-negative least squares on relative error: minimise sum(((X b - t) / t)^2), b >= 0. The
     prompt-completion term is fitted only when some prefill sequence does not complete its prompt:
     otherwise it equals sequences minus decodes and cannot be told apart (it stays 0). With
-    `shape_entries` and some shape misses among the points, the shape cache's terms are fitted too."""
+    `shape_entries` and some shape misses among the points, the shape cache's terms are fitted too; with
+    KV tokens read in prefix-cache hits among the points, their own per-token cost (per_shared_kv_token_s)."""
     if not obs:
         raise ValueError("no points to fit")
     X = np.array([o.vector() for o in obs], dtype=float)
@@ -207,7 +213,8 @@ def fit_linear(obs: list[Observation], shape_entries: int | None = None) -> Line
         X[:, 6] = 0.0
     shapes = bool(shape_entries) and any(o.shape_miss for o in obs)
     if not shapes:
-        X[:, 7:] = 0.0
+        X[:, 7:9] = 0.0
+    shared = any(o.shared_kv_tokens for o in obs)
     t = np.array([o.time_s for o in obs], dtype=float)
     A = X / t[:, None]
     scale = np.abs(A).max(axis=0)
@@ -217,6 +224,8 @@ def fit_linear(obs: list[Observation], shape_entries: int | None = None) -> Line
     fields = {f: float(c) for f, c in zip(_LINEAR_FIELDS, coef)}
     if shapes:
         fields["shape_cache"] = ShapeCache(entries=shape_entries, miss_s=float(coef[7]), per_miss_token_s=float(coef[8]))
+    if shared:
+        fields["per_shared_kv_token_s"] = float(coef[9])
     return LinearStepTime(**fields)
 
 

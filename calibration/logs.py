@@ -14,6 +14,8 @@ Iteration log columns (names mappable with --columns OURS=THEIRS):
     pairs                      causal query-key pairs of the iteration (optional; otherwise derived,
                                taking the prefill sequences as equally long)
     max_context                longest sequence context (optional; for the valid range)
+    shared_kv_tokens           of the cached tokens above, those in the sequences' prefix-cache hits
+                               (optional [0]; with some, their own per-token cost is fitted)
 
 Rows with the same features are merged (median duration) before fitting.
 """
@@ -32,7 +34,7 @@ from sim.api import ModelSpec
 from sim.api import HardwareProfile, ModelProfile
 
 CANONICAL = ("duration_ms", "duration_s", "prefill_tokens", "prefill_seqs", "prefill_cached_tokens", "decode_seqs",
-             "decode_context_tokens", "pairs", "max_context", "prefill_completions")
+             "decode_context_tokens", "pairs", "max_context", "prefill_completions", "shared_kv_tokens")
 
 
 @dataclass
@@ -154,12 +156,16 @@ class RowCount:
 def iteration_observation(prefill_tokens: int, prefill_seqs: int, prefill_cached: int, decode_seqs: int,
                           decode_context: int, time_s: float, pairs: int | None = None,
                           max_context: int | None = None, completions: int | None = None,
-                          shape_miss: int = 0) -> fitmod.Observation:
+                          shape_miss: int = 0, shared_kv: int = 0) -> fitmod.Observation:
     """Features of one logged iteration, in the simulator's terms (`completions`: the prefill sequences
     completing their prompt; None when the log cannot tell, then all of them; `shape_miss`: 1 when the
-    engine had to build kernels for the iteration's token count, sim.io.profiles.ShapeCache)."""
+    engine had to build kernels for the iteration's token count, sim.io.profiles.ShapeCache; `shared_kv`: the
+    KV tokens read in the sequences' prefix-cache hits, StepPlan.shared_kv_tokens)."""
     if prefill_tokens and not prefill_seqs:
         prefill_seqs = 1
+    if not 0 <= shared_kv <= prefill_cached + decode_context:
+        raise ValueError(f"shared_kv_tokens {shared_kv} must lie between 0 and the cached tokens read "
+                         f"({prefill_cached} prefill + {decode_context} decode context)")
     if completions is not None and completions > prefill_seqs:
         raise ValueError(f"prefill_completions {completions} > prefill_seqs {prefill_seqs} (only a sequence in "
                          "prefill can complete its prompt)")
@@ -182,7 +188,7 @@ def iteration_observation(prefill_tokens: int, prefill_seqs: int, prefill_cached
         kv_tokens_read=prefill_cached + decode_context, num_seqs=prefill_seqs + decode_seqs, decode_seqs=decode_seqs,
         decode_kv_tokens=decode_context, prefill_seqs=prefill_seqs, prefill_tokens=prefill_tokens,
         prefill_pairs=prefill_pairs, prefill_cached_tokens=prefill_cached, max_context=max(1, max_context),
-        prefill_completions=completions, shape_miss=shape_miss)
+        prefill_completions=completions, shape_miss=shape_miss, shared_kv_tokens=shared_kv)
 
 
 def read_iterations(path: Path, columns: dict[str, str], where: dict[str, str],
@@ -224,7 +230,8 @@ def read_iterations(path: Path, columns: dict[str, str], where: dict[str, str],
             continue
         try:
             obs.append(iteration_observation(pf, int(get("prefill_seqs")), int(get("prefill_cached_tokens")), ds,
-                                             int(get("decode_context_tokens")), t, pairs, maxc, done))
+                                             int(get("decode_context_tokens")), t, pairs, maxc, done,
+                                             shared_kv=int(get("shared_kv_tokens"))))
         except ValueError as exc:
             raise ValueError(f"{path}: row {i}: {exc}") from None
     return obs
@@ -256,7 +263,7 @@ def merge_duplicates(obs: list[fitmod.Observation]) -> list[fitmod.Observation]:
     groups: dict[tuple, list[fitmod.Observation]] = {}
     for o in obs:
         k = (o.kind, o.new_tokens, o.pairs, o.kv_tokens_read, o.num_seqs, o.decode_seqs, o.prefill_tokens,
-             o.prefill_cached_tokens, o.max_context, o.completions, o.shape_miss)
+             o.prefill_cached_tokens, o.max_context, o.completions, o.shape_miss, o.shared_kv_tokens)
         groups.setdefault(k, []).append(o)
     out = []
     for k in sorted(groups, key=lambda k: (("prefill", "decode", "mixed").index(k[0]), k[4], k[1], k[3])):

@@ -66,15 +66,35 @@ def prefill_completions(iterations: list[dict]) -> list[int]:
     return out
 
 
+def shared_kv_tokens(iterations: list[dict]) -> list[int]:
+    """Per iteration, the KV tokens its items read in their prefix-cache hits: a request's hits are the tokens
+    already computed when it is first scheduled in its replay (the simulator's Request.cached_tokens, set at
+    its first admission; a replay starts at iteration 0, and pooled replays reuse ids); an item [id, tokens,
+    computed before, ...] reads min(computed before, hits) of them (sim.core.step.StepPlan.shared_kv_tokens)."""
+    hits: dict = {}
+    out = []
+    for it in iterations:
+        if it.get("iteration") == 0:
+            hits.clear()
+        shared = 0
+        for x in it["items"]:
+            h = int(x[2])
+            hit = hits.setdefault(x[0], h)
+            shared += h if h < hit else hit
+        out.append(shared)
+    return out
+
+
 def iterations_table(iterations: list[dict], num_blocks: int | None = None) -> pd.DataFrame:
     """One row per engine iteration: timing, the fit's features, preemptions, and the items as JSON;
     capsim's iterations.csv columns too (replica 0, decode_sequences, kv_blocks_in_use: the usable
     blocks, all but vLLM's null block, less the free ones after the step)."""
     rows = []
-    for it, done in zip(iterations, prefill_completions(iterations)):
+    for it, done, shared in zip(iterations, prefill_completions(iterations), shared_kv_tokens(iterations)):
         row = {"replica": 0, **{k: it.get(k) for k in ("iteration", "start_s", "duration_s", "cpu_s", "wake_s")}}
         row.update(iteration_features(it["items"]))
         row["prefill_completions"] = done
+        row["shared_kv_tokens"] = shared
         row["decode_sequences"] = row["decode_seqs"]
         free = it.get("kv_free_blocks")
         row["kv_blocks_in_use"] = num_blocks - 1 - free if num_blocks is not None and free is not None else None
@@ -82,7 +102,7 @@ def iterations_table(iterations: list[dict], num_blocks: int | None = None) -> p
         row["items"] = json.dumps([x[:3] for x in it["items"]], separators=(",", ":"))
         rows.append(row)
     cols = ["replica", "iteration", "start_s", "duration_s", "cpu_s", "wake_s", "prefill_tokens", "prefill_seqs",
-            "prefill_cached_tokens", "prefill_completions", "decode_seqs", "decode_context_tokens", "pairs", "max_context",
+            "prefill_cached_tokens", "prefill_completions", "shared_kv_tokens", "decode_seqs", "decode_context_tokens", "pairs", "max_context",
             "new_tokens", "batch_size", "decode_sequences", "kv_blocks_in_use", "preempted", "items"]
     return pd.DataFrame(rows, columns=cols)
 

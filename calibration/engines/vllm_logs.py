@@ -37,7 +37,7 @@ def sniff(path: Path) -> str | None:
 
 def read_vllm_iterations(path: Path, shape_entries: int | None = None) -> list[tuple]:
     """Rows (prefill tokens, prefill seqs, prefill cached, decode seqs, decode context, seconds, pairs,
-    max context, prompts completed, shape miss) of the driver's iterations.jsonl (one JSON object per line);
+    max context, prompts completed, shape miss, KV tokens read in prefix-cache hits) of the driver's iterations.jsonl (one JSON object per line);
     see `iteration_rows`."""
     records = []
     for i, line in enumerate(path.read_text().splitlines(), start=1):
@@ -60,12 +60,14 @@ def iteration_rows(iterations: list[dict], shape_entries: int | None = None) -> 
     """`capsim fit` rows of replay iterations, in the order they ran (several replays may follow each other;
     each starts at iteration 0). Prompts completed need the order (calibration.engines.tables.prefill_completions);
     so does the shape miss: with `shape_entries` (the engine's kernel cache, sim.io.profiles.ShapeCache), 1
-    when the iteration's token count was not among the last `shape_entries` distinct counts of its replay."""
-    from calibration.engines.tables import iteration_features, prefill_completions
+    when the iteration's token count was not among the last `shape_entries` distinct counts of its replay. A
+    request's prefix-cache hits are the tokens already computed when it is first scheduled (as the simulator's
+    Request.cached_tokens: its first admission); each item reads min(computed before, hits) of them."""
+    from calibration.engines.tables import iteration_features, prefill_completions, shared_kv_tokens
 
     kept: OrderedDict[int, None] = OrderedDict()
     rows = []
-    for it, done in zip(iterations, prefill_completions(iterations)):
+    for it, done, shared in zip(iterations, prefill_completions(iterations), shared_kv_tokens(iterations)):
         items, t = it["items"], float(it["duration_s"])
         if it.get("iteration") == 0:
             kept.clear()   # a new engine: its kernel cache starts empty
@@ -82,7 +84,7 @@ def iteration_rows(iterations: list[dict], shape_entries: int | None = None) -> 
             continue
         f = iteration_features(items)
         rows.append((f["prefill_tokens"], f["prefill_seqs"], f["prefill_cached_tokens"], f["decode_seqs"],
-                     f["decode_context_tokens"], t, f["pairs"], f["max_context"], done, miss))
+                     f["decode_context_tokens"], t, f["pairs"], f["max_context"], done, miss, shared))
     return rows
 
 
