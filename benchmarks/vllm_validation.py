@@ -4,10 +4,12 @@
         [--points light,near-saturation,...] [--raw /tmp/capsim-vllm-raw] [--engine-python PATH]
 
 Needs the engine's venv (calibration/engines/vllm_replay.py INSTALL). For each round it replays the
-calibration scenario and then every validation point on vLLM (interleaved, so slow drifts of a shared
+calibration scenarios (default calibrate and calibrate-shared, the latter with shared prefixes of its own
+layout) and then every validation point on vLLM (interleaved, so slow drifts of a shared
 machine hit calibration and validation alike), keeping each replay's records under --raw (resumable:
 a complete replay is not run again). Then it
-1. fits the step-time profile on the pooled calibration iterations (`capsim fit`'s code, vllm format);
+1. fits the step-time profile on the pooled calibration iterations (`capsim fit`'s code, vllm format; the
+   prefix-cache-hit KV term only where the calibration has shared prefixes);
 2. simulates every point with it and compares with the MEDIAN of the point's replays (per metric,
    with the replays' own spread beside the error, as `capsim validate --engine vllm` does);
 3. compares iteration composition on every replay, for capsim's `vllm_v1` policy and for `chunked`
@@ -46,6 +48,7 @@ MODEL = HERE / "qwen3-0.6b-4l.yaml"
 # (vllm/model_executor/layers/utils.py: create_onednn_mm(weight, 32)); an iteration of any other token count
 # builds one first (measured here: +25-30 ms for a fresh 200-240-token iteration of ~60 ms). The profile fits it.
 SHAPE_CACHE = 32
+CALIBRATION = "calibrate,calibrate-shared"
 
 
 def replay(name: str, r: int, raw: Path, python: Path, clock: str) -> tuple[EngineRun, object]:
@@ -167,27 +170,28 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--points", default=",".join(POINTS))
     ap.add_argument("--clock", choices=("wall", "thread"), default="thread")
-    ap.add_argument("--calibration", default="calibrate",
-                    help="calibration scenario under benchmarks/vllm/ (default calibrate; calibrate-long has more long "
-                         "prompts)")
+    ap.add_argument("--calibration", default=CALIBRATION,
+                    help=f"comma-separated calibration scenarios under benchmarks/vllm/, pooled (default {CALIBRATION}; "
+                         "calibrate-shared has shared prefixes, calibrate-long more long prompts)")
     ap.add_argument("--engine-python")
     args = ap.parse_args(argv)
     python = engine_python(args.engine_python)
     out, raw = Path(args.out), Path(args.raw)
     out.mkdir(parents=True, exist_ok=True)
     points = [p for p in args.points.split(",") if p]
+    calibrations = [c for c in args.calibration.split(",") if c]
     cal, reps = [], {p: [] for p in points}
     t0 = time.time()
     for r in range(1, args.rounds + 1):
         print(f"round {r}/{args.rounds} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
-        cal.append(replay(args.calibration, r, raw, python, args.clock))
+        cal.extend(replay(c, r, raw, python, args.clock) for c in calibrations)
         for p in points:
             reps[p].append(replay(p, r, raw, python, args.clock))
-    prof = fit_pooled([run for run, _ in cal], out, args.calibration == "calibrate")
+    prof = fit_pooled([run for run, _ in cal], out, args.calibration == CALIBRATION)
     tmp = raw / "own-fits"
     tmp.mkdir(parents=True, exist_ok=True)
     report = {"engine": cal[0][0].meta.get("vllm"), "torch": cal[0][0].meta.get("torch"), "clock": args.clock,
-              "rounds": args.rounds, "profile": str(prof.relative_to(REPO)) if prof.is_relative_to(REPO) else str(prof),
+              "rounds": args.rounds, "calibration": calibrations, "profile": str(prof.relative_to(REPO)) if prof.is_relative_to(REPO) else str(prof),
               "command": "python benchmarks/vllm_validation.py " + " ".join(argv or sys.argv[1:]),
               "wall_s": None, "points": {}}
     for p in points:
