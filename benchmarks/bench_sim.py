@@ -418,6 +418,7 @@ def render_trees(tr: dict) -> list[str]:
          "|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for case, c in tr["cases"].items():
         for label, t in c["trees"].items():
+            t["_first_summary"] = c["trees"][this]["runs"][0]["summary"]
             growth = [g for g in t["growth_b_per_request"] if g is not None]
             speed = ("" if label == this else
                      f"{t['cpu_min_ratio_to_first']:.2f}x / {t['cpu_median_ratio_to_first']:.2f}x")
@@ -433,9 +434,20 @@ def _same(t: dict) -> str:
         return "yes, all three files"
     csv = "requests.csv and iterations.csv identical" if t.get("csv_equal_first") else "CSVs DIFFER"
     common = ("summary.json equal on every shared key" if t.get("summary_common_keys_equal_first")
-              else "summary.json DIFFERS")
+              else "summary.json DIFFERS" + _differing(t))
     extra = t.get("summary_keys_only_in_first") or []
     return f"{csv}; {common}" + (f" (this checkout adds {', '.join(extra)})" if extra else "")
+
+
+def _differing(t: dict) -> str:
+    """The summary fields that differ from this checkout's, with both values (from the raw runs)."""
+    from process_compare import flat_differences
+    runs = t.get("runs") or []
+    first = t.get("_first_summary")
+    if not runs or first is None:
+        return ""
+    diff = flat_differences(first, runs[0]["summary"])
+    return (" in " + "; ".join(f"`{k}` {a!r} here, {b!r} there" for k, (a, b) in diff.items())) if diff else ""
 
 
 def render(res: dict) -> str:

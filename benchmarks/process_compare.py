@@ -118,6 +118,17 @@ def _thin(marks: list[tuple], keep: int = 21) -> list[dict]:
     return [{"done": d, "rss": r, "wall_s": t} for d, r, t in picked]
 
 
+def flat_differences(a: dict, b: dict, prefix: str = "") -> dict[str, tuple]:
+    """Dotted keys present in both summaries whose values differ: key -> (value in a, value in b)."""
+    out = {}
+    for k in a.keys() & b.keys():
+        if isinstance(a[k], dict) and isinstance(b[k], dict):
+            out.update(flat_differences(a[k], b[k], f"{prefix}{k}."))
+        elif a[k] != b[k]:
+            out[prefix + k] = (a[k], b[k])
+    return dict(sorted(out.items()))
+
+
 def run_case(tree: Path, scenario: Path) -> dict:
     """One measured run (see run_once)."""
     return run_once(tree, scenario)
