@@ -108,10 +108,11 @@ class Recorder:
         self.slo = slo
         self._no_slo = slo.ttft_s is None and slo.itl_s is None and slo.e2e_s is None
         self.rows = Spilled()  # one flat row per request, REQUEST_COLUMNS in order (table() reshapes)
-        # pooled ITL: each iteration's gap, weighted by the requests whose previous token came from
-        # the iteration before (identical floats), plus every other gap on its own
+        # pooled ITL: each iteration's gap (its duration, kept by its timeline), weighted by the
+        # requests whose previous token came from the iteration before (the timeline's `regular`),
+        # plus every other gap on its own (here)
         self.itl_gap = array("d")
-        self.itl_weight = array("i")  # a weight is at most a batch's requests
+        self.timelines: list[Timeline] = []  # every timeline recording into this recorder
         self.track_request_gaps = track_request_gaps
         self._gaps: dict[int, list[float]] = {}
         # Little's law bookkeeping: time integral of the number of requests in the system
@@ -140,6 +141,17 @@ class Recorder:
             self.reject_reasons.append(req.reject_reason)
         self.in_system -= 1
         self._row(req)
+
+    def itl_entries(self) -> tuple[np.ndarray, np.ndarray]:
+        """The pooled inter-token gaps as (distinct entries, weights): every iteration's duration
+        weighted by its regular gaps (where there are any) and every other gap with weight 1."""
+        values, weights = [np.frombuffer(self.itl_gap, dtype=float)], [np.ones(len(self.itl_gap), dtype=np.int64)]
+        for t in self.timelines:
+            w = np.frombuffer(t.regular, dtype=np.dtype(t.regular.typecode))
+            some = w > 0
+            values.append(np.frombuffer(t.durations, dtype=float)[some])
+            weights.append(w[some].astype(np.int64))
+        return np.concatenate(values), np.concatenate(weights)
 
     def add_gaps(self, req: Request, gaps) -> None:
         """Keep `req`'s inter-token gaps when a p99 ITL SLO needs them per request."""
@@ -216,6 +228,8 @@ class Timeline:
         self.replica = replica
         self.rows = Spilled()        # one flat row per iteration, ITERATION_COLUMNS in order
         self.durations = array("d")  # iteration durations again, sliced for decode-set members' gaps
+        self.regular = array("i")    # per iteration: requests whose gap was the whole iteration
+        recorder.timelines.append(self)
         self._ends = array("d")
         self._prev_end_s: float | None = None
         self.busy_s = 0.0
@@ -315,8 +329,7 @@ class Timeline:
         self.busy_s = busy
         self.durations.extend(durations)
         self._ends.extend(ends)
-        self.rec.itl_gap.extend(durations)
-        self.rec.itl_weight.extend([count] * k)
+        self.regular.extend([count] * k)
         self._prev_end_s = ends[-1]
         # a steady plan: decodes only (no prefill, no swap), decode_seqs = num_seqs = new_tokens = count
         self._stretches.buf.extend((len(self.rows) // len(ITERATION_COLUMNS), len(self._ends) - k, k, starts[0],
@@ -337,15 +350,12 @@ class Timeline:
                 else:
                     gap = end_s - req.last_token_s
                     self.rec.itl_gap.append(gap)
-                    self.rec.itl_weight.append(1)
                 if gap > req.max_itl_s:
                     req.max_itl_s = gap
                 self.rec.add_gaps(req, (gap,))
             req.last_token_s = end_s
             req.last_iteration = index
-        if regular:
-            self.rec.itl_gap.append(end_s - start_s)
-            self.rec.itl_weight.append(regular)
+        self.regular.append(regular)  # its gap is the iteration's duration (end_s - start_s)
         self._prev_end_s = end_s
         rows = self.rows
         rows.buf.extend(self._pending)

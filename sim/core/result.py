@@ -167,7 +167,7 @@ def _latency_part(req: dict, its: IterationTable, rec: Recorder) -> dict:
     t0 = req["first_arrival_s"] if n else 0.0
     t1 = req["last_finish_s"] if n_done else t0
     window = t1 - t0
-    itl = weighted_stats(np.frombuffer(rec.itl_gap, dtype=float), np.frombuffer(rec.itl_weight, dtype=np.dtype(rec.itl_weight.typecode)))
+    itl = weighted_stats(*rec.itl_entries())
     n_its, dec_time, dec_tokens = _decode_only(its)
     return {
         "requests": n,
