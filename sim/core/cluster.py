@@ -83,6 +83,8 @@ class LeastOutstanding(Router):
 
     def choose(self, req, candidates):
         """The healthy replica holding the fewest requests (lowest index on ties)."""
+        if len(candidates) == 1:
+            return candidates[0]
         return min(candidates, key=lambda r: (r.outstanding, r.index), default=None)
 
 

@@ -67,11 +67,11 @@ def arrivals(env: simpy.Environment, workload, make_request: Callable[[int], Req
              deliver: Callable[[Request], None], cancel: Callable[[Request], None]):
     """Release requests at their engine arrival times (scheduled + outside wait) through `deliver`."""
     engine_t = workload.arrival_s + workload.outside_wait_s
-    for i in np.argsort(engine_t, kind="stable"):
-        t = float(engine_t[i])
+    order = np.argsort(engine_t, kind="stable")
+    for i, t in zip(order.tolist(), engine_t[order].tolist()):  # Python ints and floats, no numpy scalars
         if t > env.now:
             yield env.timeout(t - env.now)
-        req = make_request(int(i))
+        req = make_request(i)
         deliver(req)
         if req.cancel_at_s is not None:
             env.process(_cancel_at(env, req, cancel))

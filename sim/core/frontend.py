@@ -85,7 +85,11 @@ class Frontend:
                 return
             if replica.up:
                 req.replica = replica.index
-                replica.inbox.put(req)
+                inbox = replica.inbox
+                if inbox.get_queue:  # its loop waits for work: the put wakes it
+                    inbox.put(req)
+                else:  # its loop takes the inbox's items when it next plans; a put event would do nothing
+                    inbox.items.append(req)
                 return
             if not self.fail_or_retry(req, replica):
                 return
