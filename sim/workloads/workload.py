@@ -57,6 +57,8 @@ class Workload:
     def shareable_tokens(self, i: int, extra_shared: frozenset = frozenset()) -> int | None:
         """Leading prompt tokens made only of shared streams; None (all of them) when the request's
         outputs are shared too (a later turn continues it)."""
+        if not self.shared_streams and not extra_shared:  # nothing is shared: its first segment is not
+            return 0
         n = 0
         for stream, _, length in self.segments_of(i):
             if stream not in self.shared_streams and stream not in extra_shared:
