@@ -68,13 +68,15 @@ def arrivals(env: simpy.Environment, workload, make_request: Callable[[int], Req
     """Release requests at their engine arrival times (scheduled + outside wait) through `deliver`."""
     engine_t = workload.arrival_s + workload.outside_wait_s
     order = np.argsort(engine_t, kind="stable")
-    for i, t in zip(order.tolist(), engine_t[order].tolist()):  # Python ints and floats, no numpy scalars
-        if t > env.now:
-            yield env.timeout(t - env.now)
-        req = make_request(i)
-        deliver(req)
-        if req.cancel_at_s is not None:
-            env.process(_cancel_at(env, req, cancel))
+    for a in range(0, len(order), 4096):  # Python ints and floats a block at a time (not a million at once)
+        block = order[a:a + 4096]
+        for i, t in zip(block.tolist(), engine_t[block].tolist()):
+            if t > env.now:
+                yield env.timeout(t - env.now)
+            req = make_request(i)
+            deliver(req)
+            if req.cancel_at_s is not None:
+                env.process(_cancel_at(env, req, cancel))
 
 
 def _cancel_at(env: simpy.Environment, req: Request, cancel):
