@@ -37,6 +37,8 @@ class Request:
     output_tokens: int = 0
     computed_tokens: int = 0
     cached_tokens: int = 0
+    hit_key: int | None = None
+    """The last block of its prefix-cache hits (set with cached_tokens): requests with the same one share them."""
     status: Status = Status.WAITING
     admitted_s: float | None = None
     first_token_s: float | None = None
@@ -110,6 +112,7 @@ class Request:
         """Lost with a failed replica: start over elsewhere (latency still counts from arrival_s)."""
         self.status = Status.WAITING
         self.output_tokens = self.computed_tokens = self.cached_tokens = 0
+        self.hit_key = None
         self.block_table, self.block_hashes, self.indexed_blocks, self.full_blocks = [], [], 0, 0
         self.first_token_s = self.last_token_s = None
         self.max_itl_s, self.last_iteration, self.replica = 0.0, None, None

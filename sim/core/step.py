@@ -11,6 +11,27 @@ from dataclasses import dataclass, field
 from sim.core.request import Request
 
 
+def join_hits(groups: dict, req: Request) -> int:
+    """`req` (with prefix-cache hits) joins a decode set's hit groups (hit_key -> [members, hit tokens]);
+    returns the hit tokens it re-reads each iteration (all of them when the group had a member already)."""
+    g = groups.get(req.hit_key)
+    if g is None:
+        groups[req.hit_key] = [1, req.cached_tokens]
+        return 0
+    g[0] += 1
+    return g[1]
+
+
+def leave_hits(groups: dict, req: Request) -> int:
+    """`req` leaves its hit group; returns the re-read tokens the decode set loses with it."""
+    g = groups[req.hit_key]
+    g[0] -= 1
+    if g[0]:
+        return g[1]
+    del groups[req.hit_key]
+    return 0
+
+
 @dataclass(slots=True)
 class StepPlan:
     """One iteration's work: explicit (request, new tokens, cached tokens before) items plus the
@@ -29,8 +50,11 @@ class StepPlan:
     decode_kv_tokens: int = 0
     kv_tokens_read: int = 0
     shared_kv_tokens: int = 0
-    """Of kv_tokens_read, those in the sequences' prefix-cache hits (Request.cached_tokens: blocks another
-    request computed, which several sequences read; a profile's per_shared_kv_token_s prices them)."""
+    """Of kv_tokens_read, those in prefix-cache hits (Request.cached_tokens, hit_key) that another sequence of
+    this iteration reads too, counting every reader but the first: re-reads of blocks already in a CPU's cache
+    (a profile's per_shared_kv_token_s prices them)."""
+    hit_reads: dict | None = None
+    """hit_key -> the most hit tokens a sequence of this iteration reads under it (for shared_kv_tokens)."""
     max_context: int = 0
     lazy_decodes: int = 0
     decode_positions: int = 0
@@ -59,8 +83,8 @@ class StepPlan:
         self.pairs += pairs
         self.kv_tokens_read += h
         s = req.cached_tokens
-        if s:
-            self.shared_kv_tokens += h if h < s else s
+        if s and req.hit_key is not None:
+            self._read_hits(req.hit_key, h if h < s else s)
         if h + n > self.max_context:
             self.max_context = h + n
         if drafts or (n == 1 and not req.in_prefill):
@@ -78,11 +102,31 @@ class StepPlan:
             if n == req.tokens_to_compute:
                 self.prefill_logits += 1
 
-    def add_decodes(self, count: int, kv_tokens: int, max_context: int, shared_kv_tokens: int = 0) -> None:
-        """`count` decode sequences holding `kv_tokens` cached tokens in all (one new token each), of which
-        `shared_kv_tokens` are their prefix-cache hits."""
+    def _read_hits(self, key, r: int) -> None:
+        """A sequence reads r tokens of the hit prefix `key`: what an earlier one read already is re-read."""
+        seen = self.hit_reads
+        if seen is None:
+            seen = self.hit_reads = {}
+        m = seen.get(key, 0)
+        if m:
+            self.shared_kv_tokens += r if r < m else m
+        if r > m:
+            seen[key] = r
+
+    def add_decodes(self, count: int, kv_tokens: int, max_context: int, shared_kv_tokens: int = 0,
+                    hit_groups: dict | None = None) -> None:
+        """`count` decode sequences holding `kv_tokens` cached tokens in all (one new token each); of their
+        prefix-cache hits, `shared_kv_tokens` re-read among themselves, `hit_groups` hit_key -> [members, hit
+        tokens] (to count the re-reads of hits that explicit items of the plan read too)."""
         self.lazy_decodes += count
         self.shared_kv_tokens += shared_kv_tokens
+        if hit_groups and self.hit_reads:
+            for key, m in list(self.hit_reads.items()):
+                g = hit_groups.get(key)
+                if g is not None:
+                    self.shared_kv_tokens += g[1] if g[1] < m else m
+                    if g[1] > m:
+                        self.hit_reads[key] = g[1]
         self.num_seqs += count
         self.new_tokens += count
         self.pairs += kv_tokens + count

@@ -33,7 +33,7 @@ from typing import Callable, ClassVar, Literal
 from pydantic import Field, PositiveInt
 
 from sim.core.kv import BlockManager
-from sim.core.step import StepPlan
+from sim.core.step import StepPlan, join_hits, leave_hits
 from sim.core.request import Request, Status
 from sim.io.schema import StrictModel
 
@@ -114,7 +114,8 @@ class Scheduler:
         # decode set (lazy mode)
         self.decoding: dict[int, Request] = {}
         self._dec_computed = 0            # sum of members' computed tokens as of `iteration`
-        self._dec_shared = 0              # sum of members' prefix-cache hits (Request.cached_tokens)
+        self._dec_shared = 0              # members' hit tokens re-read by another member (StepPlan.shared_kv_tokens)
+        self._dec_hits: dict = {}         # hit_key -> [members, hit tokens]
         self._dec_adapters: dict[int, int] = {}  # LoRA adapter -> members using it
         self._pending_decoders: list[Request] = []  # decode-ready but not yet in the set (see commit)
         self._preempted = False           # vLLM V1: no admissions in an iteration that preempted
@@ -250,7 +251,8 @@ class Scheduler:
             ctx = self._ctx_heap
             while ctx[0][2] != ctx[0][3].lazy_version:
                 heapq.heappop(ctx)
-            plan.add_decodes(len(self.decoding), self._dec_computed, -ctx[0][0] + i + 1, self._dec_shared)
+            plan.add_decodes(len(self.decoding), self._dec_computed, -ctx[0][0] + i + 1, self._dec_shared,
+                             self._dec_hits)
 
     def _reserve_tokens(self, req: Request) -> int:
         """Tokens whose KV must be held: everything up to the last output (which is never stored)."""
@@ -298,6 +300,7 @@ class Scheduler:
             req.computed_tokens = computed
             if req.admitted_s is None:
                 req.cached_tokens = computed
+                req.hit_key = hits[-1] if hits else None
                 self.pool.stats.hit_tokens += computed
         req.status = Status.RUNNING
         if req.admitted_s is None:
@@ -391,6 +394,7 @@ class Scheduler:
         self.pool.stats.cow_copies += 1 if leader.prompt_tokens % bs else 0
         follower.computed_tokens = follower.prompt_tokens
         follower.cached_tokens = len(shared) * bs
+        follower.hit_key = shared[-1] if shared else None
         follower.output_tokens = 1
         follower.status = Status.RUNNING
         follower.admitted_s = follower.first_token_s = follower.last_token_s = now_s
@@ -413,7 +417,8 @@ class Scheduler:
         self.decoding[req.rid] = req
         self._explicit.pop(req.rid, None)
         self._dec_computed += req.computed_tokens
-        self._dec_shared += req.cached_tokens
+        if req.cached_tokens and req.hit_key is not None:
+            self._dec_shared += join_hits(self._dec_hits, req)
         if req.adapter is not None:
             self._dec_adapters[req.adapter] = self._dec_adapters.get(req.adapter, 0) + 1
         heapq.heappush(self._finish_heap, (i + req.max_output_tokens - req.output_tokens - 1, seq, v, req))
@@ -437,7 +442,8 @@ class Scheduler:
         self._materialize(req, self.iteration if i is None else i)
         del self.decoding[req.rid]
         self._dec_computed -= req.computed_tokens
-        self._dec_shared -= req.cached_tokens
+        if req.cached_tokens and req.hit_key is not None:
+            self._dec_shared -= leave_hits(self._dec_hits, req)
         if req.adapter is not None:
             left = self._dec_adapters[req.adapter] - 1
             if left:
