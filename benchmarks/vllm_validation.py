@@ -66,6 +66,7 @@ def replay(name: str, r: int, raw: Path, python: Path, clock: str) -> tuple[Engi
         print(f"  {name} round {r}: {len(run.requests)} requests, {len(run.iterations)} iterations in "
               f"{time.time() - t:.0f} s wall", file=sys.stderr, flush=True)
     run.meta["scenario"] = sc.name
+    tables.with_hit_keys(run.iterations, spec)   # which prefix each request's hits are (shared KV re-reads)
     res = tables.measured_result(run, wl, sc.slo)
     res.write(out)
     return run, res
@@ -80,8 +81,8 @@ def fit_pooled(runs: list[EngineRun], out: Path, scenarios_profile: bool) -> Pat
     one the scenarios under benchmarks/vllm/ use)."""
     pooled = out / "calibration-iterations.jsonl"
     with pooled.open("w") as fh:
-        for run in runs:
-            fh.write((run.out / "iterations.jsonl").read_text())
+        for run in runs:   # the records with their hit_keys (the pooled file has no spec beside it)
+            fh.write("".join(json.dumps(it) + "\n" for it in run.iterations))
     prof = out / "profile.yaml"
     res = fit_log(FitLogConfig(log=pooled, model=load_model(MODEL), out=prof, dtype="bf16", fmt="vllm",
                                shape_cache_entries=SHAPE_CACHE,

@@ -67,22 +67,58 @@ def prefill_completions(iterations: list[dict]) -> list[int]:
 
 
 def shared_kv_tokens(iterations: list[dict]) -> list[int]:
-    """Per iteration, the KV tokens its items read in their prefix-cache hits: a request's hits are the tokens
-    already computed when it is first scheduled in its replay (the simulator's Request.cached_tokens, set at
-    its first admission; a replay starts at iteration 0, and pooled replays reuse ids); an item [id, tokens,
-    computed before, ...] reads min(computed before, hits) of them (sim.core.step.StepPlan.shared_kv_tokens)."""
+    """Per iteration, the KV tokens its items re-read in prefix-cache hits another item of the iteration reads
+    too, counting every reader but the first (sim.core.step.StepPlan.shared_kv_tokens). A request's hits are
+    the tokens already computed when it is first scheduled in its replay (the simulator's Request.cached_tokens;
+    a replay starts at iteration 0, and pooled replays reuse ids), which prefix they are is its key in the
+    iteration's `hit_keys` ([id, key] pairs, `with_hit_keys`); an item [id, tokens, computed before, ...] reads
+    min(computed before, hits) of them. Without keys nothing is re-read."""
     hits: dict = {}
+    keys: dict = {}
     out = []
     for it in iterations:
         if it.get("iteration") == 0:
             hits.clear()
+            keys.clear()
+        for rid, key in it.get("hit_keys") or ():
+            keys.setdefault(rid, key)
+        seen: dict = {}
         shared = 0
         for x in it["items"]:
             h = int(x[2])
             hit = hits.setdefault(x[0], h)
-            shared += h if h < hit else hit
+            r, key = (h if h < hit else hit), keys.get(x[0])
+            if r and key is not None:
+                m = seen.get(key, 0)
+                shared += r if r < m else m
+                if r > m:
+                    seen[key] = r
         out.append(shared)
     return out
+
+
+def with_hit_keys(iterations: list[dict], spec: dict) -> list[dict]:
+    """The iterations of one replay of `spec` (the driver's requests and their prompt token ids), each given
+    `hit_keys`: for every request first scheduled there with tokens already computed (its prefix-cache hits),
+    [id, a digest of those prompt tokens] -- the same key for requests hitting the same prefix. In place."""
+    import hashlib
+
+    prompts = {int(r["id"]): r["prompt_token_ids"] for r in spec["requests"]}
+    seen: set = set()
+    for it in iterations:
+        if it.get("iteration") == 0:
+            seen.clear()
+        keys = []
+        for x in it["items"]:
+            rid, h = int(x[0]), int(x[2])
+            if rid in seen:
+                continue
+            seen.add(rid)
+            if h > 0 and rid in prompts:
+                data = ",".join(map(str, prompts[rid][:h])).encode()
+                keys.append([rid, hashlib.sha1(data).hexdigest()[:16]])
+        it["hit_keys"] = keys
+    return iterations
 
 
 def iterations_table(iterations: list[dict], num_blocks: int | None = None) -> pd.DataFrame:

@@ -111,6 +111,7 @@ def _replay_all(cfg, spec, wl, out: Path, python: Path, log, slo=None) -> tuple[
         log(f"  vLLM replay {k + 1}/{cfg.replays} of {len(spec['requests'])} requests ...")
         run = run_engine(spec, out / "engine" / f"replay-{k + 1}", python, cfg.stream)
         run.meta["scenario"] = spec["scenario"]
+        tables.with_hit_keys(run.iterations, spec)   # which prefix each request's hits are (shared KV re-reads)
         res = tables.measured_result(run, wl, slo)
         res.write(out / "engine" / f"replay-{k + 1}")
         runs.append(run)

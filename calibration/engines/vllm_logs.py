@@ -37,8 +37,9 @@ def sniff(path: Path) -> str | None:
 
 def read_vllm_iterations(path: Path, shape_entries: int | None = None) -> list[tuple]:
     """Rows (prefill tokens, prefill seqs, prefill cached, decode seqs, decode context, seconds, pairs,
-    max context, prompts completed, shape miss, KV tokens read in prefix-cache hits) of the driver's iterations.jsonl (one JSON object per line);
-    see `iteration_rows`."""
+    max context, prompts completed, shape miss, KV tokens re-read in prefix-cache hits) of the driver's
+    iterations.jsonl (one JSON object per line); see `iteration_rows`. Records without `hit_keys` take them
+    from the replay's spec.json beside the log (one replay only: pooled replays must carry their own)."""
     records = []
     for i, line in enumerate(path.read_text().splitlines(), start=1):
         if not line.strip():
@@ -52,7 +53,12 @@ def read_vllm_iterations(path: Path, shape_entries: int | None = None) -> list[t
         if not isinstance(items, list) or any(not isinstance(x, list) or len(x) < 4 for x in items):
             raise ValueError(f"{path}: line {i}: items must be [id, tokens, computed before, prompt length]")
         records.append({"items": items, "duration_s": t, "new": it.get("new") or (),
-                        "iteration": it.get("iteration")})
+                        "iteration": it.get("iteration"), "hit_keys": it.get("hit_keys")})
+    spec = path.parent / "spec.json"
+    if (not any(r["hit_keys"] is not None for r in records) and spec.exists()
+            and sum(r["iteration"] == 0 for r in records) <= 1):   # one replay, beside its spec: which prefixes
+        from calibration.engines.tables import with_hit_keys
+        with_hit_keys(records, json.loads(spec.read_text()))
     return iteration_rows(records, shape_entries)
 
 
@@ -61,8 +67,7 @@ def iteration_rows(iterations: list[dict], shape_entries: int | None = None) -> 
     each starts at iteration 0). Prompts completed need the order (calibration.engines.tables.prefill_completions);
     so does the shape miss: with `shape_entries` (the engine's kernel cache, sim.io.profiles.ShapeCache), 1
     when the iteration's token count was not among the last `shape_entries` distinct counts of its replay. A
-    request's prefix-cache hits are the tokens already computed when it is first scheduled (as the simulator's
-    Request.cached_tokens: its first admission); each item reads min(computed before, hits) of them."""
+    request's prefix-cache hits and their re-reads: calibration.engines.tables.shared_kv_tokens."""
     from calibration.engines.tables import iteration_features, prefill_completions, shared_kv_tokens
 
     kept: OrderedDict[int, None] = OrderedDict()

@@ -1,5 +1,5 @@
-"""The linear model's optional per_shared_kv_token_s: KV tokens read in a sequence's prefix-cache hits
-(StepPlan.shared_kv_tokens) priced apart from private ones. The feature on hand-built plans and in a
+"""The linear model's optional per_shared_kv_token_s: KV tokens of prefix-cache hits that another sequence of
+the iteration reads too (StepPlan.shared_kv_tokens: every reader but the first) priced apart from private ones. The feature on hand-built plans and in a
 simulation (lazy and explicit decodes alike), the fit recovering a known coefficient from synthetic vLLM
 iterations, profiles without the term unchanged, bad values refused."""
 
@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from calibration.engines.tables import shared_kv_tokens
+from calibration.engines.tables import shared_kv_tokens, with_hit_keys
 from calibration.logs import FitLogConfig, fit_log, iteration_observation
 from sim.core.request import Request
 from sim.core.simulation import Simulation
@@ -29,21 +29,29 @@ BASE = dict(constant_s=20e-3, per_new_token_s=180e-6, per_pair_s=7e-8, per_kv_to
             per_decode_sequence_s=350e-6)
 
 
-def _req(rid: int, prompt: int, computed: int, hits: int) -> Request:
+def _req(rid: int, prompt: int, computed: int, hits: int, key=None) -> Request:
     r = Request(rid, 0.0, prompt, 8, 0.0)
-    r.computed_tokens, r.cached_tokens = computed, hits
+    r.computed_tokens, r.cached_tokens, r.hit_key = computed, hits, key
     return r
 
 
 def test_shared_kv_tokens_on_a_hand_built_plan():
     plan = StepPlan()
-    plan.add(_req(0, 700, 512, 512), 188)   # last chunk after a 512-token hit: reads all 512 hit tokens
-    plan.add(_req(1, 900, 256, 320), 200)   # a chunk at 256 of a 320-token hit: reads 256 of them
-    plan.add(_req(2, 300, 0, 0), 256)       # no hit: none
-    plan.add(_req(3, 600, 650, 448), 1)     # an explicit decode past its 448-token hit
-    plan.add_decodes(3, 2000, 700, shared_kv_tokens=1024)   # the decode set: its members' hits, summed
-    assert plan.kv_tokens_read == 512 + 256 + 650 + 2000
-    assert plan.shared_kv_tokens == 512 + 256 + 448 + 1024
+    plan.add(_req(0, 700, 512, 512, "A"), 188)   # last chunk after a 512-token hit on A: the first reader of A
+    plan.add(_req(1, 900, 256, 512, "A"), 200)   # a chunk at 256 of the same hit: re-reads 256 of A
+    plan.add(_req(2, 300, 0, 0), 256)            # no hit
+    plan.add(_req(3, 600, 650, 448, "B"), 1)     # an explicit decode past its 448-token hit on B: first of B
+    plan.add(_req(4, 600, 650, 448, "C"), 1)     # and on C
+    assert plan.shared_kv_tokens == 256
+    # the decode set: 3 members re-read 1024 hit tokens among themselves; its B group (2 members of 448) also
+    # re-reads what the explicit decode read, its D group (1 member) is nobody's re-read
+    plan.add_decodes(5, 4000, 700, 1024, {"B": [2, 448], "D": [1, 320]})
+    assert plan.kv_tokens_read == 512 + 256 + 650 + 650 + 4000
+    assert plan.shared_kv_tokens == 256 + 1024 + 448
+    plain = StepPlan()
+    plain.add(_req(0, 700, 512, 512), 188)   # a hit without a key (another path's request): never re-read
+    plain.add(_req(1, 700, 512, 512), 188)
+    assert plain.shared_kv_tokens == 0
     cfg = LinearStepTime(**BASE, per_shared_kv_token_s=0.5e-6)
     without = LinearModel(LinearStepTime(**BASE)).step_s(plan)
     assert LinearModel(cfg).step_s(plan) - without == pytest.approx((0.5e-6 - 1.3e-6) * plan.shared_kv_tokens,
@@ -93,10 +101,13 @@ def test_profile_without_the_term_gives_identical_step_times_and_dumps_unchanged
     assert prof.linear.per_shared_kv_token_s is None
     assert prof.linear.model_dump(mode="json") == data["linear"]   # no new key in any dump
     plan = StepPlan()
-    plan.add(_req(0, 700, 512, 512), 188)
-    plan.add_decodes(3, 2000, 700, shared_kv_tokens=1024)
+    plan.add(_req(0, 700, 512, 512, "A"), 188)
+    plan.add(_req(1, 700, 512, 512, "A"), 188)
+    plan.add_decodes(3, 2000, 700, 1024, {"A": [3, 512]})
+    assert plan.shared_kv_tokens == 512 + 1024 + 512
     bare = StepPlan()
     bare.add(_req(0, 700, 512, 0), 188)
+    bare.add(_req(1, 700, 512, 0), 188)
     bare.add_decodes(3, 2000, 700)
     assert LinearModel(prof.linear).step_s(plan) == LinearModel(prof.linear).step_s(bare)
 
@@ -134,11 +145,12 @@ def test_a_log_row_with_more_shared_than_cached_tokens_is_refused(tmp_path):
 def _synthetic_shared_replay(true: LinearStepTime, seed: int = 0) -> list[dict]:
     """A chunked-prefill replay (256-token budget, decodes first) whose prompts start with one of three
     shared prefixes (the first request of a group computes it, the later ones hit it whole), timed by `true`
-    with the hit tokens at per_shared_kv_token_s (computed here independently)."""
+    with the hit tokens re-read in an iteration (every reader of a prefix but the first) at per_shared_kv_token_s
+    (computed here independently: total hit reads less the most any one reader of a prefix reads)."""
     rng = np.random.default_rng(seed)
     prefixes = (128, 256, 384)
     computed = set()
-    active, out, nid = [], [], 0
+    active, out, nid, all_reqs = [], [], 0, []
     for _ in range(1500):
         new = []
         if rng.random() < 0.12 and len(active) < 12:
@@ -146,13 +158,17 @@ def _synthetic_shared_replay(true: LinearStepTime, seed: int = 0) -> list[dict]:
             pre = prefixes[g] if g is not None else 0
             hit = pre if g in computed else 0
             active.append({"id": nid, "p": pre + int(rng.integers(16, 300)), "h": hit, "hit": hit,
-                           "left": int(rng.integers(4, 30)), "fresh": True, "g": g})
+                           "left": int(rng.integers(4, 30)), "fresh": True, "g": g, "prompt":
+                           [1000 + g] * pre + [int(x) for x in rng.integers(0, 999, 300)] if g is not None else
+                           [int(x) for x in rng.integers(0, 999, 700)]})
+            all_reqs.append(active[-1])
             nid += 1
-        items, left, shared = [], 256, 0
+        items, left, reads = [], 256, {}
         for r in active:
             if r["h"] >= r["p"]:
                 items.append([r["id"], 1, r["h"], r["p"]])
-                shared += min(r["h"], r["hit"])
+                if r["hit"]:
+                    reads.setdefault(r["g"], []).append(min(r["h"], r["hit"]))
                 left -= 1
         for r in active:
             if r["h"] < r["p"] and left > 0:
@@ -161,10 +177,12 @@ def _synthetic_shared_replay(true: LinearStepTime, seed: int = 0) -> list[dict]:
                     new.append(r["id"])
                     r["fresh"] = False
                 items.append([r["id"], n, r["h"], r["p"]])
-                shared += min(r["h"], r["hit"])
+                if r["hit"] and r["h"]:
+                    reads.setdefault(r["g"], []).append(min(r["h"], r["hit"]))
                 left -= n
         if not items:
             continue
+        shared = sum(sum(v) - max(v) for v in reads.values())
         nt = sum(x[1] for x in items)
         dec = sum(1 for _, n, h, p in items if h >= p)
         pairs = sum(n * h + n * (n + 1) // 2 for _, n, h, _ in items)
@@ -182,32 +200,33 @@ def _synthetic_shared_replay(true: LinearStepTime, seed: int = 0) -> list[dict]:
                 if r["h"] > r["p"]:
                     r["left"] -= 1
         active = [r for r in active if r["left"] > 0]
-    return out
+    return out, {r["id"]: r["prompt"] for r in all_reqs}
 
 
 def test_fit_recovers_the_shared_kv_cost_from_synthetic_vllm_iterations(tmp_path):
-    true = LinearStepTime(**BASE, per_shared_kv_token_s=0.5e-6)
-    its = _synthetic_shared_replay(true)
+    true = LinearStepTime(**BASE, per_shared_kv_token_s=0.2e-6)
+    its, prompts = _synthetic_shared_replay(true)
+    spec = {"requests": [{"id": rid, "prompt_token_ids": p} for rid, p in prompts.items()]}
+    with_hit_keys(its, spec)
     assert shared_kv_tokens(its) == [it["shared"] for it in its]   # the reader's count is the generator's
     assert sum(it["shared"] for it in its) > 10**5
     log = tmp_path / "iterations.jsonl"
     log.write_text("".join(json.dumps({k: v for k, v in it.items() if k != "shared"}) + "\n" for it in its))
     res = fit_log(FitLogConfig(log=log, model=load_model(MODEL), out=tmp_path / "p.yaml", fmt="vllm"))
     got = res.profile.linear
-    assert got.per_shared_kv_token_s == pytest.approx(0.5e-6, rel=0.02)
+    assert got.per_shared_kv_token_s == pytest.approx(0.2e-6, rel=0.02)
     assert got.per_kv_token_s == pytest.approx(1.3e-6, rel=0.02)
     assert res.report.errors["linear/heldout"].mape < 1e-3
-    # the same iterations without any hit (every prompt private): the term is not fitted, the profile as before
-    private = [{**it, "items": [[x[0], x[1], x[2], x[3]] for x in it["items"]]} for it in its]
-    hits = {}
-    for it in private:
-        for x in it["items"]:
-            hits.setdefault(x[0], x[2])
-    assert any(hits.values())
-    flat = tmp_path / "private.jsonl"
-    flat.write_text("".join(json.dumps({"iteration": it["iteration"], "duration_s": it["duration_s"],
-                                        "items": [x for x in it["items"] if hits[x[0]] == 0], "new": it["new"]})
-                            + "\n" for it in private if any(hits[x[0]] == 0 for x in it["items"])))
-    res2 = fit_log(FitLogConfig(log=flat, model=load_model(MODEL), out=tmp_path / "q.yaml", fmt="vllm"))
+    # the same records without hit_keys and no spec.json beside them: which hits are one prefix is unknown,
+    # nothing counts as re-read, the term is not fitted and the profile has no such key
+    bare = tmp_path / "bare" / "iterations.jsonl"
+    bare.parent.mkdir()
+    bare.write_text("".join(json.dumps({k: v for k, v in it.items() if k not in ("shared", "hit_keys")}) + "\n"
+                            for it in its))
+    res2 = fit_log(FitLogConfig(log=bare, model=load_model(MODEL), out=tmp_path / "q.yaml", fmt="vllm"))
     assert res2.profile.linear.per_shared_kv_token_s is None
     assert "per_shared_kv_token_s" not in (tmp_path / "q.yaml").read_text()
+    # beside the replay's spec.json (the driver's folder), the keys come from its prompts
+    (bare.parent / "spec.json").write_text(json.dumps(spec))
+    res3 = fit_log(FitLogConfig(log=bare, model=load_model(MODEL), out=tmp_path / "r.yaml", fmt="vllm"))
+    assert res3.profile.linear.per_shared_kv_token_s == pytest.approx(0.2e-6, rel=0.02)
