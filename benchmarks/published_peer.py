@@ -96,18 +96,23 @@ def figure(rows: list[dict], path: str) -> None:
                 label = "AIConfigurator 0.12.0" if tool == "aic" else "capsim"
                 ax.scatter(meas, pred, s=14, marker=marker, alpha=0.6, color=color, label=label,
                            facecolors="none" if marker == "o" else None)
-            lo, hi = meas.min() / 2, meas.max() * 2
-            ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
-            ax.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="0.85", zorder=0)
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.set_xlabel(f"measured {m[:-3].upper()} (ms)")
-            ax.set_ylabel(f"predicted {m[:-3].upper()} (ms)")
-            ax.set_title(f"{card}: {m[:-3].upper()} ({len(sub)} rows; band = +-15%)")
-            ax.legend(loc="upper left", fontsize=8)
+            _style_axes(ax, meas, m, f"{card}: {m[:-3].upper()} ({len(sub)} rows; band = +-15%)")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
+
+
+def _style_axes(ax, meas, metric: str, title: str) -> None:
+    """A predicted-vs-measured panel: the diagonal, the +-15% band, log axes, labels, title, legend."""
+    lo, hi = meas.min() / 2, meas.max() * 2
+    ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
+    ax.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="0.85", zorder=0)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel(f"measured {metric[:-3].upper()} (ms)")
+    ax.set_ylabel(f"predicted {metric[:-3].upper()} (ms)")
+    ax.set_title(title)
+    ax.legend(loc="upper left", fontsize=8)
 
 
 def figure_before_after(before: str, after: str, path: str) -> None:
@@ -129,15 +134,8 @@ def figure_before_after(before: str, after: str, path: str) -> None:
                 e = np.median([abs(run[k]["error"][m]) for k in sel]) if sel else float("nan")
                 ax.scatter([run[k]["measured"][m] for k in sel], [run[k]["predicted"][m] for k in sel], s=10,
                            alpha=0.5, color=color, label=f"{backend} ({len(sel)} rows, median |err| {e:.0%})")
-            lo, hi = meas.min() / 2, meas.max() * 2
-            ax.plot([lo, hi], [lo, hi], "k-", lw=0.8)
-            ax.fill_between([lo, hi], [lo * 0.85, hi * 0.85], [lo * 1.15, hi * 1.15], color="0.85", zorder=0)
-            ax.set_xscale("log")
-            ax.set_yscale("log")
-            ax.set_xlabel(f"measured {m[:-3].upper()} (ms)")
-            ax.set_ylabel(f"predicted {m[:-3].upper()} (ms)")
-            ax.set_title(f"{label} ({Path(before if j == 0 else after).parent.name}): {m[:-3].upper()}, band +-15%")
-            ax.legend(loc="upper left", fontsize=8)
+            _style_axes(ax, meas, m,
+                        f"{label} ({Path(before if j == 0 else after).parent.name}): {m[:-3].upper()}, band +-15%")
     fig.tight_layout()
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=100)
