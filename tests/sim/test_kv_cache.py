@@ -220,14 +220,8 @@ def test_value_eviction_keeps_the_prefix_with_more_value():
     """A one-off request needs room while two 1024-token prefixes are cached: LRU evicts the hot
     prefix (used less recently), value per byte evicts the cold one (never hit). Pinned to
     prefix_index foresight (only the prefixes are cached), the set-up the chapter's arithmetic uses."""
-    hot = {"prompt_tokens": 1100, "output_tokens": 2, "prefix": {"name": "hot", "tokens": 1024}}
-    reqs = [{"arrival_s": 0.0, **hot}, {"arrival_s": 10.0, **hot}, {"arrival_s": 20.0, **hot},
-            {"arrival_s": 30.0, "prompt_tokens": 1100, "output_tokens": 2, "prefix": {"name": "cold", "tokens": 1024}},
-            {"arrival_s": 40.0, "prompt_tokens": 1100, "output_tokens": 2},
-            {"arrival_s": 50.0, **hot},
-            {"arrival_s": 60.0, "prompt_tokens": 1100, "output_tokens": 2, "prefix": {"name": "cold", "tokens": 1024}}]
     budget = 168 * 16 * 147456  # both prefixes (2 x 64 blocks) + 40 free: the one-off (69) must evict 29
-    common = {"workload": {"kind": "requests", "requests": reqs}}
+    common = _hot_cold_requests()
     kv = {"block_tokens": 16, "format": "bf16", "budget": budget, "prefix_index": "foresight"}
     lru = run(scenario(kv=kv, **common))
     val = run(scenario(kv={**kv, "eviction": "value"}, **common))
