@@ -66,7 +66,8 @@ class Observation:
     shape_miss: int = 0
     """1 when the engine built kernels for this iteration's token count (sim.io.profiles.ShapeCache)."""
     shared_kv_tokens: int = 0
-    """Of kv_tokens_read, those in the sequences' prefix-cache hits (StepPlan.shared_kv_tokens)."""
+    """Of kv_tokens_read, those in the sequences' prefix-cache hits the fit prices apart (StepPlan.shared_kv_tokens,
+    re-reads, or StepPlan.hit_kv_tokens, every hit token: the plan carries it as both)."""
 
     @classmethod
     def from_row(cls, row: dict) -> "Observation":
@@ -103,7 +104,7 @@ class Observation:
                         prefill_tokens=self.prefill_tokens, prefill_pairs=self.prefill_pairs,
                         prefill_logits=self.completions, prefill_seqs=self.prefill_seqs,
                         kv_tokens_read=self.kv_tokens_read - self.decode_kv_tokens, max_context=self.max_context,
-                        shared_kv_tokens=self.shared_kv_tokens)
+                        shared_kv_tokens=self.shared_kv_tokens, hit_kv_tokens=self.shared_kv_tokens)
         if self.prefill_seqs:
             n = self.prefill_tokens // self.prefill_seqs
             h = self.prefill_cached_tokens // self.prefill_seqs
@@ -200,12 +201,14 @@ def split_heldout(obs: list[Observation]) -> tuple[list[Observation], list[Obser
     return [o for o in obs if id(o) not in held], [o for o in obs if id(o) in held]
 
 
-def fit_linear(obs: list[Observation], shape_entries: int | None = None) -> LinearStepTime:
+def fit_linear(obs: list[Observation], shape_entries: int | None = None,
+               shared_kv_form: str = "rereads") -> LinearStepTime:
     """Non-negative least squares on relative error: minimise sum(((X b - t) / t)^2), b >= 0. The
     prompt-completion term is fitted only when some prefill sequence does not complete its prompt:
     otherwise it equals sequences minus decodes and cannot be told apart (it stays 0). With
     `shape_entries` and some shape misses among the points, the shape cache's terms are fitted too; with
-    KV tokens read in prefix-cache hits among the points, their own per-token cost (per_shared_kv_token_s)."""
+    KV tokens read in prefix-cache hits among the points, their own per-token cost (per_shared_kv_token_s;
+    `shared_kv_form` says which hit tokens the points' shared_kv_tokens counted, and the profile records it)."""
     if not obs:
         raise ValueError("no points to fit")
     X = np.array([o.vector() for o in obs], dtype=float)
@@ -226,6 +229,7 @@ def fit_linear(obs: list[Observation], shape_entries: int | None = None) -> Line
         fields["shape_cache"] = ShapeCache(entries=shape_entries, miss_s=float(coef[7]), per_miss_token_s=float(coef[8]))
     if shared:
         fields["per_shared_kv_token_s"] = float(coef[9])
+        fields["shared_kv_form"] = shared_kv_form
     return LinearStepTime(**fields)
 
 
@@ -348,13 +352,14 @@ class FitReport:
         return out
 
 
-def fit_observations(obs: list[Observation], roof: Roofline, shape_entries: int | None = None) -> FitReport:
+def fit_observations(obs: list[Observation], roof: Roofline, shape_entries: int | None = None,
+                     shared_kv_form: str = "rereads") -> FitReport:
     """Fit the linear and efficiency models on a training split and state their held-out error
-    (`shape_entries`: fit_linear's)."""
+    (`shape_entries`, `shared_kv_form`: fit_linear's)."""
     if len(obs) < 2:
         raise ValueError(f"need at least 2 measured points to fit, got {len(obs)}")
     train, test = split_heldout(obs)
-    lin = fit_linear(train, shape_entries)
+    lin = fit_linear(train, shape_entries, shared_kv_form)
     eff = fit_efficiency(train, roof)
     rep = FitReport(lin, eff, len(obs), len(test), valid_range=valid_range_of(obs))
     for name, cfg in (("linear", lin), ("efficiency", eff)):

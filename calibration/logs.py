@@ -58,6 +58,9 @@ class FitLogConfig:
     shape_cache_entries: int | None = None
     """The engine's kernel cache size (sim.io.profiles.ShapeCache; vLLM 0.32's CPU build keeps 32): with it,
     the cost of an iteration whose token count was not kept is fitted (`vllm` format only)."""
+    shared_kv_form: str = "rereads"
+    """Which prefix-cache-hit KV tokens the `vllm` format's shared-KV feature counts: "rereads" (those another
+    sequence of the iteration reads too) or "hits" (every one); the profile records it (LinearStepTime)."""
 
 
 @dataclass
@@ -305,7 +308,8 @@ def _read_observations(cfg: FitLogConfig) -> tuple[list, str, list[str], int | N
                      + f": {raw} iterations from {raw // 2} rows, {len(obs)} distinct shapes")
     elif fmt in ("vllm", "vllm-log"):
         from calibration.engines.vllm_logs import read_vllm_iterations, read_vllm_log
-        rows = read_vllm_iterations(path, cfg.shape_cache_entries) if fmt == "vllm" else read_vllm_log(path)
+        rows = (read_vllm_iterations(path, cfg.shape_cache_entries, cfg.shared_kv_form) if fmt == "vllm"
+                else read_vllm_log(path))
         obs = [iteration_observation(*row) for row in rows]
         raw = len(obs)
         obs = merge_duplicates(obs)
@@ -355,7 +359,7 @@ def fit_log(cfg: FitLogConfig) -> FitLogResult:
                                      f"in {o.time_s * 1e3:.1f} ms" for o in impossible))
         if len(obs) < 2:
             raise ValueError(f"{path}: fewer than 2 usable iterations after dropping impossible ones")
-    report = fitmod.fit_observations(obs, roof, cfg.shape_cache_entries)
+    report = fitmod.fit_observations(obs, roof, cfg.shape_cache_entries, cfg.shared_kv_form)
 
     mfus = [roof.mfu(o) for o in obs if o.kind == "prefill"] if peak else []
     mbus = [roof.mbu(o) for o in obs if o.kind == "decode"] if bw else []

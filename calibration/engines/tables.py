@@ -66,13 +66,16 @@ def prefill_completions(iterations: list[dict]) -> list[int]:
     return out
 
 
-def shared_kv_tokens(iterations: list[dict]) -> list[int]:
+def shared_kv_tokens(iterations: list[dict], form: str = "rereads") -> list[int]:
     """Per iteration, the KV tokens its items re-read in prefix-cache hits another item of the iteration reads
     too, counting every reader but the first (sim.core.step.StepPlan.shared_kv_tokens). A request's hits are
     the tokens already computed when it is first scheduled in its replay (the simulator's Request.cached_tokens;
     a replay starts at iteration 0, and pooled replays reuse ids), which prefix they are is its key in the
     iteration's `hit_keys` ([id, key] pairs, `with_hit_keys`); an item [id, tokens, computed before, ...] reads
-    min(computed before, hits) of them. Without keys nothing is re-read."""
+    min(computed before, hits) of them. Without keys nothing is re-read. With `form` "hits", every hit token read
+    counts, first reads included (StepPlan.hit_kv_tokens), keys or not."""
+    if form not in ("rereads", "hits"):
+        raise ValueError(f"shared-KV form must be 'rereads' or 'hits', got {form!r}")
     hits: dict = {}
     keys: dict = {}
     out = []
@@ -88,7 +91,9 @@ def shared_kv_tokens(iterations: list[dict]) -> list[int]:
             h = int(x[2])
             hit = hits.setdefault(x[0], h)
             r, key = (h if h < hit else hit), keys.get(x[0])
-            if r and key is not None:
+            if form == "hits":
+                shared += r
+            elif r and key is not None:
                 m = seen.get(key, 0)
                 shared += r if r < m else m
                 if r > m:

@@ -35,7 +35,7 @@ def sniff(path: Path) -> str | None:
     return "vllm-log" if LOG_LINE.search(head) else None
 
 
-def read_vllm_iterations(path: Path, shape_entries: int | None = None) -> list[tuple]:
+def read_vllm_iterations(path: Path, shape_entries: int | None = None, shared_kv_form: str = "rereads") -> list[tuple]:
     """Rows (prefill tokens, prefill seqs, prefill cached, decode seqs, decode context, seconds, pairs,
     max context, prompts completed, shape miss, KV tokens re-read in prefix-cache hits) of the driver's
     iterations.jsonl (one JSON object per line); see `iteration_rows`. Records without `hit_keys` take them
@@ -59,20 +59,22 @@ def read_vllm_iterations(path: Path, shape_entries: int | None = None) -> list[t
             and sum(r["iteration"] == 0 for r in records) <= 1):   # one replay, beside its spec: which prefixes
         from calibration.engines.tables import with_hit_keys
         with_hit_keys(records, json.loads(spec.read_text()))
-    return iteration_rows(records, shape_entries)
+    return iteration_rows(records, shape_entries, shared_kv_form)
 
 
-def iteration_rows(iterations: list[dict], shape_entries: int | None = None) -> list[tuple]:
+def iteration_rows(iterations: list[dict], shape_entries: int | None = None, shared_kv_form: str = "rereads") -> list[tuple]:
     """`capsim fit` rows of replay iterations, in the order they ran (several replays may follow each other;
     each starts at iteration 0). Prompts completed need the order (calibration.engines.tables.prefill_completions);
     so does the shape miss: with `shape_entries` (the engine's kernel cache, sim.io.profiles.ShapeCache), 1
     when the iteration's token count was not among the last `shape_entries` distinct counts of its replay. A
-    request's prefix-cache hits and their re-reads: calibration.engines.tables.shared_kv_tokens."""
+    request's prefix-cache hits and their re-reads (or, `shared_kv_form` "hits", every hit token read):
+    calibration.engines.tables.shared_kv_tokens."""
     from calibration.engines.tables import iteration_features, prefill_completions, shared_kv_tokens
 
     kept: OrderedDict[int, None] = OrderedDict()
     rows = []
-    for it, done, shared in zip(iterations, prefill_completions(iterations), shared_kv_tokens(iterations)):
+    for it, done, shared in zip(iterations, prefill_completions(iterations),
+                                shared_kv_tokens(iterations, shared_kv_form)):
         items, t = it["items"], float(it["duration_s"])
         if it.get("iteration") == 0:
             kept.clear()   # a new engine: its kernel cache starts empty

@@ -55,6 +55,9 @@ class StepPlan:
     (a profile's per_shared_kv_token_s prices them)."""
     hit_reads: dict | None = None
     """hit_key -> the most hit tokens a sequence of this iteration reads under it (for shared_kv_tokens)."""
+    hit_kv_tokens: int = 0
+    """Of kv_tokens_read, every one in a sequence's prefix-cache hits, first reads included (what a profile
+    with shared_kv_form: hits prices at per_shared_kv_token_s)."""
     max_context: int = 0
     lazy_decodes: int = 0
     decode_positions: int = 0
@@ -83,8 +86,10 @@ class StepPlan:
         self.pairs += pairs
         self.kv_tokens_read += h
         s = req.cached_tokens
-        if s and req.hit_key is not None:
-            self._read_hits(req.hit_key, h if h < s else s)
+        if s:
+            self.hit_kv_tokens += h if h < s else s
+            if req.hit_key is not None:
+                self._read_hits(req.hit_key, h if h < s else s)
         if h + n > self.max_context:
             self.max_context = h + n
         if drafts or (n == 1 and not req.in_prefill):
@@ -114,12 +119,14 @@ class StepPlan:
             seen[key] = r
 
     def add_decodes(self, count: int, kv_tokens: int, max_context: int, shared_kv_tokens: int = 0,
-                    hit_groups: dict | None = None) -> None:
+                    hit_groups: dict | None = None, hit_kv_tokens: int = 0) -> None:
         """`count` decode sequences holding `kv_tokens` cached tokens in all (one new token each); of their
         prefix-cache hits, `shared_kv_tokens` re-read among themselves, `hit_groups` hit_key -> [members, hit
-        tokens] (to count the re-reads of hits that explicit items of the plan read too)."""
+        tokens] (to count the re-reads of hits that explicit items of the plan read too); `hit_kv_tokens` all
+        their hit tokens."""
         self.lazy_decodes += count
         self.shared_kv_tokens += shared_kv_tokens
+        self.hit_kv_tokens += hit_kv_tokens
         if hit_groups and self.hit_reads:
             for key, m in list(self.hit_reads.items()):
                 g = hit_groups.get(key)

@@ -206,6 +206,9 @@ class LinearStepTime(StrictModel):
         None, description="Optional: per KV token read from a sequence's prefix-cache hits (blocks another request "
                           "computed, read by several sequences: on a CPU they stay in cache) in place of "
                           "per_kv_token_s; absent: they cost per_kv_token_s like any other KV token")
+    shared_kv_form: Literal["rereads", "hits"] = Field(
+        "rereads", description="Which hit tokens per_shared_kv_token_s prices: rereads (those another sequence of "
+                               "the iteration reads too, every reader but the first) or hits (every one read)")
 
     @model_serializer(mode="wrap")
     def _omit_optional_terms(self, handler):
@@ -218,6 +221,8 @@ class LinearStepTime(StrictModel):
                 data.pop("shape_cache", None)
             if self.per_shared_kv_token_s is None:
                 data.pop("per_shared_kv_token_s", None)
+            if self.shared_kv_form == "rereads":
+                data.pop("shared_kv_form", None)
         return data
 
     @model_validator(mode="before")

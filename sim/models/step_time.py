@@ -22,7 +22,8 @@ from sim.models.roofline import forward_flops
 class LinearModel:
     """T = c + a x tokens + p x pairs + r x KV tokens read + s x sequences + d x decode sequences
     (+ f x prompts completed: plan.prefill_logits, the sequences sampling their first token)
-    (+ (r' - r) x KV tokens of prefix-cache hits, plan.shared_kv_tokens, when the profile prices them at r')."""
+    (+ (r' - r) x KV tokens of prefix-cache hits when the profile prices them at r': their re-reads,
+    plan.shared_kv_tokens, or with shared_kv_form "hits" every hit token read, plan.hit_kv_tokens)."""
 
     def __init__(self, cfg: LinearStepTime):
         self.cfg = cfg
@@ -43,8 +44,10 @@ class LinearModel:
              + c.per_decode_sequence_s * plan.decode_seqs)
         if c.per_prefill_completion_s:   # optional term (0 in most profiles: t stays bit for bit as before)
             t += c.per_prefill_completion_s * plan.prefill_logits
-        if c.per_shared_kv_token_s is not None and plan.shared_kv_tokens:   # optional too (absent: as before)
-            t += (c.per_shared_kv_token_s - c.per_kv_token_s) * plan.shared_kv_tokens
+        if c.per_shared_kv_token_s is not None:   # optional too (absent: as before)
+            shared = plan.hit_kv_tokens if c.shared_kv_form == "hits" else plan.shared_kv_tokens
+            if shared:
+                t += (c.per_shared_kv_token_s - c.per_kv_token_s) * shared
         if t < 0:  # negative coefficients (a fit's) can go below zero far from the fitted shapes
             raise ExtrapolationError(
                 f"the linear model (step_time.model) gives a negative step time ({t:.6g} s) for an iteration of "

@@ -75,7 +75,7 @@ def _linear_terms(step_time: Callable, plan: StepPlan) -> tuple | None:
         return None
     c = model.cfg
     if (c.per_prefill_completion_s and plan.prefill_logits) or (
-            c.per_shared_kv_token_s is not None and plan.shared_kv_tokens):
+            c.per_shared_kv_token_s is not None and (plan.shared_kv_tokens or plan.hit_kv_tokens)):
         return None   # (a steady plan's shared KV stays fixed, but step_s itself keeps the float order)
     return (c.constant_s + c.per_new_token_s * plan.new_tokens, c.per_pair_s, c.per_kv_token_s,
             c.per_sequence_s * plan.num_seqs, c.per_decode_sequence_s * plan.decode_seqs)
@@ -116,6 +116,7 @@ class Scheduler:
         self._dec_computed = 0            # sum of members' computed tokens as of `iteration`
         self._dec_shared = 0              # members' hit tokens re-read by another member (StepPlan.shared_kv_tokens)
         self._dec_hits: dict = {}         # hit_key -> [members, hit tokens]
+        self._dec_hit_tokens = 0          # members' hit tokens, all of them (StepPlan.hit_kv_tokens)
         self._dec_adapters: dict[int, int] = {}  # LoRA adapter -> members using it
         self._pending_decoders: list[Request] = []  # decode-ready but not yet in the set (see commit)
         self._preempted = False           # vLLM V1: no admissions in an iteration that preempted
@@ -252,7 +253,7 @@ class Scheduler:
             while ctx[0][2] != ctx[0][3].lazy_version:
                 heapq.heappop(ctx)
             plan.add_decodes(len(self.decoding), self._dec_computed, -ctx[0][0] + i + 1, self._dec_shared,
-                             self._dec_hits)
+                             self._dec_hits, self._dec_hit_tokens)
 
     def _reserve_tokens(self, req: Request) -> int:
         """Tokens whose KV must be held: everything up to the last output (which is never stored)."""
@@ -419,6 +420,7 @@ class Scheduler:
         self._dec_computed += req.computed_tokens
         if req.cached_tokens and req.hit_key is not None:
             self._dec_shared += join_hits(self._dec_hits, req)
+            self._dec_hit_tokens += req.cached_tokens
         if req.adapter is not None:
             self._dec_adapters[req.adapter] = self._dec_adapters.get(req.adapter, 0) + 1
         heapq.heappush(self._finish_heap, (i + req.max_output_tokens - req.output_tokens - 1, seq, v, req))
@@ -444,6 +446,7 @@ class Scheduler:
         self._dec_computed -= req.computed_tokens
         if req.cached_tokens and req.hit_key is not None:
             self._dec_shared -= leave_hits(self._dec_hits, req)
+            self._dec_hit_tokens -= req.cached_tokens
         if req.adapter is not None:
             left = self._dec_adapters[req.adapter] - 1
             if left:
