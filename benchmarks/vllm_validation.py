@@ -49,6 +49,7 @@ from calibration.engines import composition, tables  # noqa: E402
 from calibration.engines.validate_vllm import median_summary, profile_errors, spread_block  # noqa: E402
 from calibration.engines.vllm_replay import EngineRun, build_spec, engine_python, run_engine  # noqa: E402
 from calibration.logs import FitLogConfig, fit_log  # noqa: E402
+from benchmarks import vllm_shared_kv_form as shared_form  # noqa: E402
 from sim.api import load_model, load_scenario  # noqa: E402
 
 HERE = REPO / "benchmarks" / "vllm"
@@ -86,7 +87,7 @@ def _jsonl(path: Path) -> list[dict]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
 
 
-def fit_pooled(runs: list[EngineRun], out: Path, scenarios_profile: bool) -> Path:
+def fit_pooled(runs: list[EngineRun], out: Path, scenarios_profile: bool, form: str = "rereads") -> Path:
     """One profile from the calibration replays' iterations, pooled (and, when `scenarios_profile`, the
     one the scenarios under benchmarks/vllm/ use)."""
     pooled = out / "calibration-iterations.jsonl"
@@ -95,7 +96,7 @@ def fit_pooled(runs: list[EngineRun], out: Path, scenarios_profile: bool) -> Pat
             fh.write("".join(json.dumps(it) + "\n" for it in run.iterations))
     prof = out / "profile.yaml"
     res = fit_log(FitLogConfig(log=pooled, model=load_model(MODEL), out=prof, dtype="bf16", fmt="vllm",
-                               shape_cache_entries=SHAPE_CACHE,
+                               shape_cache_entries=SHAPE_CACHE, shared_kv_form=form,
                                command="benchmarks/vllm_validation.py (pooled calibration replays)"))
     print("  profile: " + "; ".join(res.report.lines()), file=sys.stderr)
     pooled.unlink()
@@ -104,11 +105,11 @@ def fit_pooled(runs: list[EngineRun], out: Path, scenarios_profile: bool) -> Pat
     return prof
 
 
-def own_fit_error(run: EngineRun, res, name: str, tmp: Path) -> dict:
+def own_fit_error(run: EngineRun, res, name: str, tmp: Path, form: str = "rereads") -> dict:
     """Fit a profile on this replay's own iterations, simulate the replay with it: the remaining error."""
     prof = tmp / f"own-{name}-{run.out.name}.yaml"
     fit_log(FitLogConfig(log=run.out / "iterations.jsonl", model=load_model(MODEL), out=prof, dtype="bf16",
-                         fmt="vllm", shape_cache_entries=SHAPE_CACHE))
+                         fmt="vllm", shape_cache_entries=SHAPE_CACHE, shared_kv_form=form))
     sc, base = load_scenario(HERE / f"{name}.yaml", [f"step_time.model.path={prof}",
                                                       "step_time.allow_extrapolation=true"])
     choice = V.choose_profile(sc, base, str(prof), "linear")
@@ -130,7 +131,7 @@ def compositions(name: str, runs: list[EngineRun]) -> dict:
     return out
 
 
-def evaluate(name: str, runs: list, results: list, prof: Path, tmp: Path) -> dict:
+def evaluate(name: str, runs: list, results: list, prof: Path, tmp: Path, form: str = "rereads") -> dict:
     """One point: simulated (pooled profile) vs the median of the replays, spread, composition, own fit."""
     sc, base = load_scenario(HERE / f"{name}.yaml", [f"step_time.model.path={prof}",
                                                       "step_time.allow_extrapolation=true"])
@@ -147,7 +148,7 @@ def evaluate(name: str, runs: list, results: list, prof: Path, tmp: Path) -> dic
                            "simulated": simulated.summary["iterations"]},
             "composition": compositions(name, runs),
             "profile_on_replay_iterations": [profile_errors(r.iterations, choice, sc, base) for r in runs],
-            "own_fit_errors": [own_fit_error(r, res, name, tmp) for r, res in zip(runs, results)],
+            "own_fit_errors": [own_fit_error(r, res, name, tmp, form) for r, res in zip(runs, results)],
             "cpu_share": [float(np.sum([it["cpu_s"] for it in r.iterations]) /
                                 max(1e-9, np.sum([it["duration_s"] for it in r.iterations]))) for r in runs]}
 
@@ -184,6 +185,9 @@ def main(argv=None) -> int:
     ap.add_argument("--calibration", default=CALIBRATION,
                     help=f"comma-separated calibration scenarios under benchmarks/vllm/, pooled (default {CALIBRATION}; "
                          "calibrate-shared has shared prefixes, calibrate-long more long prompts)")
+    ap.add_argument("--shared-kv-form", choices=("rule", *shared_form.FORMS), default="rule",
+                    help="the shared-KV feature's form: `rule` (default) picks it on the calibration replays by the "
+                         "rule above; rereads or hits force one (to compare on the same replays)")
     ap.add_argument("--engine-python")
     args = ap.parse_args(argv)
     python = engine_python(args.engine_python)
@@ -191,29 +195,35 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     points = [p for p in args.points.split(",") if p]
     calibrations = [c for c in args.calibration.split(",") if c]
-    cal, reps = [], {p: [] for p in points}
+    cal, cal_names, reps = [], [], {p: [] for p in points}
     t0 = time.time()
     for r in range(1, args.rounds + 1):
         print(f"round {r}/{args.rounds} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
         cal.extend(replay(c, r, raw, python, args.clock) for c in calibrations)
+        cal_names.extend(calibrations)
         for p in points:
             reps[p].append(replay(p, r, raw, python, args.clock))
     # the scenarios under benchmarks/vllm/ use the profile of docs/validation/vllm/ (a run elsewhere leaves it)
     scenarios = args.calibration == CALIBRATION and out.resolve() == (REPO / "docs" / "validation" / "vllm").resolve()
-    prof = fit_pooled([run for run, _ in cal], out, scenarios)
+    rule = shared_form.choose([(n, run.iterations) for n, (run, _) in zip(cal_names, cal)], SHAPE_CACHE)
+    print("\n".join(shared_form.lines(rule)), file=sys.stderr, flush=True)
+    form = rule["chosen"] if args.shared_kv_form == "rule" else args.shared_kv_form
+    prof = fit_pooled([run for run, _ in cal], out, scenarios, form)
     tmp = raw / "own-fits"
     tmp.mkdir(parents=True, exist_ok=True)
     report = {"engine": cal[0][0].meta.get("vllm"), "torch": cal[0][0].meta.get("torch"), "clock": args.clock,
               "rounds": args.rounds, "calibration": calibrations, "profile": str(prof.relative_to(REPO)) if prof.is_relative_to(REPO) else str(prof),
               "command": "python benchmarks/vllm_validation.py " + " ".join(argv or sys.argv[1:]),
-              "wall_s": None, "points": {}}
+              "wall_s": None, "shared_kv_form": {"used": form, "by": args.shared_kv_form, **rule}, "points": {}}
     for p in points:
         runs, results = [x[0] for x in reps[p]], [x[1] for x in reps[p]]
-        report["points"][p] = evaluate(p, runs, results, prof, tmp)
+        report["points"][p] = evaluate(p, runs, results, prof, tmp, form)
         print(markdown({"points": {p: report["points"][p]}}).splitlines()[-1], file=sys.stderr, flush=True)
     report["wall_s"] = time.time() - t0
     (out / "results.json").write_text(json.dumps(report, indent=1, default=V._json_default) + "\n")
-    (out / "results.md").write_text(markdown(report))
+    how = "by the rule" if args.shared_kv_form == "rule" else "forced by --shared-kv-form"
+    (out / "results.md").write_text(markdown(report) + f"\nshared-KV form used: {form} ({how})\n\n"
+                                    + "\n".join(shared_form.lines(rule)) + "\n")
     shutil.rmtree(tmp, ignore_errors=True)
     print(markdown(report))
     return 0
