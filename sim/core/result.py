@@ -14,6 +14,27 @@ from sim.core.metrics import Recorder, Timeline, stats, weighted_stats
 from sim.core.tables import IterationTable, RequestTable
 
 
+class _LazyFrame:
+    """A Result table read as a pandas DataFrame, built from its columns on first use; an assigned
+    DataFrame replaces it (changes to either are what gets written)."""
+
+    def __init__(self, slot: str, csv_name: str):
+        self.slot = slot
+        self.__doc__ = f"{csv_name} as a pandas DataFrame (built on first use; changes to it are written)."
+
+    def __get__(self, result, owner=None):
+        if result is None:
+            return self
+        table = getattr(result, self.slot)
+        if not _is_frame(table):
+            table = _frame(_columns(table))
+            setattr(result, self.slot, table)
+        return table
+
+    def __set__(self, result, value) -> None:
+        setattr(result, self.slot, value)
+
+
 class Result:
     """summary.json, requests.csv and iterations.csv of one run.
 
@@ -26,27 +47,8 @@ class Result:
         self.summary = summary
         self._requests, self._iterations = requests, iterations
 
-    @property
-    def requests(self):
-        """requests.csv as a pandas DataFrame (built on first use; changes to it are written)."""
-        if not _is_frame(self._requests):
-            self._requests = _frame(_columns(self._requests))
-        return self._requests
-
-    @requests.setter
-    def requests(self, value) -> None:
-        self._requests = value
-
-    @property
-    def iterations(self):
-        """iterations.csv as a pandas DataFrame (built on first use; changes to it are written)."""
-        if not _is_frame(self._iterations):
-            self._iterations = _frame(_columns(self._iterations))
-        return self._iterations
-
-    @iterations.setter
-    def iterations(self, value) -> None:
-        self._iterations = value
+    requests = _LazyFrame("_requests", "requests.csv")
+    iterations = _LazyFrame("_iterations", "iterations.csv")
 
     def write(self, out_dir: str | Path) -> None:
         """Write the three files into `out_dir` (created if needed)."""
