@@ -233,6 +233,18 @@ def _fresh_copy(inputs, tmp) -> Path:
     return tmp
 
 
+def _mutate_file(data, path: Path):
+    """Mutate a YAML file in place, either as a tree (a key or value changed; returns that mutation)
+    or as text (truncated, bytes changed; returns None)."""
+    if data.draw(st.booleans(), label="tree-level"):
+        tree = yaml.safe_load(path.read_text())
+        mutation = mutate_tree(data.draw, tree, path)
+        path.write_text(_dump(tree))
+        return mutation
+    path.write_text(mutate_text(data.draw, path.read_text()))
+    return None
+
+
 # ---- the fuzz tests -------------------------------------------------------------------------------
 
 
@@ -242,13 +254,7 @@ def test_fuzz_scenarios(inputs, tmp_path_factory, data):
     work = _fresh_copy(inputs, tmp_path_factory.mktemp("s"))
     name = data.draw(st.sampled_from(inputs["scenarios"]))
     path = work / f"{name}.yaml"
-    mutation = None
-    if data.draw(st.booleans(), label="tree-level"):
-        tree = yaml.safe_load(path.read_text())
-        mutation = mutate_tree(data.draw, tree, path)
-        path.write_text(_dump(tree))
-    else:
-        path.write_text(mutate_text(data.draw, path.read_text()))
+    mutation = _mutate_file(data, path)
     rc, out, err = invoke(["run", str(path), "--json"])
     check_outcome(rc, out, err, [path], mutation)
 
@@ -294,13 +300,7 @@ def test_fuzz_profiles(inputs, tmp_path_factory, data):
     work = _fresh_copy(inputs, tmp_path_factory.mktemp("p"))
     which = data.draw(st.sampled_from(["qwen3-8b.yaml", "rtx-pro-6000-bw-ws.yaml", "fitted-profile.yaml"]))
     prof = work / which
-    mutation = None
-    if data.draw(st.booleans(), label="tree-level"):
-        tree = yaml.safe_load(prof.read_text())
-        mutation = mutate_tree(data.draw, tree, prof)
-        prof.write_text(_dump(tree))
-    else:
-        prof.write_text(mutate_text(data.draw, prof.read_text()))
+    mutation = _mutate_file(data, prof)
     scenario = work / ("fitted.yaml" if which == "fitted-profile.yaml" else "profiles.yaml")
     rc, out, err = invoke(["run", str(scenario), "--json"])
     check_outcome(rc, out, err, [scenario, prof], mutation)
