@@ -1,13 +1,15 @@
 """capsim against a real vLLM engine on this machine (run by hand; results in docs/validation/vllm/).
 
-    python benchmarks/vllm_validation.py --out docs/validation/vllm [--rounds 3] [--clock thread]
+    python benchmarks/vllm_validation.py --out docs/validation/vllm [--rounds 5] [--clock thread] [--order shuffled]
         [--points light,near-saturation,...] [--raw /tmp/capsim-vllm-raw] [--engine-python PATH]
 
 Needs the engine's venv (calibration/engines/vllm_replay.py INSTALL). For each round it replays the
 calibration scenarios (default calibrate and three layouts of shared prefixes, none the shared-prefix point's:
-calibrate-shared 3 x 384 tokens, calibrate-shared-2x768, calibrate-shared-6x256) and then every validation point on vLLM (interleaved, so slow drifts of a shared
-machine hit calibration and validation alike), keeping each replay's records under --raw (resumable:
-a complete replay is not run again). Then it
+calibrate-shared 3 x 384 tokens, calibrate-shared-2x768, calibrate-shared-6x256) and every validation point on vLLM
+once, in a seeded random order that changes from round to round (`--order shuffled`, from run 6; runs 1-5 ran the
+calibration first, then the points: `--order fixed`), so slow drifts of a shared machine and any effect of a
+replay's place in the round hit calibration and validation alike; each replay's records are kept under --raw
+(resumable: a complete replay is not run again). Then it
 1. fits the step-time profile on the pooled calibration iterations (`capsim fit`'s code, vllm format; the
    prefix-cache-hit KV term only where the calibration has shared prefixes);
 2. simulates every point with it and compares with the MEDIAN of the point's replays (per metric,
@@ -60,6 +62,7 @@ MODEL = HERE / "qwen3-0.6b-4l.yaml"
 # builds one first (measured here: +25-30 ms for a fresh 200-240-token iteration of ~60 ms). The profile fits it.
 SHAPE_CACHE = 32
 CALIBRATION = "calibrate,calibrate-shared,calibrate-shared-2x768,calibrate-shared-6x256"
+ORDER_SEED = 20261202   # the shuffled replay order's seed (stated before run 6)
 
 
 def replay(name: str, r: int, raw: Path, python: Path, clock: str) -> tuple[EngineRun, object]:
@@ -81,6 +84,15 @@ def replay(name: str, r: int, raw: Path, python: Path, clock: str) -> tuple[Engi
     res = tables.measured_result(run, wl, sc.slo)
     res.write(out)
     return run, res
+
+
+def round_order(calibrations: list[str], points: list[str], r: int, order: str) -> list[str]:
+    """The replays of round r in the order they run: `fixed`, calibration first and then the points; `shuffled`,
+    a permutation of both drawn from a generator seeded with the round (the same on every run of the script)."""
+    names = list(calibrations) + list(points)
+    if order == "fixed":
+        return names
+    return [names[i] for i in np.random.default_rng([ORDER_SEED, r]).permutation(len(names))]
 
 
 def _jsonl(path: Path) -> list[dict]:
@@ -188,6 +200,10 @@ def main(argv=None) -> int:
     ap.add_argument("--shared-kv-form", choices=("rule", *shared_form.FORMS), default="rule",
                     help="the shared-KV feature's form: `rule` (default) picks it on the calibration replays by the "
                          "rule above; rereads or hits force one (to compare on the same replays)")
+    ap.add_argument("--order", choices=("shuffled", "fixed"), default="shuffled",
+                    help="the replay order within each round: shuffled (default; a seeded permutation of the calibration "
+                         "scenarios and the points, a different one per round, so no scenario always runs at the same "
+                         "place in a round) or fixed (calibration first, then the points, as runs 1-5 did)")
     ap.add_argument("--engine-python")
     args = ap.parse_args(argv)
     python = engine_python(args.engine_python)
@@ -197,12 +213,18 @@ def main(argv=None) -> int:
     calibrations = [c for c in args.calibration.split(",") if c]
     cal, cal_names, reps = [], [], {p: [] for p in points}
     t0 = time.time()
+    orders = []
     for r in range(1, args.rounds + 1):
-        print(f"round {r}/{args.rounds} ({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
-        cal.extend(replay(c, r, raw, python, args.clock) for c in calibrations)
-        cal_names.extend(calibrations)
-        for p in points:
-            reps[p].append(replay(p, r, raw, python, args.clock))
+        order = round_order(calibrations, points, r, args.order)
+        orders.append(order)
+        print(f"round {r}/{args.rounds} ({time.time() - t0:.0f} s): {', '.join(order)}", file=sys.stderr, flush=True)
+        for name in order:
+            run = replay(name, r, raw, python, args.clock)
+            if name in calibrations:
+                cal.append(run)
+                cal_names.append(name)
+            else:
+                reps[name].append(run)
     # the scenarios under benchmarks/vllm/ use the profile of docs/validation/vllm/ (a run elsewhere leaves it)
     scenarios = args.calibration == CALIBRATION and out.resolve() == (REPO / "docs" / "validation" / "vllm").resolve()
     rule = shared_form.choose([(n, run.iterations) for n, (run, _) in zip(cal_names, cal)], SHAPE_CACHE)
@@ -214,7 +236,7 @@ def main(argv=None) -> int:
     report = {"engine": cal[0][0].meta.get("vllm"), "torch": cal[0][0].meta.get("torch"), "clock": args.clock,
               "rounds": args.rounds, "calibration": calibrations, "profile": str(prof.relative_to(REPO)) if prof.is_relative_to(REPO) else str(prof),
               "command": "python benchmarks/vllm_validation.py " + " ".join(argv or sys.argv[1:]),
-              "wall_s": None, "shared_kv_form": {"used": form, "by": args.shared_kv_form, **rule}, "points": {}}
+              "wall_s": None, "order": args.order, "round_orders": orders, "shared_kv_form": {"used": form, "by": args.shared_kv_form, **rule}, "points": {}}
     for p in points:
         runs, results = [x[0] for x in reps[p]], [x[1] for x in reps[p]]
         report["points"][p] = evaluate(p, runs, results, prof, tmp, form)
