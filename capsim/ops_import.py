@@ -76,8 +76,26 @@ def _nccl(df, gpu: str, out: Path) -> int:
     return _write(out, "op,gpus,bytes,latency_us", rows)
 
 
-def import_ops(src: Path, out: Path, cards: list[str] | None = None, progress=print) -> dict[str, dict[str, int]]:
-    """Write profiles/ops/<card>/ for every card of CARDS found in `src`; returns rows written per file."""
+def _more_fp8(path: Path, frame):
+    """The snapshot's FP8 GEMM rows plus those of `path` (same schema) for GPUs the snapshot lacks."""
+    import pandas as pd
+
+    if not path.exists():
+        raise ConfigError(f"{path}: not found (--gemm-fp8-more: write it with benchmarks/aiconfigurator_gemm_fp8.py)")
+    more = pd.read_csv(path)
+    cols = ["gpu", "m", "n", "k", "latency_ms"]
+    if list(more.columns) != cols:
+        raise ConfigError(f"{path}: expected the columns {','.join(cols)}, got {','.join(map(str, more.columns))}")
+    both = sorted(set(more.gpu) & set(frame.gpu))
+    if both:
+        raise ConfigError(f"{path}: rows for {', '.join(both)}, which the snapshot's gemm_fp8.csv already has")
+    return pd.concat([frame, more], ignore_index=True), set(more.gpu)
+
+
+def import_ops(src: Path, out: Path, cards: list[str] | None = None, progress=print,
+               gemm_fp8_more: Path | None = None) -> dict[str, dict[str, int]]:
+    """Write profiles/ops/<card>/ for every card of CARDS found in `src` (with `gemm_fp8_more`, FP8 GEMM rows
+    of more GPUs in gemm_fp8.csv's schema); returns rows written per file."""
     import pandas as pd
 
     need = ["gemm_bf16.csv", "gemm_fp8.csv", "context_attention_bf16.csv", "generation_attention_bf16.csv", "nccl.csv"]
@@ -86,6 +104,9 @@ def import_ops(src: Path, out: Path, cards: list[str] | None = None, progress=pr
         raise ConfigError(f"{src}: missing {', '.join(missing)} (expected the aiconfigurator CSVs of "
                           "../shared/data/profiling/aiconfigurator)")
     frames = {n: pd.read_csv(src / n) for n in need}
+    fp8_from_more: set = set()
+    if gemm_fp8_more is not None:
+        frames["gemm_fp8.csv"], fp8_from_more = _more_fp8(gemm_fp8_more, frames["gemm_fp8.csv"])
     written: dict[str, dict[str, int]] = {}
     for gpu, (name, device, kernels, engine) in CARDS.items():
         if cards and name not in cards:
@@ -104,10 +125,14 @@ def import_ops(src: Path, out: Path, cards: list[str] | None = None, progress=pr
         if not counts["gemm_fp8.csv.gz"]:
             (folder / "gemm_fp8.csv.gz").unlink(missing_ok=True)
             del counts["gemm_fp8.csv.gz"]
+        more = (f" Per-tensor FP8 GEMMs: the same database as shipped in the aiconfigurator 0.12.0 wheel "
+                f"(aiconfigurator_core/systems/data/{gpu}/gemm/vllm/0.24.0/gemm_perf.parquet), taken by "
+                "benchmarks/aiconfigurator_gemm_fp8.py, which checks that the wheel's H100 rows are the snapshot's."
+                if gpu in fp8_from_more and counts.get("gemm_fp8.csv.gz") else "")
         (folder / "source.txt").write_text(
             f"{device} ({engine}; {kernels}); measured by NVIDIA, {SOURCE.format(gpu=gpu)}; "
             f"reduced by `capsim profile import-ops`: GEMM n,k >= {MIN_NK}, k != {DROP_K}; latencies in us, "
-            "4 significant digits; repeated measurements averaged.\n")
+            f"4 significant digits; repeated measurements averaged.{more}\n")
         written[name] = counts
         progress(f"{folder}: " + ", ".join(f"{k} {v} rows" for k, v in counts.items()))
     return written

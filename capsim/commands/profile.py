@@ -57,6 +57,9 @@ def _add_import(sub) -> argparse.ArgumentParser:
     p.add_argument("src", help="folder with gemm_bf16.csv, gemm_fp8.csv, context/generation_attention_bf16.csv, nccl.csv")
     p.add_argument("--out", required=True, help="output folder (profiles/ops)")
     p.add_argument("--cards", help="comma-separated card folders to write (default: all)")
+    p.add_argument("--gemm-fp8-more", help="more per-tensor FP8 GEMM rows in gemm_fp8.csv's schema (gpu,m,n,k,latency_ms): "
+                                           "the B200 and H200 rows benchmarks/aiconfigurator_gemm_fp8.py takes from the "
+                                           "aiconfigurator wheel, which the snapshot leaves out")
     return p
 
 
@@ -128,7 +131,8 @@ def cmd_import(args) -> int:
     """Rebuild the kernel tables."""
     from capsim.ops_import import import_ops
     cards = [c.strip() for c in args.cards.split(",")] if args.cards else None
-    import_ops(Path(args.src), Path(args.out), cards)
+    more = Path(args.gemm_fp8_more) if args.gemm_fp8_more else None
+    import_ops(Path(args.src), Path(args.out), cards, gemm_fp8_more=more)
     return 0
 
 
