@@ -169,10 +169,12 @@ def test_ctrl_c_during_a_dask_sweep_prints_no_tracebacks(tmp_path):
                              "workload.num_requests=20000", "--grid", "scheduler.max_num_seqs=8,16,32,64",
                              "--workers", "2", "--out", str(tmp_path / "sw")],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline and not (tmp_path / "sw" / "points.jsonl").exists():
-        time.sleep(0.5)
-    time.sleep(3)  # the workers are running points now
+    # points.jsonl is opened before the cluster starts; its first record says the workers are running points
+    # (a Ctrl-C while the cluster is still spawning its workers can still print a worker's traceback)
+    jsonl, deadline = tmp_path / "sw" / "points.jsonl", time.monotonic() + 120
+    while time.monotonic() < deadline and not (jsonl.exists() and jsonl.stat().st_size):
+        time.sleep(0.1)
+    time.sleep(0.5)  # three points still running or queued
     os.killpg(proc.pid, signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     text = err.decode()
