@@ -168,7 +168,10 @@ def test_ctrl_c_during_a_dask_sweep_prints_no_tracebacks(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "capsim.cli", "sweep", str(EXAMPLE), "--set",
                              "workload.num_requests=20000", "--grid", "scheduler.max_num_seqs=8,16,32,64",
                              "--workers", "2", "--out", str(tmp_path / "sw")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                            # Ctrl-C's default action in the child even when this test runs with SIGINT ignored
+                            # (a background job of a non-interactive shell inherits SIG_IGN, and so would capsim)
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     # points.jsonl is opened before the cluster starts; its first record says the workers are running points
     # (a Ctrl-C while the cluster is still spawning its workers can still print a worker's traceback)
     jsonl, deadline = tmp_path / "sw" / "points.jsonl", time.monotonic() + 120
