@@ -143,7 +143,7 @@ class ModelProfile(StrictModel):
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]*$", description="Equals the file stem")
     hf_id: str
-    family: Literal["llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3"]
+    family: Literal["llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "minimax_m2"]
     num_layers: PositiveInt
     hidden_size: PositiveInt
     intermediate_size: PositiveInt = Field(description="Dense FFN width (gated: gate, up, down)")

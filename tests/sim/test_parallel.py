@@ -89,13 +89,31 @@ def test_memory_per_gpu_is_exact(scenario, model, layout, fmt, hand):
     assert mem.num_blocks == mem.kv_budget_bytes_per_gpu // (16 * hand["kv_per_token"])
 
 
-@pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen3-8b", "mixtral-8x7b", "deepseek-v3", "qwen3-235b-a22b"])
+@pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen3-8b", "mixtral-8x7b", "deepseek-v3", "qwen3-235b-a22b",
+                                   "minimax-m2.5"])
 @pytest.mark.parametrize("fmt", ["bf16", "fp8"])
 def test_one_gpu_layout_is_the_whole_model(model, fmt):
     spec = ModelSpec(load_model(model))
     assert weights_per_gpu(spec, Layout(), fmt).total == spec.weight_bytes(fmt)
     assert stage_weights(spec, Layout(), fmt)[0].total == spec.weight_bytes(fmt)
     assert kv_bytes_per_token_per_gpu(spec, Layout(), "bf16") == spec.kv_bytes_per_token("bf16")
+
+
+def test_minimax_m2_5_counts_by_hand():
+    """MiniMax-M2.5 (every layer MoE, 256 experts top-8 of width 1536, GQA 48 / 8 heads of 128): its model
+    card's 230B total / 10B active, here exactly from its config."""
+    spec = ModelSpec(load_model("minimax-m2.5"))
+    h, layers, vocab = 3072, 62, 200064
+    attn = h * 48 * 128 + 2 * h * 8 * 128 + 48 * 128 * h
+    expert, router = 3 * h * 1536, h * 256
+    norms = layers * (h + 2 * 128 + h) + h  # input norm, q/k norms (per head), post-attention norm; final norm
+    assert spec.total_params == layers * (attn + router + 256 * expert) + norms + 2 * vocab * h
+    assert spec.active_params == layers * (attn + router + 8 * expert) + norms + 2 * vocab * h
+    assert round(spec.total_params / 1e9, 1) == 228.7 and round(spec.active_params / 1e9, 1) == 11.0
+    # TP4 with EP4: experts split four ways, attention over 4 GPUs, KV heads 8 / 4 per GPU
+    w = weights_per_gpu(spec, Layout(tp=4, ep=4), "fp8")
+    assert w.ffn == layers * (256 * expert // 4 + router)  # fp8 experts (1 B each) split, the router replicated
+    assert kv_bytes_per_token_per_gpu(spec, Layout(tp=4, ep=4), "bf16") == layers * 2 * 2 * 128 * 2
 
 
 def test_pipeline_stages_split_layers_and_edges():
