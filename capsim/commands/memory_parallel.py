@@ -1,4 +1,4 @@
-"""`capsim memory --tp/--pp/--ep`: a replica over several GPUs, per GPU (sim.models.parallel).
+"""`capsim memory --tp/--pp/--ep/--attention-dp`: a replica over several GPUs, per GPU (sim.models.parallel).
 
 Weights, KV per token, activations and the KV budget are given per GPU (the fullest one); the KV budget
 of the replica is the per-GPU budget times its GPUs; `fits_per_gpu` says whether the fullest GPU holds
@@ -29,6 +29,10 @@ def add_parallel_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tp", type=_degree, default=1, help="tensor-parallel GPUs per pipeline stage (default 1)")
     p.add_argument("--pp", type=_degree, default=1, help="pipeline stages (default 1)")
     p.add_argument("--ep", type=_degree, default=1, help="expert-parallel GPUs among the tp of a stage (MoE; default 1)")
+    p.add_argument("--attention-dp", type=_degree, default=1,
+                   help="attention data-parallel ranks of tp x pp GPUs each (MoE; default 1): each rank holds "
+                        "everything but the routed experts and its own requests' KV; experts spread over "
+                        "attention-dp x tp GPUs, of which --ep hold whole experts")
 
 
 class _PerGpu:
@@ -45,10 +49,13 @@ class _PerGpu:
 def layout_of(args, spec):
     """The command's layout, checked against the model (errors name --tp/--pp/--ep and the allowed values)."""
     from sim.models.parallel import Layout, layout_problems
-    if args.tp % args.ep:
-        raise ConfigError(f"--ep: {args.ep} must divide --tp ({args.tp}); allowed: "
-                          f"{[d for d in range(1, args.tp + 1) if args.tp % d == 0]}")
-    layout = Layout(args.tp, args.pp, args.ep)
+    dp = getattr(args, "attention_dp", 1)
+    experts = args.tp * dp
+    if experts % args.ep:
+        what = f"--tp ({args.tp})" if dp == 1 else f"--attention-dp x --tp ({experts})"
+        raise ConfigError(f"--ep: {args.ep} must divide {what}; allowed: "
+                          f"{[d for d in range(1, experts + 1) if experts % d == 0]}")
+    layout = Layout(args.tp, args.pp, args.ep, attention_dp=dp)
     problems = layout_problems(spec, layout, "parallel")
     if problems:
         raise ConfigError([line.replace("parallel.", "--", 1) for line in problems])
@@ -105,7 +112,8 @@ def not_fitting(spec, hw, layout, fmt: str, usable: float, reserve: int) -> str 
 
 def _suggest(spec, lay, fmt: str) -> str:
     from sim.models.parallel import weights_per_gpu
-    flags = f"--tp {lay.tp}" + (f" --pp {lay.pp}" if lay.pp > 1 else "") + (f" --ep {lay.ep}" if lay.ep > 1 else "")
+    flags = (f"--tp {lay.tp}" + (f" --pp {lay.pp}" if lay.pp > 1 else "") + (f" --ep {lay.ep}" if lay.ep > 1 else "")
+             + (f" --attention-dp {lay.attention_dp}" if lay.attention_dp > 1 else ""))
     return f"{lay.describe()} ({lay.gpus} GPUs, {fmt_bytes(weights_per_gpu(spec, lay, fmt).total)} of weights per GPU: {flags})"
 
 
@@ -116,7 +124,9 @@ def parallel_view(args, spec, hw, layout, budget_per_gpu: int | None) -> tuple[d
     w = weights_per_gpu(spec, layout, args.weight_format)
     per_token = kv_bytes_per_token_per_gpu(spec, layout, args.kv_format)
     try:
-        plan = kv_footprint(_PerGpu(per_token), args.prompt, args.output, args.requests, args.shared_prefix,
+        # attention data-parallel ranks share the requests out: a GPU holds its rank's (the busiest) share
+        requests = -(-args.requests // layout.attention_dp)
+        plan = kv_footprint(_PerGpu(per_token), args.prompt, args.output, requests, args.shared_prefix,
                             args.kv_format, args.block_size, budget_per_gpu)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
@@ -125,6 +135,8 @@ def parallel_view(args, spec, hw, layout, budget_per_gpu: int | None) -> tuple[d
              "kv_replication": kv_replication(spec, layout), "activation_bytes_per_gpu": args.activation,
              "kv_bytes_per_gpu": plan.total_kv_bytes, "kv_budget_bytes_per_gpu": budget_per_gpu,
              "kv_budget_bytes_per_replica": budget_per_gpu * layout.gpus if budget_per_gpu is not None else None}
+    if layout.attention_dp > 1:
+        block["attention_dp"] = layout.attention_dp
     if hw is not None:
         need = w.total + args.activation + (budget_per_gpu if budget_per_gpu is not None else plan.total_kv_bytes)
         block["gpu_memory_bytes"] = hw.memory_bytes
@@ -135,7 +147,8 @@ def parallel_view(args, spec, hw, layout, budget_per_gpu: int | None) -> tuple[d
 def parallel_rows(block: dict) -> list[tuple[str, str]]:
     """The text view of the `parallel` block."""
     w = block["weights_per_gpu"]
-    rows = [("layout", f"tp {block['tp']} x pp {block['pp']} (ep {block['ep']}): {block['gpus']} GPUs per replica"),
+    dp = f"attention dp {block['attention_dp']} x " if block.get("attention_dp") else ""
+    rows = [("layout", f"{dp}tp {block['tp']} x pp {block['pp']} (ep {block['ep']}): {block['gpus']} GPUs per replica"),
             ("weights per GPU", f"{fmt_bytes(w['total'])} (attention {fmt_bytes(w['attention'])}, FFN/experts "
                                 f"{fmt_bytes(w['ffn'])}, embedding {fmt_bytes(w['embedding'])}, lm_head "
                                 f"{fmt_bytes(w['lm_head'])}, norms {fmt_bytes(w['norms'])}; stage {w['stage']})"),

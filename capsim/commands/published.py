@@ -24,6 +24,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--mixed", choices=["one_pass", "sum"], default="one_pass",
                    help="a chunked iteration (decodes + prefill chunks) as one forward pass (default) or as a "
                         "decode iteration plus a prefill iteration (step_time.model.mixed)")
+    p.add_argument("--moe-kernels", choices=["engine", "vllm", "sglang", "trtllm", "composed"], default="engine",
+                   help="MoE layers' routed experts: the row's own engine's measured fused-MoE kernels where the "
+                        "card's table has the shape (default), another engine's, or composed from GEMM timings "
+                        "(step_time.model.moe_kernels)")
     p.add_argument("--start", choices=["cold", "staggered", "burst"], default="cold",
                    help="cold (default): the benchmark as run, --rounds requests per user, the first wave sent at "
                         "once to an idle engine, the later ones as the engine leaves them (docs/fidelity.md); "
@@ -50,7 +54,7 @@ def run(args) -> int:
     from sim.published.predict import ROUNDS
     report = validate_published(args.file, args.backend, args.system, args.mode, workers=args.workers,
                                 progress=not args.no_progress, per_user=args.requests_per_user, start=args.start,
-                                mixed=args.mixed, rounds=args.rounds or ROUNDS)
+                                mixed=args.mixed, rounds=args.rounds or ROUNDS, moe_kernels=args.moe_kernels)
     if args.out:
         for path in write_report(report, args.out):
             print(f"wrote {path}", file=sys.stderr)

@@ -45,11 +45,14 @@ class ReplicaMemory:
 
     def per_gpu(self) -> dict:
         """What the fullest GPU holds (summary.json `parallel`)."""
-        return {"tp": self.layout.tp, "pp": self.layout.pp, "ep": self.layout.ep, "gpus_per_replica": self.gpus,
-                "weights_bytes_per_gpu": int(self.weight_bytes_per_gpu),
-                "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token_per_gpu,
-                "kv_budget_bytes_per_gpu": int(self.kv_budget_bytes_per_gpu),
-                "activation_bytes_per_gpu": int(self.activation_bytes // self.gpus)}
+        out = {"tp": self.layout.tp, "pp": self.layout.pp, "ep": self.layout.ep, "gpus_per_replica": self.gpus,
+               "weights_bytes_per_gpu": int(self.weight_bytes_per_gpu),
+               "kv_bytes_per_token_per_gpu": self.kv_bytes_per_token_per_gpu,
+               "kv_budget_bytes_per_gpu": int(self.kv_budget_bytes_per_gpu),
+               "activation_bytes_per_gpu": int(self.activation_bytes // self.gpus)}
+        if self.layout.attention_dp > 1:
+            out["attention_dp"] = self.layout.attention_dp
+        return out
 
 
 def _drafter(scenario: Scenario) -> tuple[ModelSpec | None, int]:
@@ -126,7 +129,8 @@ def replica_memory(scenario: Scenario, spec: ModelSpec, hw: HardwareProfile) -> 
     """Size one replica of `scenario` on `hw`; a budget that holds no block is a configuration error.
 
     Over several GPUs (sim.models.parallel): the KV pool holds what the fullest GPU holds, its blocks
-    costing `block_tokens` x that GPU's KV bytes per token on each of the replica's GPUs."""
+    costing `block_tokens` x that GPU's KV bytes per token on each GPU of one attention data-parallel rank
+    (every GPU of the replica without attention_dp), so attention_dp ranks hold attention_dp times the blocks."""
     kv = scenario.kv
     layout = replica_layout(scenario, spec)
     gpus = layout.gpus
@@ -137,7 +141,8 @@ def replica_memory(scenario: Scenario, spec: ModelSpec, hw: HardwareProfile) -> 
         # the drafter keeps KV for every token too: charged per token, in the same blocks
         per_token += drafter.kv_bytes_per_token(kv.format)
         per_token_gpu += drafter.kv_bytes_per_token(kv.format) / gpus
-    block_bytes = kv.block_tokens * (per_token if gpus == 1 else per_token_gpu * gpus)
+    # a block lives on the GPUs of one attention data-parallel rank (all the replica's GPUs without one)
+    block_bytes = kv.block_tokens * (per_token if gpus == 1 else per_token_gpu * layout.rank_gpus)
     offload = _offload(scenario, spec, hw)
     if offload is not None and gpus > 1:
         raise ConfigError(f"offload: offloading layers is modelled for one-GPU replicas only (parallel: "
@@ -164,6 +169,6 @@ def replica_memory(scenario: Scenario, spec: ModelSpec, hw: HardwareProfile) -> 
     host_blocks = int(kv.host_budget // block_bytes)
     if host_blocks and not hw.host_link_bytes_per_s:
         raise ConfigError(f"kv.host_budget: hardware {hw.name} has no host link bandwidth to swap over")
-    return ReplicaMemory(per_token if gpus == 1 else per_token_gpu * gpus, block_bytes, weight_bytes, budget,
+    return ReplicaMemory(per_token if gpus == 1 else per_token_gpu * layout.rank_gpus, block_bytes, weight_bytes, budget,
                          activation, draft_bytes, lora_bytes, num_blocks, host_blocks, offload, drafter, layout,
                          gpu_weights, per_token_gpu, budget // gpus)

@@ -35,5 +35,10 @@ class OpsStepTime(StrictModel):
     mixed: Literal["one_pass", "sum"] = Field(
         "one_pass", description="A chunked iteration (decodes + prefill chunks): one forward pass over all tokens "
                                 "(weights read once), or a decode iteration plus a prefill iteration")
+    moe_kernels: Literal["vllm", "sglang", "trtllm", "composed"] = Field(
+        "vllm", description="MoE layers' routed experts: that engine's measured fused-MoE kernel (the table set's "
+                            "moe.csv) when it has the layer's shape, dtype and expert split and routing is uniform "
+                            "(parallel.routing_skew 0, expert_imbalance 1), else composed from GEMMs; `composed` "
+                            "always composes")
     host_overhead_s: NonNegativeFloat | None = Field(
         None, description=f"Per-iteration host time; default {DEFAULT_HOST_OVERHEAD_S} s (see sim.models.ops)")

@@ -19,7 +19,7 @@ Degree = Annotated[int, Field(ge=1, le=MAX_GPUS)]
 
 
 class ParallelConfig(StrictModel):
-    """How one replica spans GPUs: tp x pp GPUs. Attention and dense FFNs are split over the tp GPUs of
+    """How one replica spans GPUs: attention_dp x tp x pp GPUs. Attention and dense FFNs are split over the tp GPUs of
     a stage (KV heads replicated when tp exceeds them); MoE layers split their experts over `ep` of those
     tp GPUs and each expert over the remaining tp / ep; layers are split into pp pipeline stages."""
 
@@ -37,16 +37,26 @@ class ParallelConfig(StrictModel):
                                   "GPU holds every token, so only the combine costs, as vLLM and TensorRT-LLM do "
                                   "without attention data parallelism) or all_to_all (dispatch and combine of the "
                                   "routed tokens, DeepEP-style)")
+    attention_dp: Degree = Field(1, description="Attention data-parallel ranks (MoE models): each rank is tp x pp GPUs "
+                                                "with its own requests, KV cache and copy of everything but the "
+                                                "routed experts, which spread over all ranks' GPUs (ep divides "
+                                                "attention_dp x tp); the scheduler's limits are the replica's, "
+                                                "over all ranks, and ranks are taken as evenly loaded")
     routing_skew: NonNegativeFloat = Field(
         0.0, le=8.0, description="Zipf exponent of expert popularity (0 = uniform routing): skewed routing "
                                  "touches fewer distinct experts, so fewer expert weights are read")
 
     @model_validator(mode="after")
     def _ep_divides_tp(self):
-        if self.tp % self.ep:
-            allowed = [d for d in range(1, self.tp + 1) if self.tp % d == 0]
-            raise ValueError(f"ep ({self.ep}) must divide tp ({self.tp}): expert-parallel GPUs are the tensor-"
-                             f"parallel GPUs of a stage; allowed ep for tp {self.tp}: {allowed}")
+        experts = self.tp * self.attention_dp
+        if experts % self.ep:
+            allowed = [d for d in range(1, experts + 1) if experts % d == 0]
+            if self.attention_dp == 1:
+                raise ValueError(f"ep ({self.ep}) must divide tp ({self.tp}): expert-parallel GPUs are the tensor-"
+                                 f"parallel GPUs of a stage; allowed ep for tp {self.tp}: {allowed}")
+            raise ValueError(f"ep ({self.ep}) must divide attention_dp x tp ({experts}): expert-parallel GPUs are "
+                             f"the GPUs of a stage; allowed ep for attention_dp {self.attention_dp}, tp {self.tp}: "
+                             f"{allowed}")
         if self.micro_batches > 1 and self.pp == 1:
             raise ValueError(f"micro_batches ({self.micro_batches}) needs pp > 1 (pipeline stages); allowed: 1")
         return self
@@ -54,4 +64,4 @@ class ParallelConfig(StrictModel):
     @property
     def gpus(self) -> int:
         """GPUs of one replica."""
-        return self.tp * self.pp
+        return self.tp * self.pp * self.attention_dp

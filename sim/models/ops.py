@@ -175,7 +175,7 @@ class OpsModel:
         if logits == 0:
             return 0.0
         t = self._look(self.lm_head.at, logits)
-        if self.nccl is not None:
+        if self.nccl is not None and self.tp > 1:
             t += self._look(self.nccl.at, "all_gather", self.tp, logits * self.spec.profile.vocab_size * 2)
         return t
 

@@ -13,6 +13,12 @@ Per GPU of a stage of `tp` GPUs (what vLLM and SGLang shard):
 - norms (vectors) replicated.
 Pipeline stages take consecutive layers, ceil(L / pp) on the first stages; the per-GPU figures are
 the fullest GPU's (the one that must fit).
+
+Attention data parallelism (`attention_dp` ranks, MoE models only; SGLang's and TensorRT-LLM's DP attention,
+vLLM's data parallel with expert parallelism): each rank is tp x pp GPUs holding everything above but the
+routed experts (attention, dense FFNs, shared experts, embedding, lm_head) and serving its own requests
+from its own KV cache; the routed experts spread over all attention_dp x tp GPUs of a stage (ep of them,
+each expert split attention_dp x tp / ep ways).
 """
 
 from __future__ import annotations
@@ -27,7 +33,8 @@ from sim.models.spec import ModelSpec, distinct_experts, expert_probabilities  #
 
 @dataclass(frozen=True)
 class Layout:
-    """tp x pp GPUs; ep of the tp GPUs hold experts (MoE). See sim.io.parallel_schema.ParallelConfig."""
+    """attention_dp x tp x pp GPUs; ep of a stage's attention_dp x tp GPUs hold experts (MoE). See
+    sim.io.parallel_schema.ParallelConfig."""
 
     tp: int = 1
     pp: int = 1
@@ -36,16 +43,29 @@ class Layout:
     expert_imbalance: float = 1.0
     routing_skew: float = 0.0
     ep_communication: str = "all_reduce"
+    attention_dp: int = 1
+    """Attention data-parallel ranks: each of tp x pp GPUs with its own requests and KV cache, everything but
+    the routed experts replicated per rank; the routed experts spread over all ranks' GPUs of a stage."""
 
     @property
     def gpus(self) -> int:
         """GPUs of one replica."""
+        return self.tp * self.pp * self.attention_dp
+
+    @property
+    def rank_gpus(self) -> int:
+        """GPUs of one attention data-parallel rank (tp x pp): where one request's KV lives."""
         return self.tp * self.pp
 
     @property
+    def expert_gpus(self) -> int:
+        """GPUs of a stage the routed experts spread over (attention_dp x tp)."""
+        return self.tp * self.attention_dp
+
+    @property
     def moe_tp(self) -> int:
-        """Ways each expert is split (tp / ep)."""
-        return self.tp // self.ep
+        """Ways each expert is split (attention_dp x tp / ep)."""
+        return self.expert_gpus // self.ep
 
     @property
     def trivial(self) -> bool:
@@ -54,7 +74,8 @@ class Layout:
 
     def describe(self) -> str:
         """tp4, tp8 ep8, tp2 pp2 ..."""
-        parts = [f"tp{self.tp}"] + ([f"pp{self.pp}"] if self.pp > 1 else []) + ([f"ep{self.ep}"] if self.ep > 1 else [])
+        parts = (([f"dp{self.attention_dp}"] if self.attention_dp > 1 else []) + [f"tp{self.tp}"]
+                 + ([f"pp{self.pp}"] if self.pp > 1 else []) + ([f"ep{self.ep}"] if self.ep > 1 else []))
         return " ".join(parts)
 
     @classmethod
@@ -63,7 +84,7 @@ class Layout:
         if cfg is None:
             return cls()
         return cls(cfg.tp, cfg.pp, cfg.ep, cfg.micro_batches, cfg.expert_imbalance, cfg.routing_skew,
-                   cfg.ep_communication)
+                   cfg.ep_communication, cfg.attention_dp)
 
 
 def _divisors(n: int) -> list[int]:
@@ -89,15 +110,19 @@ def layout_problems(spec: ModelSpec, layout: Layout, field: str = "parallel") ->
         out.append(f"{field}.pp: {pp} stages for {p.name}'s {p.num_layers} layers (allowed: 1..{p.num_layers})")
     if ep > 1 and p.moe is None:
         out.append(f"{field}.ep: {ep} on {p.name}, a dense model without experts (allowed: 1)")
+    if layout.attention_dp > 1 and p.moe is None:
+        out.append(f"{field}.attention_dp: {layout.attention_dp} on {p.name}, a dense model (allowed: 1; "
+                   "independent copies of a dense model are replicas)")
     elif p.moe is not None:
         m = p.moe
         if m.num_experts % ep:
             out.append(f"{field}.ep: {ep} does not divide {p.name}'s {m.num_experts} experts "
-                       f"(allowed: {[d for d in _divisors(m.num_experts) if tp % d == 0]} with tp {tp})")
+                       f"(allowed: {[d for d in _divisors(m.num_experts) if layout.expert_gpus % d == 0]} "
+                       f"with {layout.expert_gpus} expert GPUs)")
         elif m.expert_intermediate_size % layout.moe_tp:
-            out.append(f"{field}.ep: tp / ep = {layout.moe_tp} does not divide {p.name}'s expert width "
-                       f"{m.expert_intermediate_size} (allowed ep for tp {tp}: "
-                       f"{[d for d in _divisors(tp) if m.expert_intermediate_size % (tp // d) == 0]})")
+            out.append(f"{field}.ep: expert GPUs / ep = {layout.moe_tp} does not divide {p.name}'s expert width "
+                       f"{m.expert_intermediate_size} (allowed ep for {layout.expert_gpus} expert GPUs: "
+                       f"{[d for d in _divisors(layout.expert_gpus) if m.expert_intermediate_size % (layout.expert_gpus // d) == 0]})")
     return out
 
 
@@ -209,7 +234,7 @@ def replica_weight_bytes(spec: ModelSpec, layout: Layout, fmt: str = "bf16") -> 
     """Weight bytes over all GPUs of a replica (replicated parts counted on every GPU holding them)."""
     if layout.trivial:
         return spec.weight_bytes(fmt)
-    return layout.tp * sum(w.total for w in stage_weights(spec, layout, fmt))
+    return layout.expert_gpus * sum(w.total for w in stage_weights(spec, layout, fmt))
 
 
 def _single_gpu(spec: ModelSpec, fmt: str) -> GpuWeights:

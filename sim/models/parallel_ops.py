@@ -6,7 +6,11 @@ Per layer on one GPU (tp GPUs per stage, see sim.models.parallel for what each h
 - attention GEMMs at M = the pass's tokens: QKV and O split by heads, or MLA's q_a and kv_a (replicated)
   and q_b, kv_b, O (split by heads); one all-reduce of M x hidden BF16 values after O under tp;
 - dense layers: gate+up and down split tp ways and an all-reduce, as in sim.models.ops;
-- MoE layers: the router (M x hidden x E, replicated); the routed experts as one grouped GEMM per
+- MoE layers: the router (M x hidden x E, replicated); the routed experts from an engine's measured fused-MoE
+  kernel (profiles/ops/<card>/moe.csv, sim.models.moe_tables: the whole routed step for M tokens entering
+  a GPU of E / ep experts split tp / ep ways, balanced routing; `moe_kernels`: vllm by default, sglang,
+  trtllm) when the table has the layer's shape, dtype and split and the layout's routing is uniform;
+  otherwise (or `moe_kernels: composed`) as one grouped GEMM per
   projection over the GPU's E / ep experts: with T tokens touching D = sum_e 1 - (1 - q_e)^T distinct
   experts (q_e = k p_e, uniform p_e = 1/E unless parallel.routing_skew gives Zipf popularity), the
   busiest GPU runs D / ep experts with T k x expert_imbalance / D tokens each, costing D / E of the
@@ -36,10 +40,14 @@ import sys
 from sim.io.errors import ConfigError
 from sim.io.ops_schema import DEFAULT_HOST_OVERHEAD_S, OpsStepTime
 from sim.models.ops import OpsModel, SMALL_OPS, REFERENCE_BANDWIDTH_GBS, ops_dtype
+from sim.models.moe_tables import MoeTable
 from sim.models.ops_tables import MCurve, NcclTable, TableSet, _cached, find_table, load_table_set
 from sim.models.parallel import Layout, distinct_experts, expert_probabilities, stage_layers
 from sim.models.spec import ModelSpec
 
+MOE_DTYPES = {"bf16": ("bfloat16",), "fp8": ("fp8_block", "fp8")}
+"""GEMM dtype -> the fused-MoE table's dtypes to look for, in order (released FP8 MoE checkpoints are
+block-quantised: DeepSeek-V3, Qwen3-235B-A22B-FP8, MiniMax-M2.5)."""
 MLA_CONTEXT_SCALE = (192 + 128) / 256
 """MLA prefill per head: QK over 192 dims and PV over 128, against the 128 + 128 of the measured MHA kernel."""
 MLA_GENERATION_SCALE = (512 + 64) / (2 * 128)
@@ -64,7 +72,9 @@ class ParallelOpsModel(OpsModel):
         self._probs = expert_probabilities(p.moe.num_experts, layout.routing_skew) if p.moe else None
         self._attention_tables(tables)
         self._build_curves(tables, dtype)
-        self.nccl = tables.nccl() if tp > 1 else None
+        self.moe_kernel = self._moe_kernel(tables, dtype) if p.moe else None
+        self.dp = layout.attention_dp
+        self.nccl = tables.nccl() if (tp > 1 or self.dp > 1) else None
         self.net = None
         if (layout.ep > 1 and layout.ep_communication == "all_to_all") or layout.pp > 1:
             path = find_table(tables.folder, "nccl_parallel")
@@ -135,11 +145,30 @@ class ParallelOpsModel(OpsModel):
         self.lm_head = MCurve(lm.ms, lm.curve(p.vocab_size / self.tp, p.hidden_size),
                               f"{lm.path.name}: lm_head GEMM m (sequences)")
 
+    def _moe_kernel(self, tables: TableSet, dtype: str):
+        """The measured fused-MoE curve over tokens for this layer's shape, dtype and expert split, or None
+        (no table, engine, shape or split not measured, skewed or imbalanced routing, or `moe_kernels: composed`)."""
+        lay, e = self.layout, self.moe
+        if self.cfg.moe_kernels == "composed" or lay.routing_skew != 0 or lay.expert_imbalance != 1:
+            return None
+        path = find_table(tables.folder, "moe")
+        if path is None:
+            return None
+        table = _cached(MoeTable, path)
+        for name in MOE_DTYPES[dtype]:
+            curve = table.curve(self.cfg.moe_kernels, name, self.spec.profile.hidden_size, e.expert_intermediate_size, e.experts_per_token,
+                                e.num_experts, lay.moe_tp, lay.ep)
+            if curve is not None:
+                return curve
+        return None
+
     def _check_collectives(self) -> None:
         lay = self.layout
         need = []
-        if self.nccl is not None:
+        if self.nccl is not None and lay.tp > 1:
             need.append((self.nccl, "all_reduce", lay.tp, "parallel.tp"))
+        if self.dp > 1 and lay.ep_communication == "all_reduce":
+            need.append((self.nccl, "all_gather", lay.expert_gpus, "parallel.attention_dp"))
         if lay.ep > 1 and lay.ep_communication == "all_to_all":
             need.append((self.net, "alltoall", lay.ep, "parallel.ep"))
             if lay.moe_tp > 1:
@@ -168,33 +197,43 @@ class ParallelOpsModel(OpsModel):
         """Router, routed and shared experts and their communication for one MoE layer."""
         e, lay, h = self.moe, self.layout, self.spec.profile.hidden_size
         g = self.moe_gemms
-        t = self._look(g["router"].at, tokens)
-        touched = distinct_experts(e.num_experts, e.experts_per_token, tokens, lay.routing_skew)
-        per_expert = tokens * e.experts_per_token * lay.expert_imbalance / max(touched, 1e-9)
-        share = touched / e.num_experts
-        t += share * (self._look(g["experts_gate_up"].at, per_expert) + self._look(g["experts_down"].at, per_expert))
+        rank = tokens / self.dp  # the tokens of one attention data-parallel rank (all of them without one)
+        t = self._look(g["router"].at, rank)
+        if self.moe_kernel is not None:  # measured: the activation is inside the fused kernel
+            t += self._look(self.moe_kernel.at, tokens)
+            routed_width = 0.0
+        else:
+            touched = distinct_experts(e.num_experts, e.experts_per_token, tokens, lay.routing_skew)
+            per_expert = tokens * e.experts_per_token * lay.expert_imbalance / max(touched, 1e-9)
+            share = touched / e.num_experts
+            t += share * (self._look(g["experts_gate_up"].at, per_expert) + self._look(g["experts_down"].at, per_expert))
+            routed_width = e.experts_per_token * lay.expert_imbalance / lay.ep * e.expert_intermediate_size / lay.moe_tp
         if "shared_gate_up" in g:
-            t += self._look(g["shared_gate_up"].at, tokens) + self._look(g["shared_down"].at, tokens)
-        if lay.ep == 1 or lay.ep_communication == "all_reduce":
+            t += self._look(g["shared_gate_up"].at, rank) + self._look(g["shared_down"].at, rank)
+        if self.dp > 1 and lay.ep_communication == "all_reduce":
+            # every rank's tokens gathered to the expert GPUs and the outputs scattered back (reduce-scatter,
+            # costed as an all-gather of the same bytes)
+            t += 2 * self._look(self.nccl.at, "all_gather", lay.expert_gpus, tokens * h * 2)
+        elif lay.ep == 1 or lay.ep_communication == "all_reduce":
             t += self._all_reduce(lay.tp, tokens)
         else:
             routed = tokens * e.experts_per_token * h * 2 / lay.ep
             t += 2 * self._look(self.net.at, "alltoall", lay.ep, routed) + self._all_reduce(lay.moe_tp, tokens)
-        width = (e.experts_per_token * lay.expert_imbalance / lay.ep * e.expert_intermediate_size / lay.moe_tp
-                 + e.num_shared_experts * e.expert_intermediate_size / lay.tp)
-        return t + self._small_s(tokens, width)
+        width = routed_width + e.num_shared_experts * e.expert_intermediate_size / lay.tp
+        return t + self._small_s(rank, width)
 
     def layer_linear_s(self, tokens: float, moe: bool = False) -> float:
         """One layer's GEMMs, collectives and small ops for a pass over `tokens` tokens."""
         key = (tokens, moe)
         t = self._layer_cache.get(key)
         if t is None:
-            t = sum(self._look(c.at, tokens) for c in self.att_gemms.values()) + self._all_reduce(self.tp, tokens)
+            r = tokens / self.dp  # attention and dense FFNs run on each data-parallel rank's own tokens
+            t = sum(self._look(c.at, r) for c in self.att_gemms.values()) + self._all_reduce(self.tp, r)
             if moe:
                 t += self._moe_ffn_s(tokens)
             else:
-                t += sum(self._look(c.at, tokens) for c in self.dense_gemms.values()) + self._all_reduce(self.tp, tokens)
-                t += self._small_s(tokens, self.spec.profile.intermediate_size / self.tp)
+                t += sum(self._look(c.at, r) for c in self.dense_gemms.values()) + self._all_reduce(self.tp, r)
+                t += self._small_s(r, self.spec.profile.intermediate_size / self.tp)
             if len(self._layer_cache) < 65536:
                 self._layer_cache[key] = t
         return t
@@ -212,12 +251,14 @@ class ParallelOpsModel(OpsModel):
                 dec_kv: float, logits: float) -> float:
         """One pipeline stage's time for (a micro-batch of) the pass."""
         dense, moe = self.stage_kinds[stage]
-        att = self.context_attention_s(pre_seqs, pre_pairs) + self.generation_attention_s(dec_seqs, dec_kv)
+        dp = self.dp  # attention data-parallel ranks, taken as evenly loaded
+        att = self.context_attention_s(pre_seqs / dp, pre_pairs / dp) + self.generation_attention_s(dec_seqs / dp,
+                                                                                                      dec_kv / dp)
         t = dense * (self.layer_linear_s(tokens) + att) if dense else 0.0
         if moe:
             t += moe * (self.layer_linear_s(tokens, True) + att)
         if stage == len(self.stages) - 1:
-            t += self.head_s(logits)
+            t += self.head_s(logits / dp)
         return t
 
     def pass_s(self, tokens: int, pre_seqs: int, pre_pairs: int, dec_seqs: int, dec_kv: int, logits: int) -> float:
@@ -239,14 +280,15 @@ class ParallelOpsModel(OpsModel):
         """One pass by component (seconds, whole pass; pipeline waits and send/recv in `pipeline`)."""
         dense = sum(d for d, _ in self.stage_kinds)
         moe = sum(m for _, m in self.stage_kinds)
-        att_g = (dense + moe) * sum(self._look(c.at, tokens) for c in self.att_gemms.values())
-        ffn = dense * (self.layer_linear_s(tokens) - sum(self._look(c.at, tokens) for c in self.att_gemms.values()))
-        ffn += moe * (self.layer_linear_s(tokens, True) - sum(self._look(c.at, tokens) for c in self.att_gemms.values()))
+        dp = self.dp
+        per_layer = sum(self._look(c.at, tokens / dp) for c in self.att_gemms.values())
+        att_g = (dense + moe) * per_layer
+        ffn = dense * (self.layer_linear_s(tokens) - per_layer) + moe * (self.layer_linear_s(tokens, True) - per_layer)
         L = dense + moe
         out = {"attention_gemms": att_g, "ffn_and_collectives": ffn,
-               "context_attention": L * self.context_attention_s(pre_seqs, pre_pairs),
-               "generation_attention": L * self.generation_attention_s(dec_seqs, dec_kv),
-               "lm_head": self.head_s(logits), "host": self.host_s}
+               "context_attention": L * self.context_attention_s(pre_seqs / dp, pre_pairs / dp),
+               "generation_attention": L * self.generation_attention_s(dec_seqs / dp, dec_kv / dp),
+               "lm_head": self.head_s(logits / dp), "host": self.host_s}
         out["pipeline"] = self.pass_s(tokens, pre_seqs, pre_pairs, dec_seqs, dec_kv, logits) - sum(out.values())
         return out
 

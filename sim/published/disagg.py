@@ -6,7 +6,7 @@ silicon_data_source ("...; silicon_concurrency=6; ..."). Each pool is built as t
 builds one replica (the engine's defaults, the pool's layout, its KV budget by the engine's memory
 rule): `build_case` of a one-pool copy of the row, so that both replays share every assumption.
 The KV link is the card's (hardware profile kv_transfer_link); a row that leaves the pools' worker
-counts or the concurrency empty, or uses attention data parallelism, is skipped with the reason.
+counts or the concurrency empty is skipped with the reason.
 """
 
 from __future__ import annotations
@@ -63,8 +63,6 @@ def build_disagg_case(row, per_user, start, build_case, case_cls):
     for name, shape in (("prefill", row.prefill), ("decode", row.decode)):
         if shape is None or shape.workers is None or shape.tp is None:
             return case_cls(row, skipped=f"{name} pool: worker count or tp not stated")
-        if shape.attention_dp > 1:
-            return case_cls(row, skipped=f"{name} pool: attention data parallelism ({shape.attention_dp}) is not modelled")
         one = dataclasses.replace(row, mode="agg", tp=shape.tp, pp=shape.pp, attention_dp=shape.attention_dp,
                                   moe_tp=shape.moe_tp, moe_ep=shape.moe_ep)
         case = build_case(one, per_user, start)

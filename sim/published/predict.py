@@ -2,17 +2,19 @@
 users sending fixed ISL/OSL requests to one replica running the engine's default settings, and the
 simulated mean TTFT and TPOT are set against the measured ones.
 
-Multi-GPU rows run one replica of `parallel: {tp, pp, ep}` (issue [parallel]: per-GPU weights and KV,
-MoE experts over the tensor-parallel GPUs, moe_tp x moe_ep = tp). Disaggregated rows run a prefill
-pool and a decode pool, each built as one replica is here (sim.published.disagg). A row capsim cannot
-express (pools without worker counts, attention-data parallelism, a card or precision without operator
-tables, a model without a profile, weights that do not fit) is skipped with the reason, never guessed.
+Multi-GPU rows run one replica of `parallel: {tp, pp, ep, attention_dp}` (issue [parallel]: per-GPU weights
+and KV, MoE experts over the GPUs of a stage, moe_tp x moe_ep = attention_dp x tp; attention data-parallel
+ranks with the engine's limits each). Disaggregated rows run a prefill pool and a decode pool, each built as
+one replica is here (sim.published.disagg). A row capsim cannot express (pools without worker counts, a card
+or precision without operator tables, a model without a profile, weights that do not fit, collectives the
+card's tables lack) is skipped with the reason, never guessed.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -87,25 +89,55 @@ def model_for(model_path: str) -> str | None:
 def _unsupported_layout(row: PublishedRow) -> str | None:
     if row.mode != "agg":
         return "disaggregated serving (separate prefill and decode pools) is not modelled"
-    if row.attention_dp > 1:
-        return f"attention data parallelism ({row.attention_dp}) is not modelled"
-    if row.moe_ep > 1 and row.moe_tp * row.moe_ep != row.tp:
-        return (f"expert layout moe_tp {row.moe_tp} x moe_ep {row.moe_ep} != tp {row.tp}: experts are modelled on "
-                "the tensor-parallel GPUs of a stage (issue [parallel])")
+    dp = max(row.attention_dp, 1)
+    if (row.moe_ep > 1 or dp > 1) and row.moe_tp * row.moe_ep != row.tp * dp:
+        return (f"expert layout moe_tp {row.moe_tp} x moe_ep {row.moe_ep} != attention_dp {dp} x tp {row.tp}: "
+                "experts are modelled on the GPUs of a stage (issue [parallel])")
     return None
 
 
-def step_time_for(mixed: str = "one_pass") -> dict:
+def _collectives_missing(hardware: str, layout: Layout) -> str | None:
+    """Why the card's NCCL table cannot time this layout's all-reduce / all-gather (None when it can)."""
+    need = []
+    if layout.tp > 1:
+        need.append(("all_reduce", layout.tp))
+    if layout.attention_dp > 1 and layout.ep_communication == "all_reduce":
+        need.append(("all_gather", layout.expert_gpus))
+    if not need:
+        return None
+    from sim.models.ops_tables import load_table_set
+    nccl = load_table_set(hardware).nccl()
+    for op, gpus in need:
+        if gpus not in nccl.gpus(op):
+            return (f"{layout.describe()}: {op} over {gpus} GPUs, which the {hardware} tables do not measure "
+                    f"(measured: {nccl.gpus(op)} GPUs; one node)")
+    return None
+
+
+def _scheduler(engine, dp: int) -> dict:
+    """The engine's scheduler mapping for a replica of `dp` attention data-parallel ranks: each rank schedules
+    its own requests within the engine's limits, so the replica's limits are dp times them (chunks stay a
+    rank's)."""
+    out = dict(engine.scheduler)
+    for key in ("max_num_seqs", "max_num_batched_tokens"):
+        out[key] = out[key] * dp
+    return out
+
+
+def step_time_for(mixed: str = "one_pass", moe_kernels: str = "vllm") -> dict:
     """The scenario's step_time mapping: operator-table composition (the layout is the scenario's `parallel`);
-    `mixed` says how a chunked iteration (decodes + prefill chunks) is costed."""
-    return {"model": {"kind": "ops", "mixed": mixed}}
+    `mixed` says how a chunked iteration (decodes + prefill chunks) is costed, `moe_kernels` whose measured
+    fused-MoE kernels MoE layers use (vllm, sglang, trtllm) or `composed` from GEMMs."""
+    return {"model": {"kind": "ops", "mixed": mixed, "moe_kernels": moe_kernels}}
 
 
 def build_case(row: PublishedRow, per_user: int | None = None, start: str = "cold",
-               mixed: str = "one_pass", rounds: int = ROUNDS) -> Case:
-    """Translate one published row into a closed-loop scenario for one replica, or say why not."""
+               mixed: str = "one_pass", rounds: int = ROUNDS, moe_kernels: str = "engine") -> Case:
+    """Translate one published row into a closed-loop scenario for one replica, or say why not.
+    `moe_kernels`: `engine` (the row's own engine's fused-MoE kernels), vllm / sglang / trtllm, or composed."""
     if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
-        return replace(build_disagg_case(row, per_user, start, build_case, Case), rounds=rounds)
+        pool = partial(build_case, mixed=mixed, moe_kernels=moe_kernels)
+        return replace(build_disagg_case(row, per_user, start, pool, Case), rounds=rounds)
     why = _unsupported_layout(row)
     if why:
         return Case(row, skipped=why)
@@ -116,10 +148,14 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     if model is None:
         return Case(row, skipped=f"no model profile for {row.model_path!r}")
     spec = ModelSpec(load_model(model))
-    layout = Layout(tp=row.tp, pp=row.pp, ep=row.moe_ep)
+    dp = max(row.attention_dp, 1)
+    layout = Layout(tp=row.tp, pp=row.pp, ep=row.moe_ep, attention_dp=dp)
     problems = layout_problems(spec, layout)
     if problems:
         return Case(row, skipped="; ".join(problems))
+    why = _collectives_missing(hardware, layout)
+    if why:
+        return Case(row, skipped=why)
     fmt = PRECISIONS.get(row.precision)
     if fmt is None:
         return Case(row, skipped=f"precision {row.precision!r}: no operator tables (have bf16, fp8)")
@@ -129,7 +165,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     budget = kv_budget_bytes(engine, hw.memory_bytes, weights, layout.gpus)
     block_tokens = 16
     need = (math.ceil((row.isl + row.osl) / block_tokens) * block_tokens
-            * kv_bytes_per_token_per_gpu(spec, layout, "bf16") * layout.gpus)
+            * kv_bytes_per_token_per_gpu(spec, layout, "bf16") * layout.rank_gpus)
     if budget < need:
         return Case(row, skipped=f"weights ({weights / 1e9:.1f} GB per GPU over {layout.gpus} x {hw.name}) leave "
                                  f"{max(budget, 0) / 1e9:.1f} GB of KV, less than one request needs")
@@ -137,16 +173,21 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     scenario = {
         "name": row.id, "seed": 0, "model": model, "hardware": hardware, "weight_format": fmt,
         "kv": {"block_tokens": block_tokens, "format": "bf16", "budget": budget, "admission": engine.kv_admission},
-        "scheduler": dict(engine.scheduler),
-        "step_time": step_time_for(mixed),
-        "parallel": {"tp": row.tp, "pp": row.pp, "ep": row.moe_ep},
+        "scheduler": _scheduler(engine, dp),
+        "step_time": step_time_for(mixed, row.backend if moe_kernels == "engine" else moe_kernels),
+        "parallel": {"tp": row.tp, "pp": row.pp, "ep": row.moe_ep, **({"attention_dp": dp} if dp > 1 else {})},
         "workload": {"kind": "closed_loop", "users": users,
                      "num_requests": users * (per_user or requests_per_user(row.osl)),
                      "prompt_tokens": {"kind": "fixed", "value": row.isl},
                      "output_tokens": {"kind": "fixed", "value": row.osl}},
     }
-    if engine.graph_sizes:
-        scenario["step_time"]["graph_sizes"] = list(engine.graph_sizes)
+    if dp > 1:
+        # the routed experts see every rank's tokens, up to dp x the engine's token budget: beyond the fused-MoE
+        # tables' largest measured count (16,384 tokens), where every expert is busy and the kernel's time grows
+        # in proportion to the tokens; the model extrapolates so (and warns) instead of refusing the row
+        scenario["step_time"]["allow_extrapolation"] = True
+    if engine.graph_sizes:  # per rank: dp evenly loaded ranks pad together to dp x each size
+        scenario["step_time"]["graph_sizes"] = [g * dp for g in engine.graph_sizes]
     return Case(row, scenario=scenario, start=start, rounds=rounds)
 
 

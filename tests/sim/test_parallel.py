@@ -189,8 +189,8 @@ def test_distinct_experts():
     assert distinct_experts(128, 8, 0) == 0.0
 
 
-def _ops(tmp_path, parallel: str, model="llama-3.1-70b"):
-    return _run(_scenario(tmp_path, parallel, model=model)).step_time
+def _ops(tmp_path, parallel: str, model="llama-3.1-70b", step="{kind: ops}"):
+    return _run(_scenario(tmp_path, parallel, model=model, step=step)).step_time
 
 
 def test_pipeline_bubble_shows_in_iteration_time(tmp_path):
@@ -216,18 +216,22 @@ def test_pipeline_bubble_shows_in_iteration_time(tmp_path):
 
 
 def test_moe_reads_only_touched_experts(tmp_path):
-    m = _ops(tmp_path, "parallel: {tp: 2}", model="mixtral-8x7b")
+    """The composition from GEMMs (`moe_kernels: composed`; the measured fused-MoE table is
+    tests/sim/test_moe_tables.py's)."""
+    composed = "{kind: ops, moe_kernels: composed}"
+    m = _ops(tmp_path, "parallel: {tp: 2}", model="mixtral-8x7b", step=composed)
+    assert m.moe_kernel is None
     g = m.moe_gemms
     # one token touches 2 of 8 experts: a quarter of the grouped GEMM's bytes at M = 1
     expert_part = m._moe_ffn_s(1) - m._look(g["router"].at, 1) - m._all_reduce(2, 1) - m._small_s(1, 2 * 14336 / 2)
     assert expert_part == pytest.approx(0.25 * (g["experts_gate_up"].at(1) + g["experts_down"].at(1)))
-    ep = _ops(tmp_path, "parallel: {tp: 8, ep: 8}", model="qwen3-235b-a22b")
-    skew = _ops(tmp_path, "parallel: {tp: 8, ep: 8, routing_skew: 1.2}", model="qwen3-235b-a22b")
+    ep = _ops(tmp_path, "parallel: {tp: 8, ep: 8}", model="qwen3-235b-a22b", step=composed)
+    skew = _ops(tmp_path, "parallel: {tp: 8, ep: 8, routing_skew: 1.2}", model="qwen3-235b-a22b", step=composed)
     assert skew.layer_linear_s(8, True) < ep.layer_linear_s(8, True)
-    imb = _ops(tmp_path, "parallel: {tp: 8, ep: 8, expert_imbalance: 1.5}", model="qwen3-235b-a22b")
+    imb = _ops(tmp_path, "parallel: {tp: 8, ep: 8, expert_imbalance: 1.5}", model="qwen3-235b-a22b", step=composed)
     assert imb.layer_linear_s(512, True) > ep.layer_linear_s(512, True)
     # the combine: an all-reduce over tp (default), or all-to-all dispatch + combine of T k / ep vectors
-    a2a = _ops(tmp_path, "parallel: {tp: 8, ep: 8, ep_communication: all_to_all}", model="qwen3-235b-a22b")
+    a2a = _ops(tmp_path, "parallel: {tp: 8, ep: 8, ep_communication: all_to_all}", model="qwen3-235b-a22b", step=composed)
     diff = a2a._moe_ffn_s(64) - ep._moe_ffn_s(64)
     assert diff == pytest.approx(2 * a2a.net.at("alltoall", 8, 64 * 8 * 4096 * 2 / 8) - ep._all_reduce(8, 64))
 
@@ -247,6 +251,15 @@ def test_memory_command_per_gpu_and_smallest_layout(capsys):
     assert "deepseek-v3 (bf16) does not fit one h200-sxm" in err and "the smallest layout that fits is" in err
     assert main(["memory", "--model", "qwen3-235b-a22b", "--tp", "6"]) == 2
     assert "--tp: 6 does not divide" in capsys.readouterr().err
+    # attention data parallelism: 64 requests over 8 ranks, a GPU holds its rank's 8
+    args = ["memory", "--model", "deepseek-v3", "--hardware", "b200", "--weight-format", "fp8", "--tp", "1",
+            "--prompt", "1024", "--output", "256", "--requests", "64", "--json"]
+    assert main(args + ["--ep", "8", "--attention-dp", "8"]) == 0
+    par = json.loads(capsys.readouterr().out)["parallel"]
+    assert par["attention_dp"] == 8 and par["gpus"] == 8
+    assert par["kv_bytes_per_gpu"] == 8 * 80 * 16 * par["kv_bytes_per_token_per_gpu"]  # 1280 tokens = 80 blocks each
+    assert main(args + ["--ep", "3", "--attention-dp", "8"]) == 2
+    assert "--ep: 3 must divide --attention-dp x --tp (8); allowed: [1, 2, 4, 8]" in capsys.readouterr().err
 
 
 def test_smallest_layout_fits_and_nothing_smaller_does():
@@ -296,3 +309,61 @@ def test_moe_iteration_reads_the_touched_experts():
     assert dense.weight_read_bytes_at(1) == dense.weight_read_bytes()
     from sim.models.roofline import decode_reads
     assert decode_reads(spec, 1, 1024).weight_bytes_per_output_token == one
+
+
+def test_attention_data_parallel_memory_by_hand():
+    """Qwen3-235B-A22B on 8 GPUs as 8 attention data-parallel ranks of one GPU (tp 1) with the 128 experts
+    spread 16 per GPU (ep 8): each GPU holds the whole attention, router, embedding and lm_head, and its
+    16 experts; a request's KV lives on one rank, all 4 KV heads of it."""
+    spec = ModelSpec(load_model("qwen3-235b-a22b"))
+    layout = Layout(tp=1, ep=8, attention_dp=8)
+    assert (layout.gpus, layout.rank_gpus, layout.expert_gpus, layout.moe_tp) == (8, 1, 8, 1)
+    h, L, V = 4096, 94, 151936
+    w = weights_per_gpu(spec, layout, "bf16")
+    assert w.attention == L * (h * 64 * 128 + 2 * h * 4 * 128 + 64 * 128 * h) * 2
+    assert w.ffn == L * (16 * 3 * h * 1536 + h * 128) * 2
+    assert w.embedding == w.lm_head == V * h * 2
+    assert w.norms == (L * (h + 2 * 128 + h) + h) * 2
+    assert kv_bytes_per_token_per_gpu(spec, layout, "bf16") == L * 4 * 128 * 2 * 2
+    assert layout.describe() == "dp8 tp1 ep8"
+    # attention_dp on a dense model is refused, naming the field
+    assert any("parallel.attention_dp: 2 on llama-3.1-70b" in p
+               for p in layout_problems(ModelSpec(load_model("llama-3.1-70b")), Layout(tp=2, attention_dp=2)))
+
+
+def test_attention_data_parallel_replica_holds_dp_times_the_blocks(tmp_path):
+    """Same GPUs per rank, twice the ranks: twice the KV blocks; the summary says attention_dp."""
+    one = _run(_scenario(tmp_path, "parallel: {tp: 4, ep: 4}", model="qwen3-235b-a22b",
+                         extra="weight_format: fp8\n"))
+    two_dir = tmp_path / "two"
+    two_dir.mkdir()
+    two = _run(_scenario(two_dir, "parallel: {tp: 4, ep: 8, attention_dp: 2}", model="qwen3-235b-a22b",
+                         extra="weight_format: fp8\n"))
+    m1, m2 = one.memory, two.memory
+    assert m2.gpus == 8 and m2.kv_bytes_per_token_per_gpu == m1.kv_bytes_per_token_per_gpu
+    per_rank_blocks = m2.kv_budget_bytes_per_gpu * 4 // (16 * m2.kv_bytes_per_token_per_gpu * 4)
+    assert m2.num_blocks == pytest.approx(2 * per_rank_blocks, abs=2)
+    assert m2.per_gpu()["attention_dp"] == 2 and "attention_dp" not in m1.per_gpu()
+    summary = two.run().summary
+    assert summary["parallel"]["attention_dp"] == 2 and summary["parallel"]["gpus"] == 8
+    assert summary["completed"] == 40
+    with pytest.raises(ConfigError, match=r"ep \(3\) must divide attention_dp x tp \(4\)"):
+        load_scenario(_scenario(tmp_path, "parallel: {tp: 2, ep: 3, attention_dp: 2}", model="qwen3-235b-a22b"))
+
+
+def test_attention_data_parallel_step(tmp_path):
+    """Attention, its GEMMs and lm_head run on each rank's share of the tokens; the routed experts see every
+    rank's tokens, gathered to the expert GPUs and scattered back (two all-gathers of T x hidden x 2 B)."""
+    m = _run(_scenario(tmp_path, "parallel: {tp: 1, ep: 8, attention_dp: 8}", model="qwen3-235b-a22b",
+                       extra="weight_format: fp8\n")).step_time
+    assert m.dp == 8 and m.moe_kernel is not None
+    g = m.moe_gemms
+    gather = m.nccl.at("all_gather", 8, 64 * 4096 * 2)
+    assert m._moe_ffn_s(64) == pytest.approx(m._look(g["router"].at, 8) + m.moe_kernel.at(64) + 2 * gather
+                                             + m._small_s(8, 0.0))
+    att = sum(c.at(8) for c in m.att_gemms.values())
+    assert m.layer_linear_s(64, True) == pytest.approx(att + m._moe_ffn_s(64))
+    # a decode of 64 sequences: per rank 8 sequences' attention
+    stage = m.stage_s(0, 64, 0, 0, 64, 64 * 1024, 64)
+    per_layer = m.layer_linear_s(64, True) + m.generation_attention_s(8, 8 * 1024)
+    assert stage == pytest.approx(94 * per_layer + m.head_s(8))

@@ -1,0 +1,136 @@
+"""Measured fused-MoE kernel timings for the MoE models capsim ships, from the database in the aiconfigurator
+0.12.0 wheel, written as profiles/ops/<card>/moe.csv.gz.
+
+../shared/data/profiling/aiconfigurator has GEMM, attention and NCCL tables but no MoE kernels, so capsim's
+ops model has composed a MoE layer from GEMM timings (the touched experts' share of one grouped GEMM). The
+wheel carries each engine's own fused-MoE timings (`aiconfigurator_core/systems/data/<gpu>/moe/<engine>/
+<version>/moe_perf.parquet`, Apache-2.0, measured by NVIDIA): latency of the whole routed-expert step
+(gate/up, the activation, down, the weighted sum) for `num_tokens` tokens entering one GPU that holds
+num_experts / moe_ep experts each split moe_tp ways. MoE kernels differ much more between engines than
+GEMMs do (vLLM's Triton / FlashInfer kernels, TensorRT-LLM's CUTLASS ones, SGLang's), so every engine's
+table is kept. This script keeps, per card and engine:
+
+- the engine's version with the most rows for the shipped shapes (the newest on a tie);
+- the shapes of the MoE models under profiles/models (hidden, expert width, top-k, experts), every
+  (moe_tp, moe_ep) and dtype measured (bfloat16, fp8 per tensor, fp8_block);
+- the `balanced` routing distribution only (uniform routing, capsim's default assumption; the power-law
+  ones are not taken);
+- where one point was measured with several kernels, the fastest (each engine picks or autotunes its
+  MoE backend); the kernels are listed in source.txt.
+
+Run it with the wheel's interpreter (pandas + pyarrow + pyyaml):
+
+    /work/venvs/aic/bin/python benchmarks/aiconfigurator_moe.py --out profiles/ops
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import pandas as pd
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+CARDS = {"h100-sxm": "h100_sxm", "h200-sxm": "h200_sxm", "b200": "b200_sxm", "l40s": "l40s",
+         "rtx-pro-6000-server": "rtx_pro_6000_server", "a100-80g-sxm": "a100_sxm"}
+"""capsim table set -> the database's system folder."""
+ENGINES = ("vllm", "sglang", "trtllm")
+COLUMNS = ["engine", "dtype", "hidden", "inter", "topk", "experts", "moe_tp", "moe_ep", "tokens", "latency_us"]
+
+
+def moe_shapes(models: Path) -> dict[tuple[int, int, int, int], list[str]]:
+    """(hidden, expert width, top-k, experts) -> the shipped models with that shape."""
+    out: dict[tuple[int, int, int, int], list[str]] = {}
+    for path in sorted(models.glob("*.yaml")):
+        p = yaml.safe_load(path.read_text())
+        m = p.get("moe")
+        if m:
+            key = (p["hidden_size"], m["expert_intermediate_size"], m["experts_per_token"], m["num_experts"])
+            out.setdefault(key, []).append(p["name"])
+    return out
+
+
+def _version_key(v: str) -> tuple:
+    return tuple(int(x) if x.isdigit() else -1 for x in v.replace("rc", ".").replace("post", ".").split("."))
+
+
+def _rows(path: Path, engine: str, shapes) -> tuple[pd.DataFrame, list[str]]:
+    d = pd.read_parquet(path)
+    d = d[(d.distribution == "balanced") & d.moe_dtype.isin(["bfloat16", "fp8", "fp8_block"])]
+    keep = pd.Series(False, index=d.index)
+    for h, i, k, e in shapes:
+        keep |= (d.hidden_size == h) & (d.inter_size == i) & (d.topk == k) & (d.num_experts == e)
+    d = d[keep]
+    if d.empty:
+        return pd.DataFrame(columns=COLUMNS), []
+    key = ["moe_dtype", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size", "num_tokens"]
+    # per kernel the mean of repeated measurements, then the fastest kernel of each point
+    d = d.groupby(key + ["kernel_source"], as_index=False).latency.mean()
+    d = d.sort_values("latency").groupby(key, as_index=False).first()
+    out = pd.DataFrame({"engine": engine, "dtype": d.moe_dtype, "hidden": d.hidden_size.astype(int),
+                        "inter": d.inter_size.astype(int), "topk": d.topk.astype(int),
+                        "experts": d.num_experts.astype(int), "moe_tp": d.moe_tp_size.astype(int),
+                        "moe_ep": d.moe_ep_size.astype(int), "tokens": d.num_tokens.astype(int),
+                        "latency_us": [float(f"{v * 1000:.4g}") for v in d.latency]})
+    return out, sorted(d.kernel_source.unique())
+
+
+def card_rows(data: Path, system: str, shapes) -> tuple[pd.DataFrame, list[str]]:
+    """Every engine's rows for one card, and one line per engine saying which version and kernels."""
+    tables, notes = [], []
+    for engine in ENGINES:
+        best = None
+        for path in sorted((data / system / "moe" / engine).glob("*/moe_perf.parquet")):
+            rows, kernels = _rows(path, engine, shapes)
+            version = path.parent.name
+            if len(rows) and (best is None or (len(rows), _version_key(version)) > (len(best[0]), _version_key(best[1]))):
+                best = (rows, version, kernels)
+        if best is not None:
+            tables.append(best[0])
+            notes.append(f"{engine} {best[1]} ({len(best[0])} rows; {', '.join(best[2])})")
+    if not tables:
+        return pd.DataFrame(columns=COLUMNS), notes
+    out = pd.concat(tables, ignore_index=True)
+    return out.sort_values(COLUMNS[:-1]).reset_index(drop=True), notes
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--data", help="the wheel's systems/data folder (default: found from the installed package)")
+    ap.add_argument("--out", required=True, help="profiles/ops: writes <card>/moe.csv.gz and notes the source")
+    ap.add_argument("--cards", default=",".join(CARDS))
+    args = ap.parse_args(argv)
+    if args.data:
+        data = Path(args.data)
+    else:
+        import aiconfigurator_core
+        data = Path(aiconfigurator_core.__file__).parent / "systems" / "data"
+    shapes = moe_shapes(REPO / "profiles" / "models")
+    print(f"shapes: {shapes}", file=sys.stderr)
+    for card in args.cards.split(","):
+        if card not in CARDS:
+            raise SystemExit(f"--cards: unknown card {card!r}; expected some of {', '.join(CARDS)}")
+        system = CARDS[card]
+        rows, notes = card_rows(data, system, shapes)
+        if rows.empty:
+            print(f"{card}: no balanced rows for these shapes in any engine's table; nothing written", file=sys.stderr)
+            continue
+        folder = Path(args.out) / card
+        if not folder.is_dir():
+            raise SystemExit(f"{folder}: no such table set")
+        rows.to_csv(folder / "moe.csv.gz", index=False, compression={"method": "gzip", "mtime": 0})
+        note = (f" Fused-MoE kernels (moe.csv.gz): each engine's table in the aiconfigurator 0.12.0 wheel "
+                f"(aiconfigurator_core/systems/data/{system}/moe/<engine>/<version>/moe_perf.parquet), balanced "
+                f"routing, the shipped MoE models' shapes, the fastest kernel per point: {'; '.join(notes)}; taken by "
+                f"benchmarks/aiconfigurator_moe.py.")
+        src = folder / "source.txt"
+        text = src.read_text().rstrip("\n").split(" Fused-MoE kernels (moe.csv.gz):")[0]
+        src.write_text(text + note + "\n")
+        print(f"{card}: {len(rows)} rows: {'; '.join(notes)}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

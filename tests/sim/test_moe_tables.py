@@ -1,0 +1,125 @@
+"""The measured fused-MoE kernel table (sim.models.moe_tables) and its use by the ops model."""
+
+from __future__ import annotations
+
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from sim.io.errors import ConfigError
+from sim.models.moe_tables import MoeTable
+from sim.models.ops_tables import OutOfRange, ops_dir
+
+HEADER = "engine,dtype,hidden,inter,topk,experts,moe_tp,moe_ep,tokens,latency_us\n"
+# Mixtral-8x7B's shape (hidden 4096, experts of 14336, top-2 of 8) split over 2 GPUs by tensor parallelism
+MIXTRAL_TP2 = "vllm,bfloat16,4096,14336,2,8,2,1"
+
+
+def _table(tmp_path: Path, rows: str) -> Path:
+    p = tmp_path / "moe.csv"
+    p.write_text(HEADER + rows)
+    return p
+
+
+def test_curve_is_measured_at_points_and_a_power_law_between(tmp_path):
+    t = MoeTable(_table(tmp_path, f"{MIXTRAL_TP2},1,100\n{MIXTRAL_TP2},16,200\n{MIXTRAL_TP2},256,800\n"))
+    c = t.curve("vllm", "bfloat16", 4096, 14336, 2, 8, 2, 1)
+    assert c.at(16) == pytest.approx(200e-6)
+    assert c.at(1) == c.at(0.5) == pytest.approx(100e-6)  # below the first point: the first point's latency
+    # 4 tokens: half way from 1 to 16 in log space -> 100 us x 2 ** 0.5
+    assert c.at(4) == pytest.approx(100e-6 * 2 ** 0.5)
+    assert c.at(64) == pytest.approx(200e-6 * 4 ** 0.5)
+    with pytest.raises(OutOfRange):
+        c.at(512)
+    # another split, dtype or engine was not measured
+    assert t.curve("vllm", "bfloat16", 4096, 14336, 2, 8, 1, 2) is None
+    assert t.curve("vllm", "fp8_block", 4096, 14336, 2, 8, 2, 1) is None
+    assert t.curve("trtllm", "bfloat16", 4096, 14336, 2, 8, 2, 1) is None
+    assert t.keys() == [("vllm", "bfloat16", 4096, 14336, 2, 8, 2, 1)]
+
+
+@pytest.mark.parametrize("rows, message", [
+    ("vllm,bf16,4096,14336,2,8,2,1,1,100\n", "line 2, column dtype: expected one of bfloat16, fp8, fp8_block, got 'bf16'"),
+    ("tgi,bfloat16,4096,14336,2,8,2,1,1,100\n", "line 2, column engine: expected one of vllm, sglang, trtllm, got 'tgi'"),
+    (f"{MIXTRAL_TP2},1,100\n{MIXTRAL_TP2},1,120\n", "line 3: a second row for"),
+    (f"{MIXTRAL_TP2},0,100\n", "line 2, column tokens: expected at least 1, got 0"),
+    (f"{MIXTRAL_TP2},1,abc\n", "line 2, column latency_us: expected a number, got 'abc'"),
+    (f"{MIXTRAL_TP2},1,0\n", "line 2, column latency_us: expected a positive latency"),
+])
+def test_malformed_rows_are_refused_naming_line_and_column(tmp_path, rows, message):
+    with pytest.raises(ConfigError, match="moe.csv: " + message.replace("(", r"\(").replace(")", r"\)")):
+        MoeTable(_table(tmp_path, rows))
+
+
+def _card_with_moe(tmp_path: Path, rows: str | None) -> Path:
+    """profiles/ops/h100-sxm with its moe table replaced by `rows` (or removed)."""
+    folder = tmp_path / "cards" / "h100-sxm"
+    shutil.copytree(ops_dir() / "h100-sxm", folder)
+    for old in folder.glob("moe.csv*"):
+        old.unlink()
+    if rows is not None:
+        (folder / "moe.csv").write_text(HEADER + rows)
+    return folder
+
+
+def _model(tmp_path: Path, tables: Path, parallel: str, model: str = "mixtral-8x7b", extra_step: str = ""):
+    from sim.core.simulation import Simulation
+    from sim.io.config import load_scenario
+    p = tmp_path / "s.yaml"
+    p.write_text(f"""name: moe
+model: {model}
+hardware: h100-sxm
+parallel: {parallel}
+kv: {{budget: {{gpu_memory_utilization: 0.9}}}}
+scheduler: {{kind: chunked, max_num_seqs: 64, max_num_batched_tokens: 4096, chunk_tokens: 4096}}
+step_time: {{model: {{kind: ops, tables: {tables}{extra_step}}}}}
+workload:
+  kind: synthetic
+  num_requests: 10
+  arrival: {{kind: poisson, rate_rps: 5}}
+  prompt_tokens: {{kind: fixed, value: 256}}
+  output_tokens: {{kind: fixed, value: 16}}
+""")
+    sc, base = load_scenario(p)
+    return Simulation(sc, base).step_time
+
+
+def test_ops_model_takes_the_routed_experts_from_the_table(tmp_path):
+    folder = _card_with_moe(tmp_path, f"{MIXTRAL_TP2},1,100\n{MIXTRAL_TP2},16,200\n{MIXTRAL_TP2},8192,9000\n")
+    m = _model(tmp_path, folder, "{tp: 2}")
+    assert m.moe_kernel is not None
+    router = m._look(m.moe_gemms["router"].at, 16)
+    # the router, the measured kernel, the all-reduce over 2 GPUs and the small ops over the hidden width
+    # only (the activation is inside the fused kernel; Mixtral has no shared expert)
+    assert m._moe_ffn_s(16) == pytest.approx(router + 200e-6 + m._all_reduce(2, 16) + m._small_s(16, 0.0))
+    # the same layer composed from GEMMs differs; another engine's kernels are not in this table
+    composed = _model(tmp_path, folder, "{tp: 2}", extra_step=", moe_kernels: composed")
+    assert composed.moe_kernel is None
+    assert not math.isclose(composed._moe_ffn_s(16), m._moe_ffn_s(16), rel_tol=1e-3)
+    assert _model(tmp_path, folder, "{tp: 2}", extra_step=", moe_kernels: trtllm").moe_kernel is None
+
+
+def test_table_not_used_where_it_does_not_apply(tmp_path):
+    # the table has tp 2 only: an EP layout, skewed routing or imbalance, or no table at all compose from GEMMs
+    folder = _card_with_moe(tmp_path, f"{MIXTRAL_TP2},1,100\n{MIXTRAL_TP2},8192,9000\n")
+    assert _model(tmp_path, folder, "{tp: 2, ep: 2}").moe_kernel is None
+    assert _model(tmp_path, folder, "{tp: 2, routing_skew: 1.2}").moe_kernel is None
+    assert _model(tmp_path, folder, "{tp: 2, expert_imbalance: 1.3}").moe_kernel is None
+    bare = _card_with_moe(tmp_path / "bare", None)
+    assert _model(tmp_path, bare, "{tp: 2}").moe_kernel is None
+
+
+def test_shipped_tables_cover_the_shipped_moe_models():
+    """Every MoE model profile has each engine's measured kernel at one GPU in the H100, H200 and B200 tables."""
+    from sim.io.profiles import load_model
+    for card in ("h100-sxm", "h200-sxm", "b200"):
+        t = MoeTable(next((ops_dir() / card).glob("moe.csv*")))
+        for name in ("mixtral-8x7b", "qwen3-235b-a22b", "deepseek-v3", "minimax-m2.5"):
+            p = load_model(name)
+            e = p.moe
+            for engine in ("vllm", "sglang", "trtllm"):
+                found = [k for k in t.keys() if k[0] == engine and k[2:] == (
+                    p.hidden_size, e.expert_intermediate_size, e.experts_per_token, e.num_experts, 1, 1)]
+                assert found, (card, name, engine)
