@@ -38,7 +38,9 @@ class PublishedRow:
     isl: int
     osl: int
     concurrency: int
-    """Client concurrency (the file's batch_size); 0 when a disaggregated row leaves it empty."""
+    """Client concurrency: the file's batch_size, times attention_dp_size on an attention data-parallel agg row
+    (there batch_size is per rank: batch_size x attention_dp_size equals the silicon_concurrency its source
+    text states on 155 of the sample's 156 such rows); a disaggregated row's is its source text's."""
     tp: int
     pp: int
     attention_dp: int
@@ -105,6 +107,8 @@ def parse_row(row: dict, where: str, line: int) -> PublishedRow:
         pools = {p: pool_shape(row, p + "_", where, integer_field, _text) for p in ("prefill", "decode")}
         if ints["batch_size"] == 0:
             ints["batch_size"] = concurrency_from_source(_text(row, "silicon_data_source"), where)
+    elif ints["attention_dp_size"] > 1:
+        ints["batch_size"] *= ints["attention_dp_size"]  # batch_size is per attention data-parallel rank
     return PublishedRow(
         line=line, id=_text(row, "id"), backend=backend, backend_version=_text(row, "backend_version"),
         model_path=_text(row, "model_path"), system=_text(row, "system").lower(),

@@ -1,0 +1,27 @@
+"""An attention data-parallel row of the silicon sample (MiniMax-M2.5 FP8 on 4 x B200 as 2 ranks of TP2, experts
+over all 4 GPUs): its concurrency, layout and engine limits, and that it runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from sim.published.predict import build_case, simulate_case
+from sim.published.rows import read_published
+
+FIXTURE = Path(__file__).parent / "silicon_sample_attention_dp_1row.csv"
+
+
+def test_batch_size_is_per_rank_and_the_replica_has_both_ranks():
+    (row,) = read_published(FIXTURE)
+    assert (row.tp, row.attention_dp, row.moe_tp, row.moe_ep) == (2, 2, 1, 4)
+    assert row.concurrency == 32  # batch_size 16 per rank, silicon_concurrency=32 in its source text
+    case = build_case(row)
+    sc = case.scenario
+    assert sc["parallel"] == {"tp": 2, "pp": 1, "ep": 4, "attention_dp": 2}
+    assert sc["workload"]["users"] == 32
+    # vLLM's limits hold per rank: the replica's are twice them, and ranks pad their CUDA graphs together
+    assert sc["scheduler"]["max_num_seqs"] == 2 * 1024 and sc["scheduler"]["max_num_batched_tokens"] == 2 * 8192
+    assert sc["step_time"]["graph_sizes"][:3] == [2, 4, 8]
+    assert sc["step_time"]["model"]["moe_kernels"] == "vllm" and sc["step_time"]["allow_extrapolation"] is True
+    out = simulate_case(None, case)
+    assert out["ttft_ms"] > 0 and 0.3 < out["tpot_ms"] / row.tpot_ms < 3.0
