@@ -19,6 +19,8 @@ def add_layout_flags(p) -> None:
     g.add_argument("--tp", metavar="1,2,4,8", help="tensor-parallel degrees to try (default: 1,2,4,8 within N)")
     g.add_argument("--pp", metavar="1,2", help="pipeline stages to try (default: 1)")
     g.add_argument("--ep", metavar="1,8", help="expert-parallel degrees to try, dividing tp (default: 1)")
+    g.add_argument("--attention-dp", metavar="1,4", help="attention data-parallel ranks to try (MoE models; ep then "
+                                                      "divides attention-dp x tp; default: 1)")
     g.add_argument("--modes", default="agg,disagg", metavar="agg,disagg",
                    help="aggregated replicas, disaggregated prefill/decode pools, or both (default)")
     g.add_argument("--price-per-gpu-hour", type=float, metavar="USD",
@@ -38,6 +40,7 @@ def cmd_plan_layouts(args) -> int:
     res = run_layout_plan(args.scenario, args.out, args.gpus, card=args.card, price_per_gpu_hour=args.price_per_gpu_hour,
                           tp=parse_degrees(args.tp, "--tp", None), pp=parse_degrees(args.pp, "--pp", None),
                           ep=parse_degrees(args.ep, "--ep", None),
+                          dp=parse_degrees(args.attention_dp, "--attention-dp", None),
                           modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
                           slo=parse_slo(args.slo) if args.slo else None, target=args.attainment,
                           replications=args.replications, requests=args.requests, tol=args.tol,

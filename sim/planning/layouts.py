@@ -33,23 +33,26 @@ from sim.planning.sweep import Override
 
 @dataclass(frozen=True)
 class Layout:
-    """One replica's GPUs: tp x pp, with ep of the tp GPUs holding experts."""
+    """One replica's GPUs: dp x tp x pp (dp attention data-parallel ranks), with ep of a stage's dp x tp GPUs
+    holding experts."""
 
     tp: int = 1
     pp: int = 1
     ep: int = 1
+    dp: int = 1
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.pp
+        return self.tp * self.pp * self.dp
 
     def as_dict(self) -> dict:
         """The scenario's `parallel` mapping."""
-        return {"tp": self.tp, "pp": self.pp, "ep": self.ep}
+        return {"tp": self.tp, "pp": self.pp, "ep": self.ep, **({"attention_dp": self.dp} if self.dp > 1 else {})}
 
     def describe(self) -> str:
-        """tp4 / tp4pp2 / tp8ep8 (one-degree axes left out)."""
-        return f"tp{self.tp}" + (f"pp{self.pp}" if self.pp > 1 else "") + (f"ep{self.ep}" if self.ep > 1 else "")
+        """tp4 / tp4pp2 / tp8ep8 / dp4tp2ep8 (one-degree axes left out)."""
+        return ((f"dp{self.dp}" if self.dp > 1 else "") + f"tp{self.tp}" + (f"pp{self.pp}" if self.pp > 1 else "")
+                + (f"ep{self.ep}" if self.ep > 1 else ""))
 
 
 @dataclass(frozen=True)
@@ -138,18 +141,19 @@ def parse_degrees(text: str | None, flag: str, default: list[int]) -> list[int]:
 
 
 def candidate_layouts(gpus: int, tp: list[int] | None, pp: list[int] | None, ep: list[int] | None,
-                      with_layout: bool) -> list[Layout]:
-    """The layouts to try: tp x pp x ep with ep dividing tp and tp x pp within the budget."""
+                      with_layout: bool, dp: list[int] | None = None) -> list[Layout]:
+    """The layouts to try: dp x tp x pp x ep with ep dividing dp x tp and dp x tp x pp within the budget."""
     if not with_layout:
-        if any(v != [1] for v in (tp, pp, ep) if v is not None):
-            raise ConfigError("--tp/--pp/--ep: this scenario schema has no parallel layout (`parallel`); "
+        if any(v != [1] for v in (tp, pp, ep, dp) if v is not None):
+            raise ConfigError("--tp/--pp/--ep/--attention-dp: this scenario schema has no parallel layout (`parallel`); "
                               "only tp=pp=ep=1 can be searched")
         return [Layout()]
     tp = tp or [d for d in (1, 2, 4, 8) if d <= gpus]
-    pp, ep = pp or [1], ep or [1]
-    lays = [Layout(t, p, e) for t, p, e in itertools.product(tp, pp, ep) if t % e == 0 and t * p <= gpus]
+    pp, ep, dp = pp or [1], ep or [1], dp or [1]
+    lays = [Layout(t, p, e, d) for d, t, p, e in itertools.product(dp, tp, pp, ep)
+            if (t * d) % e == 0 and t * p * d <= gpus]
     if not lays:
-        raise ConfigError(f"--tp/--pp/--ep: no layout fits {gpus} GPUs with ep dividing tp")
+        raise ConfigError(f"--tp/--pp/--ep/--attention-dp: no layout fits {gpus} GPUs with ep dividing attention-dp x tp")
     return lays
 
 
@@ -254,8 +258,8 @@ def rank(rows: list[dict], price_per_gpu_hour: float | None) -> list[dict]:
 def scenario_gpus(sc) -> int:
     """GPUs a scenario's deployment uses (every replica of every pool)."""
     def per_replica(par) -> int:
-        return 1 if par is None else (par.tp * par.pp if hasattr(par, "tp") else
-                                      int(par.get("tp", 1)) * int(par.get("pp", 1)))
+        return 1 if par is None else (par.gpus if hasattr(par, "tp") else
+                                      int(par.get("tp", 1)) * int(par.get("pp", 1)) * int(par.get("attention_dp", 1)))
     d = sc.disaggregation
     if d is None:
         return sc.cluster.replicas * per_replica(getattr(sc, "parallel", None))
@@ -337,7 +341,7 @@ def _flag_short_run(row: dict) -> None:
 
 def run_layout_plan(scenario: str | Path, out_dir: str | Path, gpus: int, card: str | None = None,
                     price_per_gpu_hour: float | None = None, tp: list[int] | None = None,
-                    pp: list[int] | None = None, ep: list[int] | None = None,
+                    pp: list[int] | None = None, ep: list[int] | None = None, dp: list[int] | None = None,
                     modes: tuple[str, ...] = ("agg", "disagg"), slo=None, target: float = 0.9,
                     replications: int = 1, requests: int | None = None, tol: float = 0.05,
                     overrides=(), workers: int | None = None, address: str | None = None,
@@ -360,7 +364,7 @@ def run_layout_plan(scenario: str | Path, out_dir: str | Path, gpus: int, card: 
     if not slo.given():
         raise ConfigError(f"{scenario}: no SLO to plan for: give --slo ttft=..,tpot=..,e2e=.. or set slo: in the scenario")
     log = log or (lambda s: None)
-    layouts = candidate_layouts(gpus, tp, pp, ep, "parallel" in Scenario.model_fields)
+    layouts = candidate_layouts(gpus, tp, pp, ep, "parallel" in Scenario.model_fields, dp)
     deps = enumerate_deployments(gpus, layouts, tuple(modes))
     if not deps:
         raise ConfigError(f"--gpus: no deployment of the layouts {[x.describe() for x in layouts]} fits {gpus} GPU(s)")

@@ -43,6 +43,26 @@ def test_deployments_of_four_gpus_are_the_hand_enumerated_ones():
     assert [d.label for d in enumerate_deployments(3, [TP2], ("agg",))] == ["agg 1xtp2"]
 
 
+def test_attention_data_parallel_layouts_are_searched_and_counted():
+    from sim.planning.layouts import candidate_layouts, scenario_gpus
+    lays = candidate_layouts(8, [1, 2], [1], [1, 4, 8], True, dp=[1, 4])
+    # ep divides dp x tp, dp x tp x pp within 8 GPUs
+    assert [x.describe() for x in lays] == ["tp1", "tp2", "dp4tp1", "dp4tp1ep4", "dp4tp2", "dp4tp2ep4", "dp4tp2ep8"]
+    assert Layout(2, 1, 8, 4).as_dict() == {"tp": 2, "pp": 1, "ep": 8, "attention_dp": 4}
+    assert [d.label for d in enumerate_deployments(8, [Layout(2, 1, 8, 4)], ("agg",))] == ["agg 1xdp4tp2ep8"]
+
+    class Par:  # a scenario's parallel block
+        tp, pp, attention_dp, gpus = 2, 1, 4, 8
+
+    class Sc:
+        disaggregation = None
+        parallel = Par()
+
+        class cluster:
+            replicas = 2
+    assert scenario_gpus(Sc()) == 16
+
+
 def test_rank_by_goodput_per_gpu_or_per_dollar():
     rows = [{"deployment": "a", "gpus": 4, "capacity_rps": 10.0}, {"deployment": "b", "gpus": 2, "capacity_rps": 6.0},
             {"deployment": "c", "gpus": 2, "capacity_rps": None}]
