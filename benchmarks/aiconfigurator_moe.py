@@ -13,8 +13,9 @@ table is kept. This script keeps, per card and engine:
 - the engine's version with the most rows for the shipped shapes (the newest on a tie);
 - the shapes of the MoE models under profiles/models (hidden, expert width, top-k, experts), every
   (moe_tp, moe_ep) and dtype measured (bfloat16, fp8 per tensor, fp8_block);
-- the `balanced` routing distribution only (uniform routing, capsim's default assumption; the power-law
-  ones are not taken);
+- two routing distributions: `balanced` (uniform routing, capsim's default assumption) and
+  `power_law_1.2` (AIConfigurator's default: token counts per expert follow a power law, so the busiest
+  expert GPU gets more than its share; `power_law_1.01` is not taken);
 - where one point was measured with several kernels, the fastest (each engine picks or autotunes its
   MoE backend); the kernels are listed in source.txt.
 
@@ -37,7 +38,8 @@ CARDS = {"h100-sxm": "h100_sxm", "h200-sxm": "h200_sxm", "b200": "b200_sxm", "l4
          "rtx-pro-6000-server": "rtx_pro_6000_server", "a100-80g-sxm": "a100_sxm"}
 """capsim table set -> the database's system folder."""
 ENGINES = ("vllm", "sglang", "trtllm")
-COLUMNS = ["engine", "dtype", "hidden", "inter", "topk", "experts", "moe_tp", "moe_ep", "tokens", "latency_us"]
+ROUTINGS = ("balanced", "power_law_1.2")
+COLUMNS = ["engine", "dtype", "routing", "hidden", "inter", "topk", "experts", "moe_tp", "moe_ep", "tokens", "latency_us"]
 
 
 def moe_shapes(models: Path) -> dict[tuple[int, int, int, int], list[str]]:
@@ -58,18 +60,19 @@ def _version_key(v: str) -> tuple:
 
 def _rows(path: Path, engine: str, shapes) -> tuple[pd.DataFrame, list[str]]:
     d = pd.read_parquet(path)
-    d = d[(d.distribution == "balanced") & d.moe_dtype.isin(["bfloat16", "fp8", "fp8_block"])]
+    d = d[d.distribution.isin(ROUTINGS) & d.moe_dtype.isin(["bfloat16", "fp8", "fp8_block"])]
     keep = pd.Series(False, index=d.index)
     for h, i, k, e in shapes:
         keep |= (d.hidden_size == h) & (d.inter_size == i) & (d.topk == k) & (d.num_experts == e)
     d = d[keep]
     if d.empty:
         return pd.DataFrame(columns=COLUMNS), []
-    key = ["moe_dtype", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size", "num_tokens"]
+    key = ["moe_dtype", "distribution", "hidden_size", "inter_size", "topk", "num_experts", "moe_tp_size", "moe_ep_size", "num_tokens"]
     # per kernel the mean of repeated measurements, then the fastest kernel of each point
     d = d.groupby(key + ["kernel_source"], as_index=False).latency.mean()
     d = d.sort_values("latency").groupby(key, as_index=False).first()
-    out = pd.DataFrame({"engine": engine, "dtype": d.moe_dtype, "hidden": d.hidden_size.astype(int),
+    out = pd.DataFrame({"engine": engine, "dtype": d.moe_dtype, "routing": d.distribution,
+                        "hidden": d.hidden_size.astype(int),
                         "inter": d.inter_size.astype(int), "topk": d.topk.astype(int),
                         "experts": d.num_experts.astype(int), "moe_tp": d.moe_tp_size.astype(int),
                         "moe_ep": d.moe_ep_size.astype(int), "tokens": d.num_tokens.astype(int),
@@ -115,7 +118,7 @@ def main(argv=None) -> int:
         system = CARDS[card]
         rows, notes = card_rows(data, system, shapes)
         if rows.empty:
-            print(f"{card}: no balanced rows for these shapes in any engine's table; nothing written", file=sys.stderr)
+            print(f"{card}: no rows for these shapes in any engine's table; nothing written", file=sys.stderr)
             continue
         folder = Path(args.out) / card
         if not folder.is_dir():
@@ -123,7 +126,7 @@ def main(argv=None) -> int:
         rows.to_csv(folder / "moe.csv.gz", index=False, compression={"method": "gzip", "mtime": 0})
         note = (f" Fused-MoE kernels (moe.csv.gz): each engine's table in the aiconfigurator 0.12.0 wheel "
                 f"(aiconfigurator_core/systems/data/{system}/moe/<engine>/<version>/moe_perf.parquet), balanced "
-                f"routing, the shipped MoE models' shapes, the fastest kernel per point: {'; '.join(notes)}; taken by "
+                f"and power_law_1.2 routing, the shipped MoE models' shapes, the fastest kernel per point: {'; '.join(notes)}; taken by "
                 f"benchmarks/aiconfigurator_moe.py.")
         src = folder / "source.txt"
         text = src.read_text().rstrip("\n").split(" Fused-MoE kernels (moe.csv.gz):")[0]

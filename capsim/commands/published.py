@@ -28,6 +28,9 @@ def add_parsers(sub) -> None:
                    help="MoE layers' routed experts: the row's own engine's measured fused-MoE kernels where the "
                         "card's table has the shape (default), another engine's, or composed from GEMM timings "
                         "(step_time.model.moe_kernels)")
+    p.add_argument("--moe-routing", choices=["balanced", "power_law_1.2"], default="balanced",
+                   help="which measured routing of the fused-MoE kernels: tokens spread evenly over the experts "
+                        "(default) or a power law (step_time.model.moe_routing)")
     p.add_argument("--start", choices=["cold", "staggered", "burst"], default="cold",
                    help="cold (default): the benchmark as run, --rounds requests per user, the first wave sent at "
                         "once to an idle engine, the later ones as the engine leaves them (docs/fidelity.md); "
@@ -54,7 +57,8 @@ def run(args) -> int:
     from sim.published.predict import ROUNDS
     report = validate_published(args.file, args.backend, args.system, args.mode, workers=args.workers,
                                 progress=not args.no_progress, per_user=args.requests_per_user, start=args.start,
-                                mixed=args.mixed, rounds=args.rounds or ROUNDS, moe_kernels=args.moe_kernels)
+                                mixed=args.mixed, rounds=args.rounds or ROUNDS, moe_kernels=args.moe_kernels,
+                                moe_routing=args.moe_routing)
     if args.out:
         for path in write_report(report, args.out):
             print(f"wrote {path}", file=sys.stderr)

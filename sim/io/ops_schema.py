@@ -40,5 +40,8 @@ class OpsStepTime(StrictModel):
                             "moe.csv) when it has the layer's shape, dtype and expert split and routing is uniform "
                             "(parallel.routing_skew 0, expert_imbalance 1), else composed from GEMMs; `composed` "
                             "always composes")
+    moe_routing: Literal["balanced", "power_law_1.2"] = Field(
+        "balanced", description="Which measured routing of the fused-MoE table: balanced (tokens spread evenly over "
+                                "the experts) or power_law_1.2 (a power law: the busiest experts get more)")
     host_overhead_s: NonNegativeFloat | None = Field(
         None, description=f"Per-iteration host time; default {DEFAULT_HOST_OVERHEAD_S} s (see sim.models.ops)")

@@ -156,7 +156,7 @@ class ParallelOpsModel(OpsModel):
             return None
         table = _cached(MoeTable, path)
         for name in MOE_DTYPES[dtype]:
-            curve = table.curve(self.cfg.moe_kernels, name, self.spec.profile.hidden_size, e.expert_intermediate_size, e.experts_per_token,
+            curve = table.curve(self.cfg.moe_kernels, name, self.cfg.moe_routing, self.spec.profile.hidden_size, e.expert_intermediate_size, e.experts_per_token,
                                 e.num_experts, lay.moe_tp, lay.ep)
             if curve is not None:
                 return curve

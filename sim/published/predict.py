@@ -124,19 +124,21 @@ def _scheduler(engine, dp: int) -> dict:
     return out
 
 
-def step_time_for(mixed: str = "one_pass", moe_kernels: str = "vllm") -> dict:
+def step_time_for(mixed: str = "one_pass", moe_kernels: str = "vllm", moe_routing: str = "balanced") -> dict:
     """The scenario's step_time mapping: operator-table composition (the layout is the scenario's `parallel`);
     `mixed` says how a chunked iteration (decodes + prefill chunks) is costed, `moe_kernels` whose measured
-    fused-MoE kernels MoE layers use (vllm, sglang, trtllm) or `composed` from GEMMs."""
-    return {"model": {"kind": "ops", "mixed": mixed, "moe_kernels": moe_kernels}}
+    fused-MoE kernels MoE layers use (vllm, sglang, trtllm) or `composed` from GEMMs, `moe_routing` which
+    measured routing of them (balanced, power_law_1.2)."""
+    return {"model": {"kind": "ops", "mixed": mixed, "moe_kernels": moe_kernels, "moe_routing": moe_routing}}
 
 
 def build_case(row: PublishedRow, per_user: int | None = None, start: str = "cold",
-               mixed: str = "one_pass", rounds: int = ROUNDS, moe_kernels: str = "engine") -> Case:
+               mixed: str = "one_pass", rounds: int = ROUNDS, moe_kernels: str = "engine",
+               moe_routing: str = "balanced") -> Case:
     """Translate one published row into a closed-loop scenario for one replica, or say why not.
     `moe_kernels`: `engine` (the row's own engine's fused-MoE kernels), vllm / sglang / trtllm, or composed."""
     if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
-        pool = partial(build_case, mixed=mixed, moe_kernels=moe_kernels)
+        pool = partial(build_case, mixed=mixed, moe_kernels=moe_kernels, moe_routing=moe_routing)
         return replace(build_disagg_case(row, per_user, start, pool, Case), rounds=rounds)
     why = _unsupported_layout(row)
     if why:
@@ -174,7 +176,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
         "name": row.id, "seed": 0, "model": model, "hardware": hardware, "weight_format": fmt,
         "kv": {"block_tokens": block_tokens, "format": "bf16", "budget": budget, "admission": engine.kv_admission},
         "scheduler": _scheduler(engine, dp),
-        "step_time": step_time_for(mixed, row.backend if moe_kernels == "engine" else moe_kernels),
+        "step_time": step_time_for(mixed, row.backend if moe_kernels == "engine" else moe_kernels, moe_routing),
         "parallel": {"tp": row.tp, "pp": row.pp, "ep": row.moe_ep, **({"attention_dp": dp} if dp > 1 else {})},
         "workload": {"kind": "closed_loop", "users": users,
                      "num_requests": users * (per_user or requests_per_user(row.osl)),

@@ -12,9 +12,9 @@ from sim.io.errors import ConfigError
 from sim.models.moe_tables import MoeTable
 from sim.models.ops_tables import OutOfRange, ops_dir
 
-HEADER = "engine,dtype,hidden,inter,topk,experts,moe_tp,moe_ep,tokens,latency_us\n"
+HEADER = "engine,dtype,routing,hidden,inter,topk,experts,moe_tp,moe_ep,tokens,latency_us\n"
 # Mixtral-8x7B's shape (hidden 4096, experts of 14336, top-2 of 8) split over 2 GPUs by tensor parallelism
-MIXTRAL_TP2 = "vllm,bfloat16,4096,14336,2,8,2,1"
+MIXTRAL_TP2 = "vllm,bfloat16,balanced,4096,14336,2,8,2,1"
 
 
 def _table(tmp_path: Path, rows: str) -> Path:
@@ -25,7 +25,7 @@ def _table(tmp_path: Path, rows: str) -> Path:
 
 def test_curve_is_measured_at_points_and_a_power_law_between(tmp_path):
     t = MoeTable(_table(tmp_path, f"{MIXTRAL_TP2},1,100\n{MIXTRAL_TP2},16,200\n{MIXTRAL_TP2},256,800\n"))
-    c = t.curve("vllm", "bfloat16", 4096, 14336, 2, 8, 2, 1)
+    c = t.curve("vllm", "bfloat16", "balanced", 4096, 14336, 2, 8, 2, 1)
     assert c.at(16) == pytest.approx(200e-6)
     assert c.at(1) == c.at(0.5) == pytest.approx(100e-6)  # below the first point: the first point's latency
     # 4 tokens: half way from 1 to 16 in log space -> 100 us x 2 ** 0.5
@@ -34,15 +34,18 @@ def test_curve_is_measured_at_points_and_a_power_law_between(tmp_path):
     with pytest.raises(OutOfRange):
         c.at(512)
     # another split, dtype or engine was not measured
-    assert t.curve("vllm", "bfloat16", 4096, 14336, 2, 8, 1, 2) is None
-    assert t.curve("vllm", "fp8_block", 4096, 14336, 2, 8, 2, 1) is None
-    assert t.curve("trtllm", "bfloat16", 4096, 14336, 2, 8, 2, 1) is None
-    assert t.keys() == [("vllm", "bfloat16", 4096, 14336, 2, 8, 2, 1)]
+    assert t.curve("vllm", "bfloat16", "balanced", 4096, 14336, 2, 8, 1, 2) is None
+    assert t.curve("vllm", "fp8_block", "balanced", 4096, 14336, 2, 8, 2, 1) is None
+    assert t.curve("trtllm", "bfloat16", "balanced", 4096, 14336, 2, 8, 2, 1) is None
+    assert t.curve("vllm", "bfloat16", "power_law_1.2", 4096, 14336, 2, 8, 2, 1) is None
+    assert t.keys() == [("vllm", "bfloat16", "balanced", 4096, 14336, 2, 8, 2, 1)]
 
 
 @pytest.mark.parametrize("rows, message", [
-    ("vllm,bf16,4096,14336,2,8,2,1,1,100\n", "line 2, column dtype: expected one of bfloat16, fp8, fp8_block, got 'bf16'"),
-    ("tgi,bfloat16,4096,14336,2,8,2,1,1,100\n", "line 2, column engine: expected one of vllm, sglang, trtllm, got 'tgi'"),
+    ("vllm,bf16,balanced,4096,14336,2,8,2,1,1,100\n", "line 2, column dtype: expected one of bfloat16, fp8, fp8_block, got 'bf16'"),
+    ("vllm,bfloat16,zipf,4096,14336,2,8,2,1,1,100\n",
+     "line 2, column routing: expected one of balanced, power_law_1.2, got 'zipf'"),
+    ("tgi,bfloat16,balanced,4096,14336,2,8,2,1,1,100\n", "line 2, column engine: expected one of vllm, sglang, trtllm, got 'tgi'"),
     (f"{MIXTRAL_TP2},1,100\n{MIXTRAL_TP2},1,120\n", "line 3: a second row for"),
     (f"{MIXTRAL_TP2},0,100\n", "line 2, column tokens: expected at least 1, got 0"),
     (f"{MIXTRAL_TP2},1,abc\n", "line 2, column latency_us: expected a number, got 'abc'"),
@@ -101,6 +104,15 @@ def test_ops_model_takes_the_routed_experts_from_the_table(tmp_path):
     assert _model(tmp_path, folder, "{tp: 2}", extra_step=", moe_kernels: trtllm").moe_kernel is None
 
 
+def test_routing_picks_its_measured_curve(tmp_path):
+    skewed = MIXTRAL_TP2.replace("balanced", "power_law_1.2")
+    folder = _card_with_moe(tmp_path, f"{MIXTRAL_TP2},1,100\n{MIXTRAL_TP2},8192,9000\n"
+                                      f"{skewed},1,90\n{skewed},8192,12000\n")
+    assert _model(tmp_path, folder, "{tp: 2}").moe_kernel.at(8192) == pytest.approx(9000e-6)
+    m = _model(tmp_path, folder, "{tp: 2}", extra_step=", moe_routing: power_law_1.2")
+    assert m.moe_kernel.at(8192) == pytest.approx(12000e-6) and m.moe_kernel.at(1) == pytest.approx(90e-6)
+
+
 def test_table_not_used_where_it_does_not_apply(tmp_path):
     # the table has tp 2 only: an EP layout, skewed routing or imbalance, or no table at all compose from GEMMs
     folder = _card_with_moe(tmp_path, f"{MIXTRAL_TP2},1,100\n{MIXTRAL_TP2},8192,9000\n")
@@ -120,6 +132,6 @@ def test_shipped_tables_cover_the_shipped_moe_models():
             p = load_model(name)
             e = p.moe
             for engine in ("vllm", "sglang", "trtllm"):
-                found = [k for k in t.keys() if k[0] == engine and k[2:] == (
+                found = [k for k in t.keys() if k[0] == engine and k[2] == "balanced" and k[3:] == (
                     p.hidden_size, e.expert_intermediate_size, e.experts_per_token, e.num_experts, 1, 1)]
                 assert found, (card, name, engine)
