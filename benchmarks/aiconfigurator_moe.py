@@ -10,7 +10,11 @@ num_experts / moe_ep experts each split moe_tp ways. MoE kernels differ much mor
 GEMMs do (vLLM's Triton / FlashInfer kernels, TensorRT-LLM's CUTLASS ones, SGLang's), so every engine's
 table is kept. This script keeps, per card and engine:
 
-- the engine's version with the most rows for the shipped shapes (the newest on a tie);
+- vLLM: the version the card's other tables were measured with (0.24.0; A100: 0.14.0), so that one card's
+  kernels come from one vLLM; SGLang and TensorRT-LLM: their newest version with rows for the shipped
+  shapes. (A first extraction took the version with the most rows, which chose vLLM 0.19.0 on B200 and
+  H200: its Triton fused-MoE timings are much slower than 0.24.0's FlashInfer kernels, and the published
+  MiniMax-M2.5 TPOT on B200 came out +19.6% instead of +2.8%; docs/fidelity.md);
 - the shapes of the MoE models under profiles/models (hidden, expert width, top-k, experts), every
   (moe_tp, moe_ep) and dtype measured (bfloat16, fp8 per tensor, fp8_block);
 - two routing distributions: `balanced` (uniform routing, capsim's default assumption) and
@@ -37,6 +41,8 @@ REPO = Path(__file__).resolve().parent.parent
 CARDS = {"h100-sxm": "h100_sxm", "h200-sxm": "h200_sxm", "b200": "b200_sxm", "l40s": "l40s",
          "rtx-pro-6000-server": "rtx_pro_6000_server", "a100-80g-sxm": "a100_sxm"}
 """capsim table set -> the database's system folder."""
+VLLM_VERSION = {"a100-80g-sxm": "0.14.0"}
+"""vLLM version of each card's GEMM / attention / NCCL tables (profiles/ops/README.md): 0.24.0 unless named."""
 ENGINES = ("vllm", "sglang", "trtllm")
 ROUTINGS = ("balanced", "power_law_1.2")
 COLUMNS = ["engine", "dtype", "routing", "hidden", "inter", "topk", "experts", "moe_tp", "moe_ep", "tokens", "latency_us"]
@@ -80,15 +86,18 @@ def _rows(path: Path, engine: str, shapes) -> tuple[pd.DataFrame, list[str]]:
     return out, sorted(d.kernel_source.unique())
 
 
-def card_rows(data: Path, system: str, shapes) -> tuple[pd.DataFrame, list[str]]:
+def card_rows(data: Path, card: str, shapes) -> tuple[pd.DataFrame, list[str]]:
     """Every engine's rows for one card, and one line per engine saying which version and kernels."""
+    system = CARDS[card]
     tables, notes = [], []
     for engine in ENGINES:
         best = None
         for path in sorted((data / system / "moe" / engine).glob("*/moe_perf.parquet")):
-            rows, kernels = _rows(path, engine, shapes)
             version = path.parent.name
-            if len(rows) and (best is None or (len(rows), _version_key(version)) > (len(best[0]), _version_key(best[1]))):
+            if engine == "vllm" and version != VLLM_VERSION.get(card, "0.24.0"):
+                continue
+            rows, kernels = _rows(path, engine, shapes)
+            if len(rows) and (best is None or _version_key(version) > _version_key(best[1])):
                 best = (rows, version, kernels)
         if best is not None:
             tables.append(best[0])
@@ -116,7 +125,7 @@ def main(argv=None) -> int:
         if card not in CARDS:
             raise SystemExit(f"--cards: unknown card {card!r}; expected some of {', '.join(CARDS)}")
         system = CARDS[card]
-        rows, notes = card_rows(data, system, shapes)
+        rows, notes = card_rows(data, card, shapes)
         if rows.empty:
             print(f"{card}: no rows for these shapes in any engine's table; nothing written", file=sys.stderr)
             continue
