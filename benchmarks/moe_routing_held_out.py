@@ -1,15 +1,18 @@
-"""Which measured routing of the fused-MoE kernels fits the published MoE rows: chosen on half of them, reported
-on the other half (a benchmark, not a test).
+"""Which MoE kernel timings fit the published MoE rows (each engine's measured fused-MoE kernel under balanced or
+power-law routing, or the composition from GEMMs): chosen per engine on half of the rows, reported on the other
+half (a benchmark, not a test).
 
-    capsim validate-published ROWS.csv --out A                                  # --moe-routing balanced
+    capsim validate-published ROWS.csv --out A                                  # the row's engine, balanced
     capsim validate-published ROWS.csv --moe-routing power_law_1.2 --out B
-    python benchmarks/moe_routing_held_out.py A/report.json B/report.json \\
-        --sample ../shared/data/benchmarks/aiconfigurator_silicon_sample.csv [--aic aic.csv]
+    capsim validate-published ROWS.csv --moe-kernels composed --out C
+    python benchmarks/moe_routing_held_out.py balanced=A/report.json power_law_1.2=B/report.json \
+        composed=C/report.json --sample ../shared/data/benchmarks/aiconfigurator_silicon_sample.csv [--aic aic.csv]
 
-For each engine, the routing whose median |TPOT error| is lower on the rows with an even line number in the
-silicon sample is chosen (TPOT: the kernel's direct effect; TTFT also carries the benchmark's unknown length);
-the table reports every (system, engine) group on its odd rows under the choice, beside both routings and,
-given the peer's per-row CSV (benchmarks/aiconfigurator_peer.py), AIConfigurator on the same odd rows.
+For each engine, the option whose median |TPOT error| is lowest on the rows with an even line number in the
+silicon sample is chosen (TPOT: the kernels' direct effect; TTFT also carries the benchmark's unknown length;
+ties go to the option listed first); the table reports every (system, engine, model) group on its odd rows
+under the choice, beside every option and, given the peer's per-row CSV (benchmarks/aiconfigurator_peer.py),
+AIConfigurator on the same odd rows.
 """
 
 from __future__ import annotations
@@ -21,9 +24,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-
-ROUTINGS = ("balanced", "power_law_1.2")
-
 
 def sample_lines(path: str) -> dict[str, int]:
     """id -> line number in the silicon sample (the header is line 1)."""
@@ -45,14 +45,15 @@ def _med(rows: list[dict], metric: str) -> float:
 
 
 def choose(runs: dict[str, dict], lines: dict[str, int]) -> dict[str, str]:
-    """engine -> the routing with the lower median |TPOT error| on the even-line rows both runs predicted."""
+    """engine -> the option with the lowest median |TPOT error| on the even-line rows every run predicted."""
+    names = list(runs)
     both = set.intersection(*(set(r) for r in runs.values()))
-    engines = sorted({runs[ROUTINGS[0]][i]["backend"] for i in both})
+    engines = sorted({runs[names[0]][i]["backend"] for i in both})
     out = {}
     for eng in engines:
-        even = [i for i in both if runs[ROUTINGS[0]][i]["backend"] == eng and lines.get(i, 1) % 2 == 0]
-        scores = {k: _med([runs[k][i] for i in even], "tpot_ms") for k in ROUTINGS}
-        out[eng] = min(ROUTINGS, key=lambda k: (scores[k], ROUTINGS.index(k)))
+        even = [i for i in both if runs[names[0]][i]["backend"] == eng and lines.get(i, 1) % 2 == 0]
+        scores = {k: _med([runs[k][i] for i in even], "tpot_ms") for k in names}
+        out[eng] = min(names, key=lambda k: (scores[k], names.index(k)))
         print(f"{eng}: chosen on {len(even)} even rows: {out[eng]} "
               f"(median |TPOT err| {', '.join(f'{k} {v:.1%}' for k, v in scores.items())})", file=sys.stderr)
     return out
@@ -60,27 +61,32 @@ def choose(runs: dict[str, dict], lines: dict[str, int]) -> dict[str, str]:
 
 def held_out_table(runs: dict[str, dict], lines: dict[str, int], chosen: dict[str, str],
                    aic: dict[str, dict] | None) -> str:
-    """Markdown: per (system, engine, model) the odd rows' median |error| under the choice and both routings."""
+    """Markdown: per (system, engine, model) the odd rows' median |error| under the choice and every option."""
+    names = list(runs)
     both = set.intersection(*(set(r) for r in runs.values()))
     odd = sorted(i for i in both if lines.get(i, 0) % 2 == 1)
     groups: dict[tuple, list[str]] = {}
     for i in odd:
-        r = runs[ROUTINGS[0]][i]
+        r = runs[names[0]][i]
         groups.setdefault((r["system"], r["backend"], r["model"].split("/")[-1]), []).append(i)
-    head = ("| system | engine | model | odd rows | chosen | TTFT | TPOT | TTFT balanced / power law | "
-            "TPOT balanced / power law |" + (" AIConfigurator TTFT / TPOT (rows) |" if aic else ""))
+    groups[("all", "all", "all")] = odd
+    opts = " / ".join(names)
+    head = (f"| system | engine | model | odd rows | chosen | TTFT | TPOT | TTFT {opts} | TPOT {opts} |"
+            + (" AIConfigurator TTFT / TPOT (rows) |" if aic else ""))
     out = [head, "|" + "---|" * (head.count("|") - 1)]
-    for (system, eng, model), ids in sorted(groups.items()):
-        pick = runs[chosen[eng]]
-        cells = [system, eng, model, str(len(ids)), chosen[eng], f"{_med([pick[i] for i in ids], 'ttft_ms'):.1%}",
-                 f"{_med([pick[i] for i in ids], 'tpot_ms'):.1%}",
-                 " / ".join(f"{_med([runs[k][i] for i in ids], 'ttft_ms'):.1%}" for k in ROUTINGS),
-                 " / ".join(f"{_med([runs[k][i] for i in ids], 'tpot_ms'):.1%}" for k in ROUTINGS)]
+    for (system, eng, model), ids in sorted(groups.items(), key=lambda kv: (kv[0][0] == "all", kv[0])):
+        # each row under its own engine's choice
+        pick = [runs[chosen[runs[names[0]][i]["backend"]]][i] for i in ids]
+        cells = [system, eng, model, str(len(ids)), chosen.get(eng, "per engine"), f"{_med(pick, 'ttft_ms'):.1%}",
+                 f"{_med(pick, 'tpot_ms'):.1%}",
+                 " / ".join(f"{_med([runs[k][i] for i in ids], 'ttft_ms'):.1%}" for k in names),
+                 " / ".join(f"{_med([runs[k][i] for i in ids], 'tpot_ms'):.1%}" for k in names)]
         if aic is not None:
             a = [i for i in ids if i in aic]
             if a:
-                ttft = np.median([abs(aic[i]["ttft"] / pick[i]["measured"]["ttft_ms"] - 1) for i in a])
-                tpot = np.median([abs(aic[i]["tpot"] / pick[i]["measured"]["tpot_ms"] - 1) for i in a])
+                meas = {r["id"]: r["measured"] for r in pick}
+                ttft = np.median([abs(aic[i]["ttft"] / meas[i]["ttft_ms"] - 1) for i in a])
+                tpot = np.median([abs(aic[i]["tpot"] / meas[i]["tpot_ms"] - 1) for i in a])
                 cells.append(f"{ttft:.1%} / {tpot:.1%} ({len(a)})")
             else:
                 cells.append("refused")
@@ -97,12 +103,16 @@ def load_aic(path: str) -> dict[str, dict]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("balanced", help="report.json of the run with --moe-routing balanced")
-    ap.add_argument("power_law", help="report.json of the run with --moe-routing power_law_1.2")
+    ap.add_argument("runs", nargs="+", metavar="NAME=REPORT", help="an option's name and its report.json")
     ap.add_argument("--sample", required=True, help="the silicon sample CSV (its line numbers split the rows)")
     ap.add_argument("--aic", help="benchmarks/aiconfigurator_peer.py output for the same rows")
     args = ap.parse_args(argv)
-    runs = {"balanced": predicted(args.balanced), "power_law_1.2": predicted(args.power_law)}
+    runs = {}
+    for item in args.runs:
+        name, sep, path = item.partition("=")
+        if not sep:
+            raise SystemExit(f"{item!r}: expected NAME=REPORT")
+        runs[name] = predicted(path)
     lines = sample_lines(args.sample)
     chosen = choose(runs, lines)
     print(held_out_table(runs, lines, chosen, load_aic(args.aic) if args.aic else None))

@@ -25,12 +25,14 @@ def add_parsers(sub) -> None:
                    help="a chunked iteration (decodes + prefill chunks) as one forward pass (default) or as a "
                         "decode iteration plus a prefill iteration (step_time.model.mixed)")
     p.add_argument("--moe-kernels", choices=["engine", "vllm", "sglang", "trtllm", "composed"], default="engine",
-                   help="MoE layers' routed experts: the row's own engine's measured fused-MoE kernels where the "
-                        "card's table has the shape (default), another engine's, or composed from GEMM timings "
+                   help="MoE layers' routed experts: each engine's default (vLLM and SGLang: their own measured "
+                        "fused-MoE kernels; TensorRT-LLM: composed from GEMMs; chosen on half the silicon sample, "
+                        "docs/fidelity.md), one engine's kernels for every row, or composed "
                         "(step_time.model.moe_kernels)")
-    p.add_argument("--moe-routing", choices=["balanced", "power_law_1.2"], default="balanced",
-                   help="which measured routing of the fused-MoE kernels: tokens spread evenly over the experts "
-                        "(default) or a power law (step_time.model.moe_routing)")
+    p.add_argument("--moe-routing", choices=["engine", "balanced", "power_law_1.2"], default="engine",
+                   help="which measured routing of the fused-MoE kernels: each engine's default (vLLM power_law_1.2, "
+                        "SGLang balanced), tokens spread evenly over the experts, or a power law "
+                        "(step_time.model.moe_routing)")
     p.add_argument("--start", choices=["cold", "staggered", "burst"], default="cold",
                    help="cold (default): the benchmark as run, --rounds requests per user, the first wave sent at "
                         "once to an idle engine, the later ones as the engine leaves them (docs/fidelity.md); "

@@ -41,7 +41,9 @@ class OpsStepTime(StrictModel):
                             "(parallel.routing_skew 0, expert_imbalance 1), else composed from GEMMs; `composed` "
                             "always composes")
     moe_routing: Literal["balanced", "power_law_1.2"] = Field(
-        "balanced", description="Which measured routing of the fused-MoE table: balanced (tokens spread evenly over "
-                                "the experts) or power_law_1.2 (a power law: the busiest experts get more)")
+        "power_law_1.2", description="Which measured routing of the fused-MoE table: power_law_1.2 (token counts per "
+                                     "expert follow a power law, as real traffic's do; AIConfigurator's default, and "
+                                     "the better fit of vLLM's published rows held out, docs/fidelity.md) or balanced "
+                                     "(tokens spread evenly over the experts)")
     host_overhead_s: NonNegativeFloat | None = Field(
         None, description=f"Per-iteration host time; default {DEFAULT_HOST_OVERHEAD_S} s (see sim.models.ops)")

@@ -34,6 +34,11 @@ class EngineDefaults:
     """After a benchmark's cold first wave (every user at once), `spread`: the engine breaks the cohort up and
     the later waves see the closed loop's steady state; `cohort`: the users keep coming back together and
     are served together, so every wave repeats the first (sim.published.predict.combine_cold)."""
+    moe: tuple[str, str] = ("composed", "balanced")
+    """MoE layers' routed experts: (step_time.model.moe_kernels, moe_routing). Chosen per engine on the even
+    lines of the silicon sample among its own measured fused-MoE kernels under balanced or power-law routing
+    and the composition from GEMMs, by median |TPOT error|; reported on the odd lines
+    (benchmarks/moe_routing_held_out.py, docs/fidelity.md)."""
 
     def describe(self) -> str:
         """One line: the scheduler, KV admission, KV memory rule and graph padding this engine is simulated with."""
@@ -44,8 +49,9 @@ class EngineDefaults:
         mem = (f"KV = {self.memory_fraction} x card memory - weights - {RESERVE_BYTES // GIB} GiB"
                if self.memory_rule == "card" else
                f"KV = {self.memory_fraction} x (card memory - weights - {RESERVE_BYTES // GIB} GiB)")
+        moe = "composed from GEMMs" if self.moe[0] == "composed" else f"{self.moe[0]}'s kernels, {self.moe[1]} routing"
         return (f"{self.backend} ({self.versions}): {sched}; KV admission {self.kv_admission}; {mem}; {graphs}; "
-                f"after a cold first wave: {self.later_waves}")
+                f"after a cold first wave: {self.later_waves}; MoE experts: {moe}")
 
 
 RESERVE_BYTES = 2 * GIB
@@ -58,7 +64,8 @@ ENGINES: dict[str, EngineDefaults] = {
         {"kind": "chunked", "max_num_seqs": 1024, "max_num_batched_tokens": 8192, "chunk_tokens": 8192},
         "on_demand", "card", 0.9, VLLM_GRAPH_SIZES,
         ("chunked prefill always on; running requests first, then waiting ones, FCFS",
-         "gpu_memory_utilization 0.9, 16-token blocks, prefix caching on (random prompts: no hits)")),
+         "gpu_memory_utilization 0.9, 16-token blocks, prefix caching on (random prompts: no hits)"),
+        moe=("vllm", "power_law_1.2")),
     "sglang": EngineDefaults(
         "sglang", "0.5.x: `sglang.launch_server` on an 80 GB-class card",
         {"kind": "chunked", "max_num_seqs": 1024, "max_num_batched_tokens": 8192, "chunk_tokens": 8192},
@@ -66,7 +73,7 @@ ENGINES: dict[str, EngineDefaults] = {
         ("chunked_prefill_size 8192; mem_fraction_static ~0.88",
          "not modelled: SGLang runs prefill batches and decode batches separately (no mixed chunk by default); "
          "capsim mixes them in one iteration"),
-        later_waves="cohort"),
+        later_waves="cohort", moe=("sglang", "balanced")),
     "trtllm": EngineDefaults(
         "trtllm", "1.x PyTorch backend: `trtllm-serve` defaults",
         {"kind": "continuous", "max_num_seqs": 2048, "max_num_batched_tokens": 8192},

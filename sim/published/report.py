@@ -69,7 +69,7 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
                        mode: str | None = None, workers: int | None = 1, progress: bool = False,
                        per_user: int | None = None, start: str = "cold", mixed: str = "one_pass",
                        stream=None, rounds: int = ROUNDS, moe_kernels: str = "engine",
-                       moe_routing: str = "balanced") -> dict:
+                       moe_routing: str = "engine") -> dict:
     """Simulate the selected rows (fanned out over Dask workers when workers > 1) and build the report.
     A file with a `total_output_tokens_per_s` column is TensorRT-LLM's max-throughput table."""
     from sim.published.throughput import is_throughput_file

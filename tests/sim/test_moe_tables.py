@@ -67,7 +67,8 @@ def _card_with_moe(tmp_path: Path, rows: str | None) -> Path:
     return folder
 
 
-def _model(tmp_path: Path, tables: Path, parallel: str, model: str = "mixtral-8x7b", extra_step: str = ""):
+def _model(tmp_path: Path, tables: Path, parallel: str, model: str = "mixtral-8x7b",
+           extra_step: str = ", moe_routing: balanced"):
     from sim.core.simulation import Simulation
     from sim.io.config import load_scenario
     p = tmp_path / "s.yaml"
@@ -98,10 +99,10 @@ def test_ops_model_takes_the_routed_experts_from_the_table(tmp_path):
     # only (the activation is inside the fused kernel; Mixtral has no shared expert)
     assert m._moe_ffn_s(16) == pytest.approx(router + 200e-6 + m._all_reduce(2, 16) + m._small_s(16, 0.0))
     # the same layer composed from GEMMs differs; another engine's kernels are not in this table
-    composed = _model(tmp_path, folder, "{tp: 2}", extra_step=", moe_kernels: composed")
+    composed = _model(tmp_path, folder, "{tp: 2}", extra_step=", moe_routing: balanced, moe_kernels: composed")
     assert composed.moe_kernel is None
     assert not math.isclose(composed._moe_ffn_s(16), m._moe_ffn_s(16), rel_tol=1e-3)
-    assert _model(tmp_path, folder, "{tp: 2}", extra_step=", moe_kernels: trtllm").moe_kernel is None
+    assert _model(tmp_path, folder, "{tp: 2}", extra_step=", moe_routing: balanced, moe_kernels: trtllm").moe_kernel is None
 
 
 def test_routing_picks_its_measured_curve(tmp_path):
@@ -109,7 +110,7 @@ def test_routing_picks_its_measured_curve(tmp_path):
     folder = _card_with_moe(tmp_path, f"{MIXTRAL_TP2},1,100\n{MIXTRAL_TP2},8192,9000\n"
                                       f"{skewed},1,90\n{skewed},8192,12000\n")
     assert _model(tmp_path, folder, "{tp: 2}").moe_kernel.at(8192) == pytest.approx(9000e-6)
-    m = _model(tmp_path, folder, "{tp: 2}", extra_step=", moe_routing: power_law_1.2")
+    m = _model(tmp_path, folder, "{tp: 2}", extra_step="")  # the default: power_law_1.2
     assert m.moe_kernel.at(8192) == pytest.approx(12000e-6) and m.moe_kernel.at(1) == pytest.approx(90e-6)
 
 
