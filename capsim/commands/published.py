@@ -24,11 +24,11 @@ def add_parsers(sub) -> None:
     p.add_argument("--mixed", choices=["one_pass", "sum"], default="one_pass",
                    help="a chunked iteration (decodes + prefill chunks) as one forward pass (default) or as a "
                         "decode iteration plus a prefill iteration (step_time.model.mixed)")
-    p.add_argument("--moe-kernels", choices=["engine", "vllm", "sglang", "trtllm", "composed"], default="engine",
+    p.add_argument("--moe-kernels", choices=["engine", "own", "vllm", "sglang", "trtllm", "composed"], default="engine",
                    help="MoE layers' routed experts: each engine's default (vLLM and SGLang: their own measured "
                         "fused-MoE kernels; TensorRT-LLM: composed from GEMMs; chosen on half the silicon sample, "
-                        "docs/fidelity.md), one engine's kernels for every row, or composed "
-                        "(step_time.model.moe_kernels)")
+                        "docs/fidelity.md), every row's own engine's kernels, one engine's kernels for every row, "
+                        "or composed (step_time.model.moe_kernels)")
     p.add_argument("--moe-routing", choices=["engine", "balanced", "power_law_1.2"], default="engine",
                    help="which measured routing of the fused-MoE kernels: each engine's default (vLLM power_law_1.2, "
                         "SGLang balanced), tokens spread evenly over the experts, or a power law "

@@ -137,7 +137,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                moe_routing: str = "engine") -> Case:
     """Translate one published row into a closed-loop scenario for one replica, or say why not.
     `moe_kernels`: `engine` (the engine's default, sim.published.engines: its own fused-MoE kernels or the
-    composition), vllm / sglang / trtllm, or composed; `moe_routing`: `engine` (its default), balanced or
+    composition), `own` (the row's engine's kernels), vllm / sglang / trtllm, or composed; `moe_routing`: `engine` (its default), balanced or
     power_law_1.2."""
     if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
         pool = partial(build_case, mixed=mixed, moe_kernels=moe_kernels, moe_routing=moe_routing)
@@ -178,7 +178,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
         "name": row.id, "seed": 0, "model": model, "hardware": hardware, "weight_format": fmt,
         "kv": {"block_tokens": block_tokens, "format": "bf16", "budget": budget, "admission": engine.kv_admission},
         "scheduler": _scheduler(engine, dp),
-        "step_time": step_time_for(mixed, engine.moe[0] if moe_kernels == "engine" else moe_kernels,
+        "step_time": step_time_for(mixed, {"engine": engine.moe[0], "own": row.backend}.get(moe_kernels, moe_kernels),
                                    engine.moe[1] if moe_routing == "engine" else moe_routing),
         "parallel": {"tp": row.tp, "pp": row.pp, "ep": row.moe_ep, **({"attention_dp": dp} if dp > 1 else {})},
         "workload": {"kind": "closed_loop", "users": users,

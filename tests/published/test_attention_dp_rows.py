@@ -23,5 +23,9 @@ def test_batch_size_is_per_rank_and_the_replica_has_both_ranks():
     assert sc["scheduler"]["max_num_seqs"] == 2 * 1024 and sc["scheduler"]["max_num_batched_tokens"] == 2 * 8192
     assert sc["step_time"]["graph_sizes"][:3] == [2, 4, 8]
     assert sc["step_time"]["model"]["moe_kernels"] == "vllm" and sc["step_time"]["allow_extrapolation"] is True
+    # MoE kernels: the engine's default (vLLM: its own, power-law routing), or the row's own engine's on request
+    assert sc["step_time"]["model"]["moe_routing"] == "power_law_1.2"
+    own = build_case(row, moe_kernels="own", moe_routing="balanced").scenario["step_time"]["model"]
+    assert (own["moe_kernels"], own["moe_routing"]) == ("vllm", "balanced")
     out = simulate_case(None, case)
     assert out["ttft_ms"] > 0 and 0.3 < out["tpot_ms"] / row.tpot_ms < 3.0
