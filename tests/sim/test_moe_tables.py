@@ -69,25 +69,9 @@ def _card_with_moe(tmp_path: Path, rows: str | None) -> Path:
 
 def _model(tmp_path: Path, tables: Path, parallel: str, model: str = "mixtral-8x7b",
            extra_step: str = ", moe_routing: balanced"):
-    from sim.core.simulation import Simulation
-    from sim.io.config import load_scenario
-    p = tmp_path / "s.yaml"
-    p.write_text(f"""name: moe
-model: {model}
-hardware: h100-sxm
-parallel: {parallel}
-kv: {{budget: {{gpu_memory_utilization: 0.9}}}}
-scheduler: {{kind: chunked, max_num_seqs: 64, max_num_batched_tokens: 4096, chunk_tokens: 4096}}
-step_time: {{model: {{kind: ops, tables: {tables}{extra_step}}}}}
-workload:
-  kind: synthetic
-  num_requests: 10
-  arrival: {{kind: poisson, rate_rps: 5}}
-  prompt_tokens: {{kind: fixed, value: 256}}
-  output_tokens: {{kind: fixed, value: 16}}
-""")
-    sc, base = load_scenario(p)
-    return Simulation(sc, base).step_time
+    from tests.sim.test_parallel import _run, _scenario
+    return _run(_scenario(tmp_path, f"parallel: {parallel}", model=model,
+                          step=f"{{kind: ops, tables: {tables}{extra_step}}}")).step_time
 
 
 def test_ops_model_takes_the_routed_experts_from_the_table(tmp_path):
