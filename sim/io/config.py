@@ -64,7 +64,8 @@ class UtilizationBudget(StrictModel):
 
 
 def _budget_kind(v) -> str:
-    return "utilization" if isinstance(v, dict) else "bytes"
+    # a mapping when validating, the model itself when serializing (else pydantic warns and guesses)
+    return "utilization" if isinstance(v, (dict, UtilizationBudget)) else "bytes"
 
 
 class KVConfig(StrictModel):
