@@ -1,6 +1,7 @@
-"""Which MoE kernel timings fit the published MoE rows (each engine's measured fused-MoE kernel under balanced or
-power-law routing, or the composition from GEMMs): chosen per engine on half of the rows, reported on the other
-half (a benchmark, not a test).
+"""Which option of the replay fits the published rows, chosen per engine on half of the rows and reported on the
+other half (a benchmark, not a test). Written for the MoE kernel timings (each engine's measured fused-MoE kernel
+under balanced or power-law routing, or the composition from GEMMs); any set of validate-published runs of the
+same rows that differ in one option works the same way, e.g. whose all-reduce times tensor parallelism:
 
     capsim validate-published ROWS.csv --out A                                  # the row's engine, balanced
     capsim validate-published ROWS.csv --moe-routing power_law_1.2 --out B
@@ -8,8 +9,12 @@ half (a benchmark, not a test).
     python benchmarks/moe_routing_held_out.py balanced=A/report.json power_law_1.2=B/report.json \
         composed=C/report.json --sample ../shared/data/benchmarks/aiconfigurator_silicon_sample.csv [--aic aic.csv]
 
+    capsim validate-published ROWS.csv --all-reduce nccl --out N
+    capsim validate-published ROWS.csv --all-reduce own --out O
+    python benchmarks/moe_routing_held_out.py nccl=N/report.json own=O/report.json --sample ...
+
 For each engine, the option whose median |TPOT error| is lowest on the rows with an even line number in the
-silicon sample is chosen (TPOT: the kernels' direct effect; TTFT also carries the benchmark's unknown length;
+silicon sample is chosen (TPOT: the option's direct effect; TTFT also carries the benchmark's unknown length;
 ties go to the option listed first); the table reports every (system, engine, model) group on its odd rows
 under the choice, beside every option and, given the peer's per-row CSV (benchmarks/aiconfigurator_peer.py),
 AIConfigurator on the same odd rows.

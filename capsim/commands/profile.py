@@ -26,6 +26,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mixed", choices=["one_pass", "sum"], default="one_pass",
                    help="decodes + prefill chunks as one forward pass (default) or as two iterations")
     p.add_argument("--host-overhead-ms", type=float, help="per-iteration host time (default: sim.io.ops_schema)")
+    p.add_argument("--all-reduce", choices=["nccl", "vllm", "sglang", "trtllm"], default="nccl",
+                   help="whose all-reduce times tensor parallelism: NCCL's (default) or an engine's own measured one")
 
 
 def _add_compose(sub) -> argparse.ArgumentParser:
@@ -66,7 +68,8 @@ def _add_import(sub) -> argparse.ArgumentParser:
 def _ops_cfg(args):
     from sim.io.ops_schema import OpsStepTime
     host = None if args.host_overhead_ms is None else args.host_overhead_ms / 1e3
-    return OpsStepTime(tables=args.tables, dtype=args.dtype, tp=args.tp, mixed=args.mixed, host_overhead_s=host)
+    return OpsStepTime(tables=args.tables, dtype=args.dtype, tp=args.tp, mixed=args.mixed, host_overhead_s=host,
+                       all_reduce=args.all_reduce)
 
 
 def _check(args) -> None:
@@ -83,7 +86,7 @@ def cmd_compose(args) -> int:
     _check(args)
     profile, report = compose_profile(args.model, args.hardware, args.tp, args.dtype, args.tables, args.mixed,
                                       None if args.host_overhead_ms is None else args.host_overhead_ms / 1e3,
-                                      args.max_batch, args.max_new_tokens, args.max_context)
+                                      args.max_batch, args.max_new_tokens, args.max_context, args.all_reduce)
     command = "capsim profile " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else \
         f"capsim profile compose --model {args.model} --hardware {args.hardware} --tp {args.tp}"
     write_composed(profile, args.out, command)

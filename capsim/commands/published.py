@@ -33,6 +33,10 @@ def add_parsers(sub) -> None:
                    help="which measured routing of the fused-MoE kernels: each engine's default (vLLM power_law_1.2, "
                         "SGLang balanced), tokens spread evenly over the experts, or a power law "
                         "(step_time.model.moe_routing)")
+    p.add_argument("--all-reduce", choices=["engine", "own", "nccl", "vllm", "sglang", "trtllm"], default="engine",
+                   help="whose all-reduce times tensor parallelism: each engine's default (docs/fidelity.md), every "
+                        "row's own engine's measured one, NCCL's, or one engine's for every row "
+                        "(step_time.model.all_reduce)")
     p.add_argument("--start", choices=["cold", "staggered", "burst"], default="cold",
                    help="cold (default): the benchmark as run, --rounds requests per user, the first wave sent at "
                         "once to an idle engine, the later ones as the engine leaves them (docs/fidelity.md); "
@@ -60,7 +64,7 @@ def run(args) -> int:
     report = validate_published(args.file, args.backend, args.system, args.mode, workers=args.workers,
                                 progress=not args.no_progress, per_user=args.requests_per_user, start=args.start,
                                 mixed=args.mixed, rounds=args.rounds or ROUNDS, moe_kernels=args.moe_kernels,
-                                moe_routing=args.moe_routing)
+                                moe_routing=args.moe_routing, all_reduce=args.all_reduce)
     if args.out:
         for path in write_report(report, args.out):
             print(f"wrote {path}", file=sys.stderr)

@@ -45,5 +45,9 @@ class OpsStepTime(StrictModel):
                                      "expert follow a power law, as real traffic's do; AIConfigurator's default, and "
                                      "the better fit of vLLM's published rows held out, docs/fidelity.md) or balanced "
                                      "(tokens spread evenly over the experts)")
+    all_reduce: Literal["nccl", "vllm", "sglang", "trtllm"] = Field(
+        "nccl", description="Whose all-reduce times tensor parallelism: NCCL's (nccl.csv, nccl-tests) or a serving "
+                            "engine's own (all_reduce_<engine>.csv: vLLM's and SGLang's custom one-shot / two-shot "
+                            "kernels in CUDA graphs, TensorRT-LLM's AllReduce plugin; NCCL only for large messages)")
     host_overhead_s: NonNegativeFloat | None = Field(
         None, description=f"Per-iteration host time; default {DEFAULT_HOST_OVERHEAD_S} s (see sim.models.ops)")

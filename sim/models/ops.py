@@ -10,7 +10,8 @@ Per transformer layer, on one GPU of a tensor-parallel group of `tp`:
   cached prefix costs its real work), the decodes as one generation-attention call (batch = decode
   sequences, KV length = their mean cached tokens; speculative verification positions share their
   sequence's KV read);
-- tp > 1: two all-reduces of M x hidden BF16 values (after O and after down), from the NCCL table;
+- tp > 1: two all-reduces of M x hidden BF16 values (after O and after down), from the NCCL table or, with
+  `all_reduce: <engine>`, that engine's own measured all-reduce;
 - small element-wise ops (two RMSNorms with the residual add fused, RoPE, SiLU-and-mul): per op
   a + b x M x width, fitted on Vidur's H100 kernel measurements (SMALL_OPS below), b scaled by the
   card's memory bandwidth relative to the H100's 3.35 TB/s.
@@ -96,9 +97,10 @@ class OpsModel:
         self.context = tables.context().shape(self.heads, self.kv_heads, p.head_dim)
         self.generation = tables.generation().shape(self.heads, self.kv_heads, p.head_dim)
         self.nccl = tables.nccl() if tp > 1 else None
-        if self.nccl is not None and tp not in self.nccl.gpus("all_reduce"):
-            raise ConfigError(f"{self.nccl.path}: no all_reduce measurement on {tp} GPUs "
-                              f"(measured: {self.nccl.gpus('all_reduce')}); step_time.model.tp must be one of them")
+        self.ar = tables.all_reduce(cfg.all_reduce) if tp > 1 else None
+        if self.ar is not None and tp not in self.ar.gpus("all_reduce"):
+            raise ConfigError(f"{self.ar.path}: no all_reduce measurement on {tp} GPUs "
+                              f"(measured: {self.ar.gpus('all_reduce')}); step_time.model.tp must be one of them")
         self._small = self._small_ops(memory_bandwidth_gbs)
         self._layer_cache: dict[int, float] = {}
 
@@ -150,8 +152,8 @@ class OpsModel:
         t = self._layer_cache.get(tokens)
         if t is None:
             t = sum(self._look(c.at, tokens) for c in self.gemms.values())
-            if self.nccl is not None:
-                t += 2 * self._look(self.nccl.at, "all_reduce", self.tp, tokens * self.spec.profile.hidden_size * 2)
+            if self.ar is not None:
+                t += 2 * self._look(self.ar.at, "all_reduce", self.tp, tokens * self.spec.profile.hidden_size * 2)
             t += self._small[0] + self._small[1] * tokens
             if len(self._layer_cache) < 65536:
                 self._layer_cache[tokens] = t
@@ -193,8 +195,8 @@ class OpsModel:
         L = self.layers
         gemms = {f"gemm_{name}": L * self._look(c.at, tokens) for name, c in self.gemms.items()}
         ar = 0.0
-        if self.nccl is not None:
-            ar = 2 * L * self._look(self.nccl.at, "all_reduce", self.tp, tokens * self.spec.profile.hidden_size * 2)
+        if self.ar is not None:
+            ar = 2 * L * self._look(self.ar.at, "all_reduce", self.tp, tokens * self.spec.profile.hidden_size * 2)
         return {**gemms, "context_attention": L * self.context_attention_s(pre_seqs, pre_pairs),
                 "generation_attention": L * self.generation_attention_s(dec_seqs, dec_kv), "all_reduce": ar,
                 "small_ops": L * (self._small[0] + self._small[1] * tokens), "lm_head": self.head_s(logits),

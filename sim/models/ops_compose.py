@@ -134,12 +134,14 @@ def _linear(plans: list[StepPlan], times: list[float]) -> tuple[LinearStepTime, 
 
 def compose_profile(model: str, hardware: str, tp: int = 1, dtype: str | None = None, tables: str | None = None,
                     mixed: str = "one_pass", host_overhead_s: float | None = None, max_batch: int = 256,
-                    max_new_tokens: int = 8192, max_context: int | None = None) -> tuple[FittedProfile, dict]:
+                    max_new_tokens: int = 8192, max_context: int | None = None,
+                    all_reduce: str = "nccl") -> tuple[FittedProfile, dict]:
     """Compose the profile; returns it and the composition's report (errors of each summary)."""
     prof, hw = load_model(model), load_hardware(hardware)
     spec = ModelSpec(prof)
     weight_format = dtype or "bf16"
-    cfg = OpsStepTime(tables=tables, dtype=dtype, tp=tp, mixed=mixed, host_overhead_s=host_overhead_s)
+    cfg = OpsStepTime(tables=tables, dtype=dtype, tp=tp, mixed=mixed, host_overhead_s=host_overhead_s,
+                      all_reduce=all_reduce)
     ops = build_ops_model(cfg, spec, hw, weight_format, "bf16", False)
     max_context = max_context or min(prof.max_position_embeddings, 32768)
     gemm_max = int(ops.gemms["qkv"].ms[-1])
@@ -158,10 +160,11 @@ def compose_profile(model: str, hardware: str, tp: int = 1, dtype: str | None = 
     notes = (f"Composed from measured kernel tables by sim.models.ops (kind ops): tables {ops.tables.name}, "
              f"GEMM dtype {ops.dtype}, tensor parallel {tp} (times are for one replica of {tp} GPU(s); "
              f"efficiency peak_tflops = {tp} x the card's dense peak), mixed iterations {mixed}, host overhead "
-             f"{ops.host_s * 1e3:.3f} ms per iteration. Error against the composition over the {len(plans)} grid "
+             f"{ops.host_s * 1e3:.3f} ms per iteration, {all_reduce} all-reduce. Error against the composition over the {len(plans)} grid "
              f"iterations: efficiency median {err['efficiency'][0]:.1%} / max {err['efficiency'][1]:.1%}; "
              f"linear median {err['linear'][0]:.1%} / max {err['linear'][1]:.1%}. For exact composed times use "
-             f"step_time.model: {{kind: ops, tables: {ops.tables.name}, tp: {tp}, dtype: {ops.dtype}}}.")
+             f"step_time.model: {{kind: ops, tables: {ops.tables.name}, tp: {tp}, dtype: {ops.dtype}"
+             f"{'' if all_reduce == 'nccl' else ', all_reduce: ' + all_reduce}}}.")
     data = {
         "model": prof.name, "hardware": hw.name, "dtype": ops.dtype if ops.dtype == "fp8" else "bf16",
         "cuda_graphs": True, "linear": lin, "efficiency": eff,

@@ -7,6 +7,7 @@ database (profiles/ops/README.md names the source of every file):
 - context_attention.csv[.gz]: ``batch,seq_len,heads,kv_heads,head_dim,latency_us`` (prefill, no cached prefix);
 - generation_attention.csv[.gz]: ``batch,kv_len,heads,kv_heads,head_dim,latency_us`` (one new token per sequence);
 - nccl.csv: ``op,gpus,bytes,latency_us`` (all_reduce, all_gather of FP16 messages, in one node).
+- all_reduce_<engine>.csv: the same columns, an engine's own all-reduce (vllm, sglang, trtllm).
 
 Interpolation rules (stated once, used everywhere):
 
@@ -424,6 +425,12 @@ class TableSet:
     def nccl(self) -> NcclTable:
         """Collectives."""
         return _cached(NcclTable, self._need("nccl"))
+
+    def all_reduce(self, whose: str) -> NcclTable:
+        """The all-reduce table: NCCL's (`nccl`) or an engine's own (`all_reduce_<engine>.csv`)."""
+        if whose == "nccl":
+            return self.nccl()
+        return _cached(NcclTable, self._need(f"all_reduce_{whose}"))
 
     def source(self) -> str:
         """The table set's provenance (its source.txt), one line."""

@@ -75,6 +75,7 @@ class ParallelOpsModel(OpsModel):
         self.moe_kernel = self._moe_kernel(tables, dtype) if p.moe else None
         self.dp = layout.attention_dp
         self.nccl = tables.nccl() if (tp > 1 or self.dp > 1) else None
+        self.ar = tables.all_reduce(cfg.all_reduce) if (tp > 1 or layout.moe_tp > 1) else None
         self.net = None
         if (layout.ep > 1 and layout.ep_communication == "all_to_all") or layout.pp > 1:
             path = find_table(tables.folder, "nccl_parallel")
@@ -165,14 +166,14 @@ class ParallelOpsModel(OpsModel):
     def _check_collectives(self) -> None:
         lay = self.layout
         need = []
-        if self.nccl is not None and lay.tp > 1:
-            need.append((self.nccl, "all_reduce", lay.tp, "parallel.tp"))
+        if lay.tp > 1:
+            need.append((self.ar, "all_reduce", lay.tp, "parallel.tp"))
         if self.dp > 1 and lay.ep_communication == "all_reduce":
             need.append((self.nccl, "all_gather", lay.expert_gpus, "parallel.attention_dp"))
         if lay.ep > 1 and lay.ep_communication == "all_to_all":
             need.append((self.net, "alltoall", lay.ep, "parallel.ep"))
             if lay.moe_tp > 1:
-                need.append((self.nccl, "all_reduce", lay.moe_tp, "parallel.tp / parallel.ep"))
+                need.append((self.ar, "all_reduce", lay.moe_tp, "parallel.tp / parallel.ep"))
         if lay.pp > 1:
             need.append((self.net, "send_recv", 2, "parallel.pp"))
         for table, op, gpus, field in need:
@@ -191,7 +192,7 @@ class ParallelOpsModel(OpsModel):
     def _all_reduce(self, gpus: int, tokens: float) -> float:
         if gpus <= 1:
             return 0.0
-        return self._look(self.nccl.at, "all_reduce", gpus, tokens * self.spec.profile.hidden_size * 2)
+        return self._look(self.ar.at, "all_reduce", gpus, tokens * self.spec.profile.hidden_size * 2)
 
     def _moe_ffn_s(self, tokens: float) -> float:
         """Router, routed and shared experts and their communication for one MoE layer."""

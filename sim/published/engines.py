@@ -40,6 +40,16 @@ class EngineDefaults:
     and the composition from GEMMs, by median |TPOT error|; reported on the odd lines
     (benchmarks/moe_routing_held_out.py, docs/fidelity.md)."""
 
+    all_reduce: str = "nccl"
+    """Whose all-reduce times tensor parallelism (step_time.model.all_reduce): NCCL's, or the engine's own
+    measured one (its name). Chosen per engine on the even lines of the silicon sample's TP > 1 agg rows by
+    median |TPOT error| (benchmarks/moe_routing_held_out.py, docs/fidelity.md "All-reduce"): SGLang its own
+    (15.0% against 21.2%), vLLM NCCL's (9.3% against 10.5%: its MiniMax-M2.5 rows, most of them, fall under
+    their measurements with the faster kernel). TensorRT-LLM's own also scored better (12.3% against 14.2%)
+    but stays NCCL's: the default host overhead (sim.io.ops_schema) is fitted on TensorRT-LLM rows under
+    NCCL's all-reduce, and refitted under its own it doubles (0.228 -> 0.465 ms), a change to every engine's
+    default not made here."""
+
     def describe(self) -> str:
         """One line: the scheduler, KV admission, KV memory rule and graph padding this engine is simulated with."""
         s = self.scheduler
@@ -50,8 +60,9 @@ class EngineDefaults:
                if self.memory_rule == "card" else
                f"KV = {self.memory_fraction} x (card memory - weights - {RESERVE_BYTES // GIB} GiB)")
         moe = "composed from GEMMs" if self.moe[0] == "composed" else f"{self.moe[0]}'s kernels, {self.moe[1]} routing"
+        ar = "NCCL's" if self.all_reduce == "nccl" else f"{self.all_reduce}'s own"
         return (f"{self.backend} ({self.versions}): {sched}; KV admission {self.kv_admission}; {mem}; {graphs}; "
-                f"after a cold first wave: {self.later_waves}; MoE experts: {moe}")
+                f"after a cold first wave: {self.later_waves}; MoE experts: {moe}; all-reduce: {ar}")
 
 
 RESERVE_BYTES = 2 * GIB
@@ -73,7 +84,7 @@ ENGINES: dict[str, EngineDefaults] = {
         ("chunked_prefill_size 8192; mem_fraction_static ~0.88",
          "not modelled: SGLang runs prefill batches and decode batches separately (no mixed chunk by default); "
          "capsim mixes them in one iteration"),
-        later_waves="cohort", moe=("sglang", "balanced")),
+        later_waves="cohort", moe=("sglang", "balanced"), all_reduce="sglang"),
     "trtllm": EngineDefaults(
         "trtllm", "1.x PyTorch backend: `trtllm-serve` defaults",
         {"kind": "continuous", "max_num_seqs": 2048, "max_num_batched_tokens": 8192},

@@ -124,23 +124,28 @@ def _scheduler(engine, dp: int) -> dict:
     return out
 
 
-def step_time_for(mixed: str = "one_pass", moe_kernels: str = "vllm", moe_routing: str = "balanced") -> dict:
+def step_time_for(mixed: str = "one_pass", moe_kernels: str = "vllm", moe_routing: str = "balanced",
+                  all_reduce: str = "nccl") -> dict:
     """The scenario's step_time mapping: operator-table composition (the layout is the scenario's `parallel`);
     `mixed` says how a chunked iteration (decodes + prefill chunks) is costed, `moe_kernels` whose measured
     fused-MoE kernels MoE layers use (vllm, sglang, trtllm) or `composed` from GEMMs, `moe_routing` which
-    measured routing of them (balanced, power_law_1.2)."""
-    return {"model": {"kind": "ops", "mixed": mixed, "moe_kernels": moe_kernels, "moe_routing": moe_routing}}
+    measured routing of them (balanced, power_law_1.2), `all_reduce` whose all-reduce times tensor
+    parallelism (nccl, vllm, sglang, trtllm)."""
+    return {"model": {"kind": "ops", "mixed": mixed, "moe_kernels": moe_kernels, "moe_routing": moe_routing,
+                      "all_reduce": all_reduce}}
 
 
 def build_case(row: PublishedRow, per_user: int | None = None, start: str = "cold",
                mixed: str = "one_pass", rounds: int = ROUNDS, moe_kernels: str = "engine",
-               moe_routing: str = "engine") -> Case:
+               moe_routing: str = "engine", all_reduce: str = "engine") -> Case:
     """Translate one published row into a closed-loop scenario for one replica, or say why not.
     `moe_kernels`: `engine` (the engine's default, sim.published.engines: its own fused-MoE kernels or the
     composition), `own` (the row's engine's kernels), vllm / sglang / trtllm, or composed; `moe_routing`: `engine` (its default), balanced or
-    power_law_1.2."""
+    power_law_1.2; `all_reduce`: `engine` (its default), `own` (the row's engine's measured all-reduce), nccl,
+    vllm, sglang or trtllm."""
     if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
-        pool = partial(build_case, mixed=mixed, moe_kernels=moe_kernels, moe_routing=moe_routing)
+        pool = partial(build_case, mixed=mixed, moe_kernels=moe_kernels, moe_routing=moe_routing,
+                       all_reduce=all_reduce)
         return replace(build_disagg_case(row, per_user, start, pool, Case), rounds=rounds)
     why = _unsupported_layout(row)
     if why:
@@ -179,7 +184,8 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
         "kv": {"block_tokens": block_tokens, "format": "bf16", "budget": budget, "admission": engine.kv_admission},
         "scheduler": _scheduler(engine, dp),
         "step_time": step_time_for(mixed, {"engine": engine.moe[0], "own": row.backend}.get(moe_kernels, moe_kernels),
-                                   engine.moe[1] if moe_routing == "engine" else moe_routing),
+                                   engine.moe[1] if moe_routing == "engine" else moe_routing,
+                                   {"engine": engine.all_reduce, "own": row.backend}.get(all_reduce, all_reduce)),
         "parallel": {"tp": row.tp, "pp": row.pp, "ep": row.moe_ep, **({"attention_dp": dp} if dp > 1 else {})},
         "workload": {"kind": "closed_loop", "users": users,
                      "num_requests": users * (per_user or requests_per_user(row.osl)),

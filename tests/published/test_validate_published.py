@@ -175,3 +175,23 @@ def test_mixed_rule_is_passed_to_the_step_time_model():
     summed = json.loads(capsim(*args, "--mixed", "sum")[1])["rows"][0]["predicted"]
     # a chunked iteration costed as two passes reads the weights twice: never faster than one pass
     assert summed["ttft_ms"] > one["ttft_ms"] and summed["tpot_ms"] >= one["tpot_ms"]
+
+
+def test_all_reduce_choice_is_passed_to_the_step_time_model():
+    from sim.published.engines import ENGINES
+    from sim.published.predict import build_case
+    from sim.published.rows import read_published
+    rows = [r for r in read_published(FIXTURE) if r.tp > 1 and build_case(r).scenario is not None]
+    assert len(rows) >= 3
+    for row in rows:
+        ar = {k: build_case(row, all_reduce=k).scenario["step_time"]["model"]["all_reduce"]
+              for k in ("engine", "own", "nccl", "trtllm")}
+        assert ar == {"engine": ENGINES[row.backend].all_reduce, "own": row.backend, "nccl": "nccl", "trtllm": "trtllm"}
+    args = ("validate-published", str(FIXTURE), "--json", "--workers", "1", "--no-progress", "--backend", "vllm")
+    nccl = json.loads(capsim(*args, "--all-reduce", "nccl")[1])
+    own = json.loads(capsim(*args, "--all-reduce", "own")[1])
+    pairs = [(a["predicted"]["tpot_ms"], b["predicted"]["tpot_ms"]) for a, b in zip(nccl["rows"], own["rows"])
+             if "predicted" in a]
+    # TP2 and TP4 decode steps: vLLM's custom all-reduce is a few microseconds where NCCL's is tens
+    assert len(pairs) == 2 and all(o < n for n, o in pairs)
+    assert "all-reduce: " in own["engines"]["vllm"]

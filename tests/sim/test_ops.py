@@ -110,6 +110,44 @@ def test_tensor_parallel_shards_and_adds_all_reduces(tiny):
         OpsModel(OpsStepTime(tables=str(tables.folder), tp=4), spec, tables, "bf16", REFERENCE_BANDWIDTH_GBS)
 
 
+def test_an_engines_own_all_reduce_replaces_nccls(tiny):
+    spec, tables = tiny
+    (tables.folder / "all_reduce_vllm.csv").write_text("op,gpus,bytes,latency_us\nall_reduce,2,512,1\n"
+                                                       "all_reduce,2,1048576,4\n")
+    nccl = OpsModel(OpsStepTime(tables=str(tables.folder), tp=2, host_overhead_s=0.0), spec, tables, "bf16",
+                    REFERENCE_BANDWIDTH_GBS)
+    own = OpsModel(OpsStepTime(tables=str(tables.folder), tp=2, host_overhead_s=0.0, all_reduce="vllm"), spec, tables,
+                   "bf16", REFERENCE_BANDWIDTH_GBS)
+    plan = decode_plan(1, 16)
+    # 2 layers x 2 all-reduces of 1 x 256 x 2 = 512 B: 5 us under NCCL, 1 us under the engine's table; the
+    # logits' all-gather stays NCCL's
+    assert nccl.step_s(plan) - own.step_s(plan) == pytest.approx(2 * 2 * (5e-6 - 1e-6), rel=1e-9)
+    assert own.breakdown_s(1, 0, 0, 1, 16, 1)["all_reduce"] == pytest.approx(4e-6, rel=1e-9)
+    # log-log between the engine's points, as NCCL's: half-way (in log) from 512 B to 1 MiB -> 2 us
+    assert own.ar.at("all_reduce", 2, 512 * 2 ** 5.5) == pytest.approx(2e-6, rel=1e-9)
+    with pytest.raises(ConfigError, match=r"no all_reduce_sglang\.csv"):
+        OpsModel(OpsStepTime(tables=str(tables.folder), tp=2, all_reduce="sglang"), spec, tables, "bf16",
+                 REFERENCE_BANDWIDTH_GBS)
+    with pytest.raises(Exception, match="all_reduce"):
+        OpsStepTime(all_reduce="mpi")
+
+
+def test_shipped_engine_all_reduces_beat_nccl_on_a_decode_message():
+    """The engines' custom all-reduce (benchmarks/aiconfigurator_allreduce.py) on the 64 KB message of a
+    4-sequence 8,192-wide decode step: a few microseconds where NCCL takes 15-30; at 128 MiB they meet."""
+    for card in ("h100-sxm", "h200-sxm", "b200"):
+        tables = load_table_set(card)
+        nccl = tables.nccl()
+        for engine in ("vllm", "sglang", "trtllm"):
+            own = tables.all_reduce(engine)
+            assert own.gpus("all_reduce") == [2, 4, 8]
+            small = 4 * 8192 * 2
+            assert own.at("all_reduce", 8, small) < 0.6 * nccl.at("all_reduce", 8, small)
+            big = 2 ** 27
+            assert own.at("all_reduce", 8, big) == pytest.approx(nccl.at("all_reduce", 8, big), rel=0.5)
+    assert "all_reduce_<engine>.csv" in load_table_set("b200").source()
+
+
 def test_interpolation_is_monotone_on_the_shipped_tables():
     tables = load_table_set("h100-sxm")
     g = tables.gemm("bf16")
