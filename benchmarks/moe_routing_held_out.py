@@ -13,7 +13,7 @@ same rows that differ in one option works the same way, e.g. whose all-reduce ti
     capsim validate-published ROWS.csv --all-reduce own --out O
     python benchmarks/moe_routing_held_out.py nccl=N/report.json own=O/report.json --sample ...
 
-For each engine, the option whose median |TPOT error| is lowest on the rows with an even line number in the
+For each engine, the option whose median |TPOT error| (or --metric ttft_ms) is lowest on the rows with an even line number in the
 silicon sample is chosen (TPOT: the option's direct effect; TTFT also carries the benchmark's unknown length;
 ties go to the option listed first); the table reports every (system, engine, model) group on its odd rows
 under the choice, beside every option and, given the peer's per-row CSV (benchmarks/aiconfigurator_peer.py),
@@ -49,18 +49,18 @@ def _med(rows: list[dict], metric: str) -> float:
     return float(np.median([_err(r, metric) for r in rows])) if rows else float("nan")
 
 
-def choose(runs: dict[str, dict], lines: dict[str, int]) -> dict[str, str]:
-    """engine -> the option with the lowest median |TPOT error| on the even-line rows every run predicted."""
+def choose(runs: dict[str, dict], lines: dict[str, int], metric: str = "tpot_ms") -> dict[str, str]:
+    """engine -> the option with the lowest median |error| of `metric` on the even-line rows every run predicted."""
     names = list(runs)
     both = set.intersection(*(set(r) for r in runs.values()))
     engines = sorted({runs[names[0]][i]["backend"] for i in both})
     out = {}
     for eng in engines:
         even = [i for i in both if runs[names[0]][i]["backend"] == eng and lines.get(i, 1) % 2 == 0]
-        scores = {k: _med([runs[k][i] for i in even], "tpot_ms") for k in names}
+        scores = {k: _med([runs[k][i] for i in even], metric) for k in names}
         out[eng] = min(names, key=lambda k: (scores[k], names.index(k)))
         print(f"{eng}: chosen on {len(even)} even rows: {out[eng]} "
-              f"(median |TPOT err| {', '.join(f'{k} {v:.1%}' for k, v in scores.items())})", file=sys.stderr)
+              f"(median |{metric} err| {', '.join(f'{k} {v:.1%}' for k, v in scores.items())})", file=sys.stderr)
     return out
 
 
@@ -111,6 +111,9 @@ def main(argv=None) -> int:
     ap.add_argument("runs", nargs="+", metavar="NAME=REPORT", help="an option's name and its report.json")
     ap.add_argument("--sample", required=True, help="the silicon sample CSV (its line numbers split the rows)")
     ap.add_argument("--aic", help="benchmarks/aiconfigurator_peer.py output for the same rows")
+    ap.add_argument("--metric", choices=["tpot_ms", "ttft_ms"], default="tpot_ms",
+                    help="what the even rows choose by (default TPOT; ttft_ms for an option that acts on TTFT first, "
+                         "e.g. --engine-config)")
     args = ap.parse_args(argv)
     runs = {}
     for item in args.runs:
@@ -119,7 +122,7 @@ def main(argv=None) -> int:
             raise SystemExit(f"{item!r}: expected NAME=REPORT")
         runs[name] = predicted(path)
     lines = sample_lines(args.sample)
-    chosen = choose(runs, lines)
+    chosen = choose(runs, lines, args.metric)
     print(held_out_table(runs, lines, chosen, load_aic(args.aic) if args.aic else None))
     return 0
 

@@ -37,6 +37,11 @@ def add_parsers(sub) -> None:
                    help="whose all-reduce times tensor parallelism: each engine's default (docs/fidelity.md), every "
                         "row's own engine's measured one, NCCL's, or one engine's for every row "
                         "(step_time.model.all_reduce)")
+    p.add_argument("--engine-config", choices=["engine", "defaults", "aic-benchmark"], default="engine",
+                   help="how each row's engine was configured: each engine's choice (default; vLLM and TensorRT-LLM "
+                        "the benchmark rules, SGLang its defaults, docs/fidelity.md), every engine's launch defaults, "
+                        "or the limits AIConfigurator's generator writes for a benchmark deployment (max batch = the "
+                        "row's batch size, token budget = batch + ISL + 1,500, CUDA graphs for every batch size)")
     p.add_argument("--start", choices=["cold", "staggered", "burst"], default="cold",
                    help="cold (default): the benchmark as run, --rounds requests per user, the first wave sent at "
                         "once to an idle engine, the later ones as the engine leaves them (docs/fidelity.md); "
@@ -64,7 +69,8 @@ def run(args) -> int:
     report = validate_published(args.file, args.backend, args.system, args.mode, workers=args.workers,
                                 progress=not args.no_progress, per_user=args.requests_per_user, start=args.start,
                                 mixed=args.mixed, rounds=args.rounds or ROUNDS, moe_kernels=args.moe_kernels,
-                                moe_routing=args.moe_routing, all_reduce=args.all_reduce)
+                                moe_routing=args.moe_routing, all_reduce=args.all_reduce,
+                                engine_config=args.engine_config.replace("-", "_"))
     if args.out:
         for path in write_report(report, args.out):
             print(f"wrote {path}", file=sys.stderr)

@@ -50,12 +50,25 @@ class EngineDefaults:
     NCCL's all-reduce, and refitted under its own it doubles (0.228 -> 0.465 ms), a change to every engine's
     default not made here."""
 
-    def describe(self) -> str:
-        """One line: the scheduler, KV admission, KV memory rule and graph padding this engine is simulated with."""
+    config: str = "defaults"
+    """Which limits a published row's engine ran with (ENGINE_CONFIGS below): its launch defaults (`scheduler`,
+    `graph_sizes` above) or AIConfigurator's benchmark rules. Chosen per engine on the even lines of the
+    silicon sample's agg rows by median |TTFT error| (the token budget acts on TTFT first; docs/fidelity.md
+    "Engine limits"): vLLM and TensorRT-LLM the benchmark rules, SGLang its defaults."""
+
+    def describe(self, config: str | None = None) -> str:
+        """One line: the scheduler, KV admission, KV memory rule and graph padding this engine is simulated with
+        (under `config`, default its own)."""
         s = self.scheduler
-        sched = (f"{s['kind']} batching, max_num_seqs {s['max_num_seqs']}, "
-                 f"max_num_batched_tokens {s['max_num_batched_tokens']}")
-        graphs = f"CUDA graphs for decode batches <= {max(self.graph_sizes)}" if self.graph_sizes else "no graph padding"
+        if (config or self.config) == "aic_benchmark":
+            blocks = " rounded up to 32-token blocks" if self.backend == "trtllm" else ""
+            sched = (f"{s['kind']} batching with AIConfigurator's benchmark limits: max_num_seqs = the row's batch "
+                     f"size, max_num_batched_tokens = batch + ISL + {AIC_SLACK_TOKENS}{blocks}")
+            graphs = "CUDA graphs for every batch size up to max_num_seqs"
+        else:
+            sched = (f"{s['kind']} batching, max_num_seqs {s['max_num_seqs']}, "
+                     f"max_num_batched_tokens {s['max_num_batched_tokens']}")
+            graphs = f"CUDA graphs for decode batches <= {max(self.graph_sizes)}" if self.graph_sizes else "no graph padding"
         mem = (f"KV = {self.memory_fraction} x card memory - weights - {RESERVE_BYTES // GIB} GiB"
                if self.memory_rule == "card" else
                f"KV = {self.memory_fraction} x (card memory - weights - {RESERVE_BYTES // GIB} GiB)")
@@ -64,6 +77,9 @@ class EngineDefaults:
         return (f"{self.backend} ({self.versions}): {sched}; KV admission {self.kv_admission}; {mem}; {graphs}; "
                 f"after a cold first wave: {self.later_waves}; MoE experts: {moe}; all-reduce: {ar}")
 
+
+AIC_SLACK_TOKENS = 1500
+"""AIConfigurator's benchmark rules' token headroom over one prompt: agg max_num_tokens = max_batch_size + ISL + 1500."""
 
 RESERVE_BYTES = 2 * GIB
 """Per card, memory neither weights nor KV: activations of the profiling pass, CUDA graphs, NCCL
@@ -76,7 +92,7 @@ ENGINES: dict[str, EngineDefaults] = {
         "on_demand", "card", 0.9, VLLM_GRAPH_SIZES,
         ("chunked prefill always on; running requests first, then waiting ones, FCFS",
          "gpu_memory_utilization 0.9, 16-token blocks, prefix caching on (random prompts: no hits)"),
-        moe=("vllm", "power_law_1.2")),
+        moe=("vllm", "power_law_1.2"), config="aic_benchmark"),
     "sglang": EngineDefaults(
         "sglang", "0.5.x: `sglang.launch_server` on an 80 GB-class card",
         {"kind": "chunked", "max_num_seqs": 1024, "max_num_batched_tokens": 8192, "chunk_tokens": 8192},
@@ -90,7 +106,8 @@ ENGINES: dict[str, EngineDefaults] = {
         {"kind": "continuous", "max_num_seqs": 2048, "max_num_batched_tokens": 8192},
         "reserve", "free", 0.9, None,
         ("max_batch_size 2048, max_num_tokens 8192, chunked prefill off, GUARANTEED_NO_EVICT (reserve KV for "
-         "prompt + all outputs at admission)", "kv_cache free_gpu_memory_fraction 0.9 of the memory left after weights")),
+         "prompt + all outputs at admission)", "kv_cache free_gpu_memory_fraction 0.9 of the memory left after weights"),
+        config="aic_benchmark"),
 }
 
 
@@ -102,3 +119,25 @@ def kv_budget_bytes(engine: EngineDefaults, card_bytes: int, weight_bytes_per_ca
     else:
         per_card = engine.memory_fraction * left
     return int(per_card * tp)
+
+
+ENGINE_CONFIGS = ("engine", "defaults", "aic_benchmark")
+"""How the engine of a published row is taken to have been configured: `engine` (each engine's choice,
+EngineDefaults.config), `defaults` (each engine's launch defaults, ENGINES above) or `aic_benchmark` (the limits
+AIConfigurator's generator writes for a benchmark deployment: aiconfigurator 0.12.0,
+generator/rule_plugin/benchmark/<engine>.rule)."""
+
+
+def aic_benchmark_limits(engine: EngineDefaults, batch: int, isl: int) -> tuple[dict, list[int]]:
+    """The scheduler mapping and CUDA-graph sizes of one rank under AIConfigurator's benchmark rules:
+    max_batch_size = the row's batch size (its concurrency per rank), a token budget of batch + ISL + 1,500
+    (vLLM max_num_batched_tokens, TensorRT-LLM max_num_tokens rounded up to its 32-token blocks, SGLang
+    max_prefill_tokens = ISL + 1,500 with mixed chunks, so decodes ride beside it), CUDA graphs captured for
+    every batch size up to max_batch_size (no padding). Chunked prefill stays as the engine's default."""
+    budget = batch + isl + AIC_SLACK_TOKENS
+    if engine.backend == "trtllm":
+        budget = -(-budget // 32) * 32
+    sched = dict(engine.scheduler, max_num_seqs=batch, max_num_batched_tokens=budget)
+    if "chunk_tokens" in sched:
+        sched["chunk_tokens"] = isl + AIC_SLACK_TOKENS if engine.backend == "sglang" else budget
+    return sched, list(range(1, batch + 1))

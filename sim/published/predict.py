@@ -24,7 +24,7 @@ from sim.io.profiles import load_hardware, load_model, profiles_dir
 from sim.models.parallel import Layout, kv_bytes_per_token_per_gpu, layout_problems, weights_per_gpu
 from sim.models.spec import ModelSpec
 from sim.published.disagg import build_disagg_case
-from sim.published.engines import ENGINES, kv_budget_bytes
+from sim.published.engines import ENGINE_CONFIGS, ENGINES, aic_benchmark_limits, kv_budget_bytes
 from sim.published.rows import PublishedRow
 
 SYSTEMS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "b200_sxm": "b200", "a100_sxm": "a100-80g-sxm",
@@ -114,11 +114,11 @@ def _collectives_missing(hardware: str, layout: Layout) -> str | None:
     return None
 
 
-def _scheduler(engine, dp: int) -> dict:
-    """The engine's scheduler mapping for a replica of `dp` attention data-parallel ranks: each rank schedules
-    its own requests within the engine's limits, so the replica's limits are dp times them (chunks stay a
-    rank's)."""
-    out = dict(engine.scheduler)
+def _scheduler(engine, dp: int, per_rank: dict | None = None) -> dict:
+    """The engine's scheduler mapping (or `per_rank`) for a replica of `dp` attention data-parallel ranks: each
+    rank schedules its own requests within the engine's limits, so the replica's limits are dp times them
+    (chunks stay a rank's)."""
+    out = dict(per_rank or engine.scheduler)
     for key in ("max_num_seqs", "max_num_batched_tokens"):
         out[key] = out[key] * dp
     return out
@@ -137,15 +137,20 @@ def step_time_for(mixed: str = "one_pass", moe_kernels: str = "vllm", moe_routin
 
 def build_case(row: PublishedRow, per_user: int | None = None, start: str = "cold",
                mixed: str = "one_pass", rounds: int = ROUNDS, moe_kernels: str = "engine",
-               moe_routing: str = "engine", all_reduce: str = "engine") -> Case:
+               moe_routing: str = "engine", all_reduce: str = "engine", engine_config: str = "engine") -> Case:
     """Translate one published row into a closed-loop scenario for one replica, or say why not.
     `moe_kernels`: `engine` (the engine's default, sim.published.engines: its own fused-MoE kernels or the
     composition), `own` (the row's engine's kernels), vllm / sglang / trtllm, or composed; `moe_routing`: `engine` (its default), balanced or
     power_law_1.2; `all_reduce`: `engine` (its default), `own` (the row's engine's measured all-reduce), nccl,
-    vllm, sglang or trtllm."""
+    vllm, sglang or trtllm; `engine_config`: `engine` (its choice), `defaults` (each engine's launch defaults) or
+    `aic_benchmark` (AIConfigurator's benchmark deployment limits, sim.published.engines.aic_benchmark_limits)."""
+    if engine_config not in ENGINE_CONFIGS:
+        raise ConfigError(f"engine_config: expected one of {', '.join(ENGINE_CONFIGS)}, got {engine_config!r}")
     if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
         pool = partial(build_case, mixed=mixed, moe_kernels=moe_kernels, moe_routing=moe_routing,
-                       all_reduce=all_reduce)
+                       all_reduce=all_reduce,
+                       # pools keep the launch defaults unless asked: the choice was made on agg rows only
+                       engine_config="defaults" if engine_config == "engine" else engine_config)
         return replace(build_disagg_case(row, per_user, start, pool, Case), rounds=rounds)
     why = _unsupported_layout(row)
     if why:
@@ -169,6 +174,8 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     if fmt is None:
         return Case(row, skipped=f"precision {row.precision!r}: no operator tables (have bf16, fp8)")
     engine = ENGINES[row.backend]
+    config = engine.config if engine_config == "engine" else engine_config
+    limits = aic_benchmark_limits(engine, row.concurrency // dp, row.isl) if config == "aic_benchmark" else None
     hw = load_hardware(hardware)
     weights = weights_per_gpu(spec, layout, fmt).total
     budget = kv_budget_bytes(engine, hw.memory_bytes, weights, layout.gpus)
@@ -182,7 +189,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     scenario = {
         "name": row.id, "seed": 0, "model": model, "hardware": hardware, "weight_format": fmt,
         "kv": {"block_tokens": block_tokens, "format": "bf16", "budget": budget, "admission": engine.kv_admission},
-        "scheduler": _scheduler(engine, dp),
+        "scheduler": _scheduler(engine, dp, limits[0] if limits else None),
         "step_time": step_time_for(mixed, {"engine": engine.moe[0], "own": row.backend}.get(moe_kernels, moe_kernels),
                                    engine.moe[1] if moe_routing == "engine" else moe_routing,
                                    {"engine": engine.all_reduce, "own": row.backend}.get(all_reduce, all_reduce)),
@@ -197,8 +204,9 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
         # tables' largest measured count (16,384 tokens), where every expert is busy and the kernel's time grows
         # in proportion to the tokens; the model extrapolates so (and warns) instead of refusing the row
         scenario["step_time"]["allow_extrapolation"] = True
-    if engine.graph_sizes:  # per rank: dp evenly loaded ranks pad together to dp x each size
-        scenario["step_time"]["graph_sizes"] = [g * dp for g in engine.graph_sizes]
+    graphs = limits[1] if limits else engine.graph_sizes
+    if graphs:  # per rank: dp evenly loaded ranks pad together to dp x each size
+        scenario["step_time"]["graph_sizes"] = [g * dp for g in graphs]
     return Case(row, scenario=scenario, start=start, rounds=rounds)
 
 

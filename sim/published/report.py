@@ -69,14 +69,16 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
                        mode: str | None = None, workers: int | None = 1, progress: bool = False,
                        per_user: int | None = None, start: str = "cold", mixed: str = "one_pass",
                        stream=None, rounds: int = ROUNDS, moe_kernels: str = "engine",
-                       moe_routing: str = "engine", all_reduce: str = "engine") -> dict:
+                       moe_routing: str = "engine", all_reduce: str = "engine",
+                       engine_config: str = "engine") -> dict:
     """Simulate the selected rows (fanned out over Dask workers when workers > 1) and build the report.
     A file with a `total_output_tokens_per_s` column is TensorRT-LLM's max-throughput table."""
     from sim.published.throughput import is_throughput_file
     if is_throughput_file(_header(path)):
         return _validate_throughput(path, backend, system, mode, workers, progress, stream)
     rows = select_rows(read_published(path), backend, system, mode)
-    cases = [build_case(r, per_user, start, mixed, rounds, moe_kernels, moe_routing, all_reduce) for r in rows]
+    cases = [build_case(r, per_user, start, mixed, rounds, moe_kernels, moe_routing, all_reduce, engine_config)
+             for r in rows]
     results = _fan_out(simulate_case, [c if c.scenario is not None else None for c in cases], workers, progress,
                        stream)
     records = [_record(r, results[i] if cases[i].scenario is not None else {"skipped": cases[i].skipped})
@@ -85,7 +87,8 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
     return {"file": str(path), "requests_per_user": per_user or "1 + ceil(16384 / osl), 3 to 6", "start": start,
             "rounds": rounds if start == "cold" else None, "mixed": mixed,
             "moe_kernels": moe_kernels, "moe_routing": moe_routing, "all_reduce": all_reduce,
-            "engines": {b: ENGINES[b].describe() for b in used},
+            "engine_config": engine_config,
+            "engines": {b: ENGINES[b].describe(None if engine_config == "engine" else engine_config) for b in used},
             "rows": records, "summary": error_summary(records)}
 
 
@@ -108,7 +111,7 @@ def _validate_throughput(path, backend, system, mode, workers, progress, stream)
             rec["predicted"] = {"output_tok_s": res["output_tok_s"]}
             rec["error"] = {"output_tok_s": res["output_tok_s"] / row.tok_s - 1}
         records.append(rec)
-    return {"file": str(path), "engines": {"trtllm": ENGINES["trtllm"].describe() + "; every request at once, "
+    return {"file": str(path), "engines": {"trtllm": ENGINES["trtllm"].describe("defaults") + "; every request at once, "
                                            "output tokens / makespan"},
             "rows": records, "summary": error_summary(records)}
 

@@ -195,3 +195,39 @@ def test_all_reduce_choice_is_passed_to_the_step_time_model():
     # TP2 and TP4 decode steps: vLLM's custom all-reduce is a few microseconds where NCCL's is tens
     assert len(pairs) == 2 and all(o < n for n, o in pairs)
     assert "all-reduce: " in own["engines"]["vllm"]
+
+
+def test_aic_benchmark_engine_config_sets_the_generators_limits():
+    """AIConfigurator's benchmark rules (generator/rule_plugin/benchmark/<engine>.rule): max batch = the row's
+    batch size, token budget = batch + ISL + 1,500 (TensorRT-LLM: rounded up to 32), graphs for every size."""
+    from sim.io.errors import ConfigError
+    from sim.published.predict import build_case
+    from sim.published.rows import read_published
+    seen = set()
+    for row in read_published(FIXTURE):
+        case = build_case(row, engine_config="aic_benchmark")
+        if case.scenario is None:
+            continue
+        seen.add(row.backend)
+        s, b = case.scenario["scheduler"], row.concurrency
+        budget = b + row.isl + 1500
+        if row.backend == "trtllm":
+            budget = -(-budget // 32) * 32
+        assert (s["max_num_seqs"], s["max_num_batched_tokens"]) == (b, budget)
+        if row.backend == "sglang":
+            assert s["chunk_tokens"] == row.isl + 1500
+        assert case.scenario["step_time"].get("graph_sizes", list(range(1, b + 1))) == list(range(1, b + 1))
+        default = build_case(row, engine_config="defaults").scenario["scheduler"]
+        assert default["max_num_batched_tokens"] == 8192 and default["kind"] == s["kind"]
+        # each engine's choice (docs/fidelity.md): vLLM and TensorRT-LLM the benchmark rules, SGLang its defaults
+        chosen = build_case(row).scenario["scheduler"]
+        assert chosen == (default if row.backend == "sglang" else s)
+    assert seen == {"vllm", "sglang", "trtllm"}
+    (dp_row,) = read_published(FIXTURE.with_name("silicon_sample_attention_dp_1row.csv"))
+    s = build_case(dp_row, engine_config="aic_benchmark").scenario
+    # per rank: batch 16, budget 16 + ISL + 1500; the replica holds two ranks
+    assert s["scheduler"]["max_num_seqs"] == 32
+    assert s["scheduler"]["max_num_batched_tokens"] == 2 * (16 + dp_row.isl + 1500)
+    assert s["step_time"]["graph_sizes"] == [2 * g for g in range(1, 17)]
+    with pytest.raises(ConfigError, match="engine_config"):
+        build_case(dp_row, engine_config="tuned")
