@@ -154,6 +154,10 @@ class ModelProfile(StrictModel):
     tie_word_embeddings: bool
     qkv_bias: bool = False
     qk_norm: bool = Field(False, description="RMSNorm on q and k per head (Qwen3)")
+    qk_norm_span: Literal["head", "layer"] = Field(
+        "head", description="What one q / k norm spans: each head (Qwen3), or all heads of the layer (MiniMax-M2's "
+                            "qk_norm_type per_layer), whose mean square under tensor parallelism needs one all-reduce "
+                            "per layer of 2 FP32 values a token (vLLM's MiniMaxText01RMSNormTP.forward_qk)")
     max_position_embeddings: PositiveInt
     moe: MoESpec | None = None
     mla: MLASpec | None = None

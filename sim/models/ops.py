@@ -11,7 +11,8 @@ Per transformer layer, on one GPU of a tensor-parallel group of `tp`:
   sequences, KV length = their mean cached tokens; speculative verification positions share their
   sequence's KV read);
 - tp > 1: two all-reduces of M x hidden BF16 values (after O and after down), from the NCCL table or, with
-  `all_reduce: <engine>`, that engine's own measured all-reduce;
+  `all_reduce: <engine>`, that engine's own measured all-reduce; a third of M x 2 FP32 values when the q / k
+  norm spans the layer's heads (`qk_norm_span: layer`);
 - small element-wise ops (two RMSNorms with the residual add fused, RoPE, SiLU-and-mul): per op
   a + b x M x width, fitted on Vidur's H100 kernel measurements (SMALL_OPS below), b scaled by the
   card's memory bandwidth relative to the H100's 3.35 TB/s.
@@ -154,6 +155,8 @@ class OpsModel:
             t = sum(self._look(c.at, tokens) for c in self.gemms.values())
             if self.ar is not None:
                 t += 2 * self._look(self.ar.at, "all_reduce", self.tp, tokens * self.spec.profile.hidden_size * 2)
+                if self.spec.profile.qk_norm and self.spec.profile.qk_norm_span == "layer":  # 2 FP32 sums a token
+                    t += self._look(self.ar.at, "all_reduce", self.tp, tokens * 2 * 4)
             t += self._small[0] + self._small[1] * tokens
             if len(self._layer_cache) < 65536:
                 self._layer_cache[tokens] = t

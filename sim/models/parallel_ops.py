@@ -4,7 +4,8 @@
 Per layer on one GPU (tp GPUs per stage, see sim.models.parallel for what each holds):
 
 - attention GEMMs at M = the pass's tokens: QKV and O split by heads, or MLA's q_a and kv_a (replicated)
-  and q_b, kv_b, O (split by heads); one all-reduce of M x hidden BF16 values after O under tp;
+  and q_b, kv_b, O (split by heads); one all-reduce of M x hidden BF16 values after O under tp, and one of
+  M x 2 FP32 values before RoPE when the q / k norm spans the layer's heads (MiniMax-M2, `qk_norm_span: layer`);
 - dense layers: gate+up and down split tp ways and an all-reduce, as in sim.models.ops;
 - MoE layers: the router (M x hidden x E, replicated); the routed experts from an engine's measured fused-MoE
   kernel (profiles/ops/<card>/moe.csv, sim.models.moe_tables: the whole routed step for M tokens entering
@@ -189,10 +190,18 @@ class ParallelOpsModel(OpsModel):
         const = sum(c * a for c, a, _, _ in SMALL_OPS.values())
         return const + tokens * sum(c * b * widths[w] * self._scale for c, _, b, w in SMALL_OPS.values())
 
-    def _all_reduce(self, gpus: int, tokens: float) -> float:
+    def _all_reduce(self, gpus: int, tokens: float, nbytes_per_token: float | None = None) -> float:
         if gpus <= 1:
             return 0.0
-        return self._look(self.ar.at, "all_reduce", gpus, tokens * self.spec.profile.hidden_size * 2)
+        per_token = self.spec.profile.hidden_size * 2 if nbytes_per_token is None else nbytes_per_token
+        return self._look(self.ar.at, "all_reduce", gpus, tokens * per_token)
+
+    def _qk_norm_s(self, tokens: float) -> float:
+        """A layer-wide q / k norm's all-reduce of each token's two FP32 sums of squares (qk_norm_span: layer)."""
+        p = self.spec.profile
+        if not (p.qk_norm and p.qk_norm_span == "layer"):
+            return 0.0
+        return self._all_reduce(self.tp, tokens, 2 * 4)
 
     def _moe_ffn_s(self, tokens: float) -> float:
         """Router, routed and shared experts and their communication for one MoE layer."""
@@ -229,7 +238,8 @@ class ParallelOpsModel(OpsModel):
         t = self._layer_cache.get(key)
         if t is None:
             r = tokens / self.dp  # attention and dense FFNs run on each data-parallel rank's own tokens
-            t = sum(self._look(c.at, r) for c in self.att_gemms.values()) + self._all_reduce(self.tp, r)
+            t = (sum(self._look(c.at, r) for c in self.att_gemms.values()) + self._all_reduce(self.tp, r)
+                 + self._qk_norm_s(r))
             if moe:
                 t += self._moe_ffn_s(tokens)
             else:

@@ -367,3 +367,20 @@ def test_attention_data_parallel_step(tmp_path):
     stage = m.stage_s(0, 64, 0, 0, 64, 64 * 1024, 64)
     per_layer = m.layer_linear_s(64, True) + m.generation_attention_s(8, 8 * 1024)
     assert stage == pytest.approx(94 * per_layer + m.head_s(8))
+
+
+def test_a_layer_wide_qk_norm_adds_one_small_all_reduce_per_layer(tmp_path):
+    """MiniMax-M2's q / k norm spans all heads (qk_norm_span: layer): under TP4 every layer all-reduces each
+    token's two FP32 sums of squares (vLLM's MiniMaxText01RMSNormTP), beside the two hidden-wide all-reduces."""
+    m = _run(_scenario(tmp_path, "parallel: {tp: 4, ep: 4}", model="minimax-m2.5", extra="weight_format: fp8\n",
+                       step="{kind: ops, all_reduce: vllm}")).step_time
+    assert m.spec.profile.qk_norm_span == "layer"
+    att = sum(c.at(16) for c in m.att_gemms.values())
+    norm = m.ar.at("all_reduce", 4, 16 * 2 * 4)
+    assert m.layer_linear_s(16, True) == pytest.approx(att + m.ar.at("all_reduce", 4, 16 * 3072 * 2) + norm
+                                                      + m._moe_ffn_s(16))
+    assert norm < m.nccl.at("all_reduce", 4, 16 * 2 * 4)  # vLLM's own kernel for the tiny message
+    # a per-head norm (Qwen3's) needs none
+    q = _run(_scenario(tmp_path, "parallel: {tp: 4, ep: 4}", model="qwen3-235b-a22b", extra="weight_format: fp8\n")
+             ).step_time
+    assert q.spec.profile.qk_norm and q._qk_norm_s(16) == 0.0
