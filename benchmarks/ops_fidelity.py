@@ -2,7 +2,7 @@
 """Sanity checks of the ops step-time model (sim.models.ops) against measurements it was not built from.
 Run by hand (needs ../shared/data), never by the test suite:
 
-    python benchmarks/ops_fidelity.py [--data ../shared/data] [--json OUT.json]
+    python benchmarks/ops_fidelity.py [--data ../shared/data] [--json OUT.json] [--all-reduce trtllm]
 
 1. kernels: the AIConfigurator GEMM tables (what `ops` composes) against Vidur's independent per-layer
    GEMM measurements (profiling/vidur/compute/*/mlp.csv): QKV, O, gate/up, down at every token count
@@ -98,6 +98,10 @@ def _tpot(ops, c: int, isl: int, osl: int, mixed: str) -> float:
     return dec + (c - 1) / osl * extra
 
 
+ALL_REDUCE = "nccl"
+"""Whose all-reduce the composed steps use (step_time.model.all_reduce; --all-reduce)."""
+
+
 def silicon(data: Path) -> tuple[list[dict], dict]:
     """Analytic closed-loop TPOT on the expressible agg rows; host overhead fitted on FIT_GROUP."""
     d = pd.read_csv(data / "benchmarks/aiconfigurator_silicon_sample.csv")
@@ -112,7 +116,8 @@ def silicon(data: Path) -> tuple[list[dict], dict]:
         key = (r.model_path, card, int(r.tp_size), dtype)
         if key not in models:
             spec = ModelSpec(load_model(SILICON_MODELS[r.model_path]))
-            models[key] = {m: build_ops_model(OpsStepTime(tp=int(r.tp_size), mixed=m, host_overhead_s=0.0), spec,
+            models[key] = {m: build_ops_model(OpsStepTime(tp=int(r.tp_size), mixed=m, host_overhead_s=0.0,
+                                                          all_reduce=ALL_REDUCE), spec,
                                               load_hardware(card), dtype, "bf16", True) for m in ("one_pass", "sum")}
         c, isl, osl = int(r.batch_size), int(r.isl), int(r.osl)
         row = {"id": r.id, "backend": r.backend, "system": r.system, "model": SILICON_MODELS[r.model_path],
@@ -160,7 +165,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--data", default=str(Path(__file__).resolve().parents[2] / "shared" / "data"))
     ap.add_argument("--json", help="write every row and summary here")
+    ap.add_argument("--all-reduce", choices=["nccl", "vllm", "sglang", "trtllm"], default="nccl",
+                    help="whose all-reduce the composed steps use (the host overhead is fitted under it)")
     a = ap.parse_args()
+    global ALL_REDUCE
+    ALL_REDUCE = a.all_reduce
     data = Path(a.data)
     k = kernels(data)
     print("1. GEMM tables (AIConfigurator) vs Vidur's per-layer GEMMs: predicted / measured")

@@ -42,6 +42,9 @@ def add_parsers(sub) -> None:
                         "the benchmark rules, SGLang its defaults, docs/fidelity.md), every engine's launch defaults, "
                         "or the limits AIConfigurator's generator writes for a benchmark deployment (max batch = the "
                         "row's batch size, token budget = batch + ISL + 1,500, CUDA graphs for every batch size)")
+    p.add_argument("--host-overhead-ms", type=float, default=None,
+                   help="per-iteration host time of every row's step (default: each engine's, else "
+                        "sim.io.ops_schema's fitted 0.228 ms)")
     p.add_argument("--start", choices=["cold", "staggered", "burst"], default="cold",
                    help="cold (default): the benchmark as run, --rounds requests per user, the first wave sent at "
                         "once to an idle engine, the later ones as the engine leaves them (docs/fidelity.md); "
@@ -61,6 +64,8 @@ def run(args) -> int:
     if args.requests_per_user is not None and args.requests_per_user < 2:
         raise ConfigError(f"--requests-per-user: expected an integer >= 2 (the first is a warm-up), "
                           f"got {args.requests_per_user}")
+    if args.host_overhead_ms is not None and args.host_overhead_ms < 0:
+        raise ConfigError(f"--host-overhead-ms: expected >= 0, got {args.host_overhead_ms}")
     if args.rounds is not None and args.rounds < 1:
         raise ConfigError(f"--rounds: expected an integer >= 1 (requests per user of the benchmark), got {args.rounds}")
     if args.rounds is not None and args.start != "cold":
@@ -70,7 +75,8 @@ def run(args) -> int:
                                 progress=not args.no_progress, per_user=args.requests_per_user, start=args.start,
                                 mixed=args.mixed, rounds=args.rounds or ROUNDS, moe_kernels=args.moe_kernels,
                                 moe_routing=args.moe_routing, all_reduce=args.all_reduce,
-                                engine_config=args.engine_config.replace("-", "_"))
+                                engine_config=args.engine_config.replace("-", "_"),
+                                host_overhead_s=None if args.host_overhead_ms is None else args.host_overhead_ms / 1e3)
     if args.out:
         for path in write_report(report, args.out):
             print(f"wrote {path}", file=sys.stderr)

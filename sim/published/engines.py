@@ -42,14 +42,18 @@ class EngineDefaults:
 
     all_reduce: str = "nccl"
     """Whose all-reduce times tensor parallelism (step_time.model.all_reduce): NCCL's, or the engine's own
-    measured one (its name). Chosen per engine on the even lines of the silicon sample's TP > 1 agg rows by
-    median |TPOT error| (benchmarks/moe_routing_held_out.py, docs/fidelity.md "All-reduce"): SGLang its own
-    (15.0% against 21.2%), vLLM NCCL's (9.3% against 10.5%: its MiniMax-M2.5 rows, most of them, fall under
-    their measurements with the faster kernel). TensorRT-LLM's own also scored better (12.3% against 14.2%)
-    but stays NCCL's: the default host overhead (sim.io.ops_schema) is fitted on TensorRT-LLM rows under
-    NCCL's all-reduce, and refitted under its own it doubles (0.228 -> 0.465 ms), a change to every engine's
-    default not made here."""
+    measured one (its name). Chosen per engine on the even lines of the silicon sample's agg rows by median
+    |TPOT error| (benchmarks/moe_routing_held_out.py, docs/fidelity.md "All-reduce"): SGLang its own (15.0%
+    against 21.2%), vLLM NCCL's (8.9% against 11.0%: its MiniMax-M2.5 and Qwen3-32B rows fall under their
+    measurements with the faster kernel), TensorRT-LLM its own with the host overhead refitted under it
+    (9.4% against 11.0%; host_overhead_s below)."""
 
+    host_overhead_s: float | None = None
+    """Per-iteration host time of the ops model (step_time.model.host_overhead_s); None: the schema's default
+    (sim.io.ops_schema.DEFAULT_HOST_OVERHEAD_S, fitted on TensorRT-LLM's Llama-3.1-8B rows under NCCL's
+    all-reduce). TensorRT-LLM: the same fit under its own all-reduce
+    (`python benchmarks/ops_fidelity.py --all-reduce trtllm`: 0.4654 ms; NCCL's excess on the fit set's TP > 1
+    rows had stood in for host time)."""
     config: str = "defaults"
     """Which limits a published row's engine ran with (ENGINE_CONFIGS below): its launch defaults (`scheduler`,
     `graph_sizes` above) or AIConfigurator's benchmark rules. Chosen per engine on the even lines of the
@@ -74,6 +78,8 @@ class EngineDefaults:
                f"KV = {self.memory_fraction} x (card memory - weights - {RESERVE_BYTES // GIB} GiB)")
         moe = "composed from GEMMs" if self.moe[0] == "composed" else f"{self.moe[0]}'s kernels, {self.moe[1]} routing"
         ar = "NCCL's" if self.all_reduce == "nccl" else f"{self.all_reduce}'s own"
+        if self.host_overhead_s is not None:
+            ar += f"; host overhead {self.host_overhead_s * 1e3:.4g} ms"
         return (f"{self.backend} ({self.versions}): {sched}; KV admission {self.kv_admission}; {mem}; {graphs}; "
                 f"after a cold first wave: {self.later_waves}; MoE experts: {moe}; all-reduce: {ar}")
 
@@ -107,7 +113,7 @@ ENGINES: dict[str, EngineDefaults] = {
         "reserve", "free", 0.9, None,
         ("max_batch_size 2048, max_num_tokens 8192, chunked prefill off, GUARANTEED_NO_EVICT (reserve KV for "
          "prompt + all outputs at admission)", "kv_cache free_gpu_memory_fraction 0.9 of the memory left after weights"),
-        config="aic_benchmark"),
+        config="aic_benchmark", all_reduce="trtllm", host_overhead_s=0.4654e-3),
 }
 
 

@@ -231,3 +231,18 @@ def test_aic_benchmark_engine_config_sets_the_generators_limits():
     assert s["step_time"]["graph_sizes"] == [2 * g for g in range(1, 17)]
     with pytest.raises(ConfigError, match="engine_config"):
         build_case(dp_row, engine_config="tuned")
+
+
+def test_host_overhead_is_the_engines_unless_given():
+    from sim.published.engines import ENGINES
+    from sim.published.predict import build_case
+    from sim.published.rows import read_published
+    for row in read_published(FIXTURE):
+        case = build_case(row)
+        if case.scenario is None:
+            continue
+        model = case.scenario["step_time"]["model"]
+        assert model.get("host_overhead_s") == ENGINES[row.backend].host_overhead_s
+        assert build_case(row, host_overhead_s=5e-4).scenario["step_time"]["model"]["host_overhead_s"] == 5e-4
+    code, _, err = capsim("validate-published", str(FIXTURE), "--host-overhead-ms", "-1", "--no-progress")
+    assert code != 0 and "--host-overhead-ms" in err
