@@ -88,8 +88,17 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
             "rounds": rounds if start == "cold" else None, "mixed": mixed,
             "moe_kernels": moe_kernels, "moe_routing": moe_routing, "all_reduce": all_reduce,
             "engine_config": engine_config, "host_overhead_s": host_overhead_s,
-            "engines": {b: ENGINES[b].describe(None if engine_config == "engine" else engine_config) for b in used},
+            "engines": {b: ENGINES[b].describe(_described_config(engine_config, [r for r in rows if r.backend == b]))
+                        for b in used},
             "rows": records, "summary": error_summary(records)}
+
+
+def _described_config(engine_config: str, rows) -> str | None:
+    """The limits an engine's rows ran under: the asked ones, else the engine's choice for agg rows; disaggregated
+    pools keep the launch defaults unless asked (sim.published.predict.build_case)."""
+    if engine_config != "engine":
+        return engine_config
+    return None if any(r.mode != "disagg" for r in rows) else "defaults"
 
 
 def _validate_throughput(path, backend, system, mode, workers, progress, stream) -> dict:
