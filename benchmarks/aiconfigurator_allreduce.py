@@ -25,14 +25,13 @@ Run it with the wheel's interpreter (pandas + pyarrow):
 
 from __future__ import annotations
 
-import argparse
 import sys
 from pathlib import Path
 
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from aiconfigurator_moe import CARDS, VLLM_VERSION, _version_key  # noqa: E402
+from aiconfigurator_moe import CARDS, VLLM_VERSION, _version_key, set_note, wheel_args  # noqa: E402
 
 ENGINES = ("vllm", "sglang", "trtllm")
 NOTE = " Engine all-reduce (all_reduce_<engine>.csv):"
@@ -68,16 +67,7 @@ def card_tables(data: Path, card: str) -> tuple[dict[str, pd.DataFrame], list[st
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--data", help="the wheel's systems/data folder (default: found from the installed package)")
-    ap.add_argument("--out", required=True, help="profiles/ops: writes <card>/all_reduce_<engine>.csv")
-    ap.add_argument("--cards", default=",".join(CARDS))
-    args = ap.parse_args(argv)
-    if args.data:
-        data = Path(args.data)
-    else:
-        import aiconfigurator_core
-        data = Path(aiconfigurator_core.__file__).parent / "systems" / "data"
+    args, data = wheel_args(__doc__.split("\n")[0], "profiles/ops: writes <card>/all_reduce_<engine>.csv", argv)
     for card in args.cards.split(","):
         if card not in CARDS:
             raise SystemExit(f"--cards: unknown card {card!r}; expected some of {', '.join(CARDS)}")
@@ -94,9 +84,7 @@ def main(argv=None) -> int:
                 f"(aiconfigurator_core/systems/data/{CARDS[card]}/comm/<engine>/<version>/custom_allreduce_perf.parquet), "
                 f"BF16, CUDA-graph mode where measured both ways: {'; '.join(notes)}; taken by "
                 f"benchmarks/aiconfigurator_allreduce.py.")
-        src = folder / "source.txt"
-        text = src.read_text().rstrip("\n").split(NOTE)[0]
-        src.write_text(text + note + "\n")
+        set_note(folder / "source.txt", note)
         print(f"{card}: {'; '.join(notes)}", file=sys.stderr)
     return 0
 

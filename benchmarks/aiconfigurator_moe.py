@@ -108,17 +108,36 @@ def card_rows(data: Path, card: str, shapes) -> tuple[pd.DataFrame, list[str]]:
     return out.sort_values(COLUMNS[:-1]).reset_index(drop=True), notes
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+NOTES = (" Fused-MoE kernels (moe.csv.gz):", " Engine all-reduce (all_reduce_<engine>.csv):")
+"""The notes these scripts append to a card's source.txt, each starting with its marker."""
+
+
+def set_note(src: Path, note: str) -> None:
+    """Replace (or add) the note in `src` that starts with `note`'s marker, keeping every other note."""
+    marker = next(m for m in NOTES if note.startswith(m))
+    text = src.read_text().rstrip("\n")
+    cuts = sorted((text.find(m), m) for m in NOTES if m in text)
+    head = text[:cuts[0][0]] if cuts else text
+    notes = {m: text[i:(cuts[k + 1][0] if k + 1 < len(cuts) else len(text))] for k, (i, m) in enumerate(cuts)}
+    notes[marker] = note
+    src.write_text(head + "".join(notes[m] for m in NOTES if m in notes) + "\n")
+
+
+def wheel_args(description: str, out_help: str, argv=None) -> tuple[argparse.Namespace, Path]:
+    """--data / --out / --cards of a script reading the aiconfigurator wheel's database, and that database."""
+    ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--data", help="the wheel's systems/data folder (default: found from the installed package)")
-    ap.add_argument("--out", required=True, help="profiles/ops: writes <card>/moe.csv.gz and notes the source")
+    ap.add_argument("--out", required=True, help=out_help)
     ap.add_argument("--cards", default=",".join(CARDS))
     args = ap.parse_args(argv)
     if args.data:
-        data = Path(args.data)
-    else:
-        import aiconfigurator_core
-        data = Path(aiconfigurator_core.__file__).parent / "systems" / "data"
+        return args, Path(args.data)
+    import aiconfigurator_core
+    return args, Path(aiconfigurator_core.__file__).parent / "systems" / "data"
+
+
+def main(argv=None) -> int:
+    args, data = wheel_args(__doc__.split("\n")[0], "profiles/ops: writes <card>/moe.csv.gz and notes the source", argv)
     shapes = moe_shapes(REPO / "profiles" / "models")
     print(f"shapes: {shapes}", file=sys.stderr)
     for card in args.cards.split(","):
@@ -137,9 +156,7 @@ def main(argv=None) -> int:
                 f"(aiconfigurator_core/systems/data/{system}/moe/<engine>/<version>/moe_perf.parquet), balanced "
                 f"and power_law_1.2 routing, the shipped MoE models' shapes, the fastest kernel per point: {'; '.join(notes)}; taken by "
                 f"benchmarks/aiconfigurator_moe.py.")
-        src = folder / "source.txt"
-        text = src.read_text().rstrip("\n").split(" Fused-MoE kernels (moe.csv.gz):")[0]
-        src.write_text(text + note + "\n")
+        set_note(folder / "source.txt", note)
         print(f"{card}: {len(rows)} rows: {'; '.join(notes)}", file=sys.stderr)
     return 0
 
