@@ -2,9 +2,13 @@
 and a host tier for swapped-out requests.
 
 State model
-- Every block is in exactly one of: the free list (no content), in use (ref_count > 0, held by the
-  block tables of ref_count requests), or cached-free (ref_count 0 but its content is indexed and
-  reusable until evicted). free + used + cached-free = capacity.
+- Every block is in exactly one of: the free list (no content), in use (held by the block tables
+  of ref_count requests), or cached-free (ref_count 0 but its content is indexed and reusable until
+  evicted). free + used + cached-free = capacity.
+- A *private* block (in use by one request, past its indexed_blocks, neither indexed nor a
+  duplicate, its request not sharing its tail with forked branches) keeps ref_count 0 while it is
+  held: its one reference is implicit, so handing it out and releasing it writes nothing per block.
+  Indexing it (`_index`) or sharing it (`share_tail`) makes its count explicit (1).
 - A full block's content is identified by a chain hash over (previous block's hash, the pieces of
   token streams it holds), so two requests share a block exactly when they share every token
   before and in it (reference section 6: reuse stops at the first differing token).
@@ -241,20 +245,17 @@ class BlockManager:
 
     def _take_empty(self, n: int) -> list[int]:
         """n block ids with no content, in hand-out order: freed ones first (last freed first), then
-        never-used ones (created here with one reference)."""
+        never-used ones (created here). They come out private: ref_count 0, one implicit reference."""
         fl = self.free_list
         take = min(n, len(fl))
         new = fl[len(fl) - take:]
         del fl[len(fl) - take:]
-        new.reverse()  # pop() order: the most recently freed first
-        blocks = self.blocks
-        for bid in new:
-            blocks[bid].ref_count = 1
+        new.reverse()  # pop() order: the most recently freed first (their ref_count is 0: private)
         more = n - take
         if more:
             f0 = self._fresh
             self._fresh = f0 + more
-            blocks.extend([Block(b, 1) for b in range(f0, f0 + more)])
+            self.blocks.extend(map(Block, range(f0, f0 + more)))
             new.extend(range(f0, f0 + more))
         return new
 
@@ -325,12 +326,13 @@ class BlockManager:
                                "call can_allocate first")
         empty = self.empty_blocks
         new = self._take_empty(min(extra, empty))
-        if extra > empty:
-            evicted = self._evict_lru(extra - empty) if self._lru else [self._evict(now_s) for _ in range(extra - empty)]
+        if extra > empty:  # evicted blocks (unindexed now, ref_count 0) are private too
+            new.extend(self._evict_lru(extra - empty) if self._lru else
+                       [self._evict(now_s) for _ in range(extra - empty)])
+        if req.tail_shared:  # its branches hold references past its indexed prefix: counts stay explicit
             blocks = self.blocks
-            for bid in evicted:
+            for bid in new:
                 blocks[bid].ref_count = 1
-            new.extend(evicted)
         table.extend(new)
         self.used_blocks += extra
         if self.used_blocks > self.peak_blocks:
@@ -461,10 +463,13 @@ class BlockManager:
         """Hash and index `req`'s blocks from `req.indexed_blocks` up to `full` (a duplicate of
         content already indexed is kept aside, to take over if that block is evicted)."""
         hashes = chain_hashes(request_streams(req), self.block_tokens, full, req.block_hashes, seed=_adapter_seed(req))
+        explicit = req.tail_shared  # otherwise each block indexed here was private: its reference is req's
         for b in range(req.indexed_blocks, full):
             blk = self.blocks[req.block_table[b]]
             if blk.content_hash is not None or blk.dup_of is not None:
                 continue
+            if not explicit:
+                blk.ref_count = 1
             h = hashes[b]
             if h not in self.index:
                 blk.content_hash = h
@@ -475,6 +480,18 @@ class BlockManager:
                 blk.dup_of = h
                 self._dups.setdefault(h, []).append(blk.block_id)
         req.indexed_blocks = full
+
+    def share_tail(self, req: Request) -> None:
+        """Branches forked from `req` are about to hold blocks past its indexed prefix: from now on
+        the references of all its blocks are counted explicitly (its private ones hold 1 each)."""
+        if req.tail_shared:
+            return
+        req.tail_shared = True
+        blocks = self.blocks
+        for bid in req.block_table[req.indexed_blocks:]:
+            blk = blocks[bid]
+            if blk.content_hash is None and blk.dup_of is None:
+                blk.ref_count = 1
 
     def free(self, req: Request, now_s: float = 0.0) -> None:
         """Drop `req`'s references, tail first (so LRU evicts tails before the prefixes they extend)."""
@@ -490,18 +507,14 @@ class BlockManager:
             # fast path: blocks past the indexed prefix were handed out fresh to this request alone
             # (no content hash, one reference): the unfilled tail straight back to the free list,
             # tail first; full private blocks (prefix_index all) to the LRU list as one run
-            if f < len(table):
+            if f < len(table):  # private: their ref_count is 0 already
                 tail = table[max(f, k):]
-                for bid in tail:
-                    blocks[bid].ref_count = 0
                 tail.reverse()
                 fl.extend(tail)
             if f > k:
                 run = table[k:f]
                 for bid in run:
-                    blk = blocks[bid]
-                    blk.ref_count = 0
-                    blk.last_used_s = now_s
+                    blocks[bid].last_used_s = now_s
                 key = cf.add_run(run)
                 self._run_owner[key] = (req.rid, req.segments, req.adapter, k)
                 self._runs_of.setdefault(req.rid, []).append(key)

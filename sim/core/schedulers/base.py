@@ -388,7 +388,7 @@ class Scheduler:
         bs = self.pool.block_tokens
         shared = leader.block_table[:leader.prompt_tokens // bs]
         if len(shared) > leader.indexed_blocks:
-            leader.tail_shared = True
+            self.pool.share_tail(leader)
         self.pool.allocate(follower, len(shared) * bs, hits=shared, now_s=now_s)
         tokens = self._reserve_tokens(follower) if self.kv_admission == "reserve" else leader.prompt_tokens
         self.pool.allocate(follower, tokens, now_s=now_s)
