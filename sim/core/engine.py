@@ -63,17 +63,17 @@ class ModelledExecutor:
         """Nothing to record: the timeline and the recorder have it."""
 
 
-def arrivals(env: simpy.Environment, workload, make_request: Callable[[int], Request],
+def arrivals(env: simpy.Environment, workload, make_requests: Callable[[np.ndarray], list[Request]],
              deliver: Callable[[Request], None], cancel: Callable[[Request], None]):
-    """Release requests at their engine arrival times (scheduled + outside wait) through `deliver`."""
+    """Release requests at their engine arrival times (scheduled + outside wait) through `deliver`;
+    `make_requests` turns workload rows into Requests, a block of rows at a time."""
     engine_t = workload.arrival_s + workload.outside_wait_s
     order = np.argsort(engine_t, kind="stable")
-    for a in range(0, len(order), 4096):  # Python ints and floats a block at a time (not a million at once)
+    for a in range(0, len(order), 4096):  # Python objects a block at a time (not a million at once)
         block = order[a:a + 4096]
-        for i, t in zip(block.tolist(), engine_t[block].tolist()):
+        for req, t in zip(make_requests(block), engine_t[block].tolist()):
             if t > env.now:
                 yield env.timeout(t - env.now)
-            req = make_request(i)
             deliver(req)
             if req.cancel_at_s is not None:
                 env.process(_cancel_at(env, req, cancel))
@@ -107,31 +107,36 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
     A fault interrupts it (simpy.Interrupt): it stops where it is, the in-flight iteration lost.
     """
     inbox, scheduler, timeline = replica.inbox, replica.scheduler, replica.timeline
+    arrived, pool = inbox.items, scheduler.pool
+    # a modelled step: skip steady decode stretches (a replay's executor runs every iteration)
+    fast_forward = scheduler.fast_forward if getattr(executor, "fast_forward", False) else None
     try:
         while True:
-            executor.begin(env.now)
-            while inbox.items:
-                scheduler.admit(inbox.items.pop(0), env.now)
-            plan = scheduler.plan(env.now)
-            on_dropped(env.now)
+            now = env.now
+            executor.begin(now)
+            while arrived:
+                scheduler.admit(arrived.pop(0), now)
+            plan = scheduler.plan(now)
+            if scheduler.dropped:
+                on_dropped(now)
             if plan is None:
                 if not scheduler.has_work:
                     scheduler.admit((yield inbox.get()), env.now)
                 continue
-            pool = scheduler.pool
-            start, index = env.now, scheduler.iteration
-            blocks = (pool.used_blocks, len(pool.cached_free), pool.host_used_blocks)
+            start, index = now, scheduler.iteration
+            blocks = (pool.used_blocks, pool.cached_free.count, pool.host_used_blocks)
             step = executor.execute(plan, start)
-            if getattr(executor, "fast_forward", False):  # a modelled step: skip steady decode stretches
-                start, step = scheduler.fast_forward(plan, start, step, env.peek(), executor.step_time.step_s,
-                                                     timeline, blocks)
+            if fast_forward is not None:
+                start, step = fast_forward(plan, start, step, env.peek(), executor.step_time.step_s, timeline, blocks)
                 index = scheduler.iteration
-            yield env.timeout(step if start == env.now else _delay_to(env.now, start + step))
-            timeline.on_iteration(start, env.now, plan, blocks)
-            outcome = scheduler.commit(plan, env.now)
-            timeline.on_tokens(index, start, env.now, outcome)
-            executor.committed(plan, outcome, env.now)
-            on_outcome(outcome, env.now)
-            on_dropped(env.now)
+            yield env.timeout(step if start == now else _delay_to(now, start + step))
+            now = env.now
+            timeline.on_iteration(start, now, plan, blocks)
+            outcome = scheduler.commit(plan, now)
+            timeline.on_tokens(index, start, now, outcome)
+            executor.committed(plan, outcome, now)
+            on_outcome(outcome, now)
+            if scheduler.dropped:
+                on_dropped(now)
     except simpy.Interrupt:
         return

@@ -38,13 +38,16 @@ class Frontend:
         self._retried = scenario.accuracy.max_retries > 0 and scenario.accuracy.p_correct < 1
         self._held: dict[int, list[Request]] = {}   # parallel sampling: branches waiting for their prompt's prefill
         self._forked: set[int] = set()
+        # one replica and a router whose choice among one candidate touches nothing (affinity matches
+        # prefixes, which may hash cached blocks): route without asking it
+        self._sole = len(replicas) == 1 and router.kind != "affinity"
 
     # ---- entering ---------------------------------------------------------------------------
     def open(self) -> None:
         """Start the arrivals: closed-loop users, or the workload's own arrival times."""
         self.clients = closed_loop_clients(self.env, self.workload, self.make_request, self.deliver)
         if self.clients is None:
-            self.env.process(engine.arrivals(self.env, self.workload, self.make_request, self.deliver, self.cancel))
+            self.env.process(engine.arrivals(self.env, self.workload, self.make_requests, self.deliver, self.cancel))
 
     def _shareable(self, i: int) -> int | None:
         wl = self.workload
@@ -65,6 +68,28 @@ class Frontend:
                        deadline_s=None if math.isnan(dl) else dl, cancel_at_s=None if math.isnan(cancel) else cancel,
                        segments=wl.segments_of(i), shareable_tokens=self._shareable(i))
 
+    def make_requests(self, rows: np.ndarray) -> list[Request]:
+        """Workload rows `rows` as Requests, the same as make_request of each (columns read once)."""
+        wl = self.workload
+        arrival, outside = wl.arrival_s[rows].tolist(), wl.outside_wait_s[rows].tolist()
+        cancel, deadline = wl.cancel_at_s[rows].tolist(), wl.deadline_s[rows].tolist()
+        prompt, output = wl.prompt_tokens[rows].tolist(), wl.output_tokens[rows].tolist()
+        adapter = wl.adapter[rows].tolist() if wl.adapter is not None else None
+        own = wl.segments is None  # every prompt its own private stream
+        plain = own and not wl.shared_streams and not self._warm  # nothing shared: shareable_tokens 0
+        out = []
+        for k, i in enumerate(rows.tolist()):
+            a, p, c, d = arrival[k], prompt[k], cancel[k], deadline[k]
+            if plain:
+                shareable = p if self._retried else 0
+            else:
+                shareable = self._shareable(i)
+            out.append(Request(i, a, p, output[k], a + outside[k],
+                               adapter=adapter[k] if adapter is not None and adapter[k] >= 0 else None,
+                               deadline_s=None if d != d else d, cancel_at_s=None if c != c else c,
+                               segments=(((0, i), 0, p),) if own else wl.segments_of(i), shareable_tokens=shareable))
+        return out
+
     def deliver(self, req: Request) -> None:
         """A request reaches the front end: held for its leader's prefill (parallel sampling) or routed."""
         self.rec.on_enter(req, self.env.now)
@@ -79,7 +104,10 @@ class Frontend:
         """Send a request to a replica the router believes healthy; a replica that is actually down
         refuses it (it fails, or is routed again without that replica)."""
         while True:
-            replica = self.router.choose(req, [r for r in self.replicas if r.marked_up and r.index not in req.avoid])
+            if self._sole and not req.avoid:  # one replica: no choice to make (and no router state to keep)
+                replica = self.replicas[0] if self.replicas[0].marked_up else None
+            else:
+                replica = self.router.choose(req, [r for r in self.replicas if r.marked_up and r.index not in req.avoid])
             if replica is None:
                 self._fail(req, "cluster: no healthy replica")
                 return
