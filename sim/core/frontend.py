@@ -156,7 +156,11 @@ class Frontend:
     def _judge(self, req: Request, now_s: float) -> None:
         """A finished request: right (it leaves) or wrong (sent again while attempts remain)."""
         acc = self.scenario.accuracy
-        req.correct = bool(self._acc_rng.random() < acc.p_correct) if acc.p_correct < 1 else True
+        if acc.p_correct >= 1:  # always right: it leaves
+            req.correct = True
+            self.leave(req, now_s)
+            return
+        req.correct = bool(self._acc_rng.random() < acc.p_correct)
         if not req.correct and req.attempt <= acc.max_retries:
             self.route(Request(req.rid, req.arrival_s, req.prompt_tokens, req.max_output_tokens, now_s,
                                deadline_s=req.deadline_s, attempt=req.attempt + 1, preemptions=req.preemptions,
@@ -192,10 +196,12 @@ class Frontend:
                 for req in outcome.emitted:
                     if req.rid in self._held and req.output_tokens == 1:
                         release(req.rid, req)
-            for req in outcome.finished_decodes + outcome.emitted + finished_forks:
-                if req.status is Status.FINISHED:
-                    self._judge(req, now_s)
-            finished_forks.clear()
+            for group in (outcome.finished_decodes, outcome.emitted, finished_forks):
+                for req in group:
+                    if req.status is Status.FINISHED:
+                        self._judge(req, now_s)
+            if finished_forks:
+                finished_forks.clear()
 
         def on_dropped(now_s: float) -> None:
             for req in scheduler.dropped:
