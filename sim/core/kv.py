@@ -294,11 +294,14 @@ class BlockManager:
     # ---- allocation ---------------------------------------------------------------------------
     def can_allocate(self, req: Request, tokens: int, hits: list[int] | None = None) -> bool:
         """Can `req` hold `tokens` tokens, reusing `hits` (from match) when it holds nothing yet?"""
-        hits = hits or []
-        new = self.blocks_for(tokens) - len(req.block_table) - len(hits)
+        new = -(-tokens // self.block_tokens) - len(req.block_table)
+        if not hits:
+            return new <= 0 or new <= len(self.free_list) + (self.num_blocks - self._fresh) + self.cached_free.count
+        new -= len(hits)
         if new <= 0:
             return True
-        cached_hits = sum(1 for b in hits if self.blocks[b].ref_count == 0)
+        blocks = self.blocks
+        cached_hits = sum(1 for b in hits if blocks[b].ref_count == 0)
         return new <= self.free_blocks - cached_hits
 
     def allocate(self, req: Request, tokens: int, hits: list[int] | None = None, now_s: float = 0.0) -> None:

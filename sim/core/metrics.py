@@ -221,6 +221,20 @@ class Recorder:
         return {c: flat[:, k] for k, c in enumerate(REQUEST_COLUMNS)}
 
 
+def _pieces(at: np.ndarray, k: np.ndarray, n: int, rows: int):
+    """Cut n explicit rows and the stretches among them (stretch j, of k[j] rows, goes before
+    explicit row at[j]; at is non-decreasing) into pieces of about `rows` rows in all, so a block's
+    expansion stays small. Yields (first explicit row, end, first stretch, end stretch); a stretch is
+    never split, and one longer than `rows` makes a piece of its own size."""
+    a = s0 = total = 0
+    for j, (r, kj) in enumerate(zip(at.tolist(), k.tolist())):
+        if total + (r - a) + kj > rows and (r > a or j > s0):  # stretch j starts the next piece
+            yield a, r, s0, j
+            a, s0, total = r, j, 0
+        total += kj
+    yield a, n, s0, len(at)
+
+
 class Timeline:
     """One replica's iterations: their rows, end times, and the token times of their emitters."""
 
@@ -272,10 +286,19 @@ class Timeline:
             # a stretch recorded after explicit row r - 1 goes before row r: into the block holding r,
             # or into the last block when it came after every explicit row
             hi = len(at) if r1 == explicit else int(np.searchsorted(at, r1, side="left"))
-            yield self._expand(flat, st[lo:hi], r0) if hi > lo else flat
+            if hi == lo:
+                yield flat
+            else:
+                yield from self._expanded(flat, st[lo:hi], at[lo:hi] - r0, r0, rows)
             lo, r0 = hi, r1
         if explicit == 0 and len(st):  # only fast-forwarded iterations (no explicit row at all)
-            yield self._expand(np.empty((0, width)), st)
+            yield from self._expanded(np.empty((0, width)), st, np.zeros(len(st)), 0, rows)
+
+    def _expanded(self, flat: np.ndarray, st: np.ndarray, at: np.ndarray, first_row: int, rows: int):
+        """_expand of explicit rows `flat` (first_row..) with the stretches `st` among them (stretch j
+        before row at[j] of flat), in pieces of about `rows` rows."""
+        for a, b, s0, s1 in _pieces(at.astype(np.int64), st[:, 2].astype(np.int64), len(flat), rows):
+            yield self._expand(flat[a:b], st[s0:s1], first_row + a)
 
     def _expand(self, flat: np.ndarray, st: np.ndarray, first_row: int = 0) -> np.ndarray:
         """Explicit rows first_row.. (`flat`) with the fast-forwarded stretches `st` (those recorded

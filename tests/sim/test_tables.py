@@ -74,3 +74,18 @@ def test_distinct_weights_equal_numpy_unique():
     u, inverse = np.unique(values, return_inverse=True)
     assert np.array_equal(v, u) and np.array_equal(w, np.bincount(inverse, weights=weights).astype(np.int64))
     assert w.dtype == np.int64
+
+
+def test_expanded_blocks_stay_near_the_block_size():
+    """A block of explicit rows with long fast-forwarded stretches among it is expanded in pieces of
+    at most `rows` rows (a single stretch longer than that is one piece), covering every row once
+    and in order."""
+    at = pd.Series([0, 2, 2, 5, 9, 9]).to_numpy()   # stretch j goes before explicit row at[j]
+    k = pd.Series([4, 3, 1, 30, 2, 2]).to_numpy()    # its rows
+    pieces = list(metrics._pieces(at, k, 10, 8))
+    assert pieces[0][0] == 0 and pieces[-1][1] == 10 and pieces[-1][3] == len(at)
+    for (a0, b0, s0, e0), (a1, b1, s1, e1) in zip(pieces, pieces[1:]):
+        assert b0 == a1 and e0 == s1  # contiguous: no row or stretch lost or repeated
+    for a, b, s, e in pieces:
+        size = (b - a) + int(k[s:e].sum())
+        assert size <= 8 or (e - s == 1 and k[s] > 8)
