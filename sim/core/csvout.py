@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-_CHUNK = 50_000  # rows formatted at once: bounds the strings held in memory (~60 B each)
+_CHUNK = 10_000  # rows formatted at once: bounds the strings held in memory (~60 B each)
 
 
 def _quote(s: str) -> str:
