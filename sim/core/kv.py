@@ -209,7 +209,7 @@ class BlockManager:
         self._lazy = LAZY_PRIVATE and prefix_index == "all" and self._lru
         """Private full blocks are released as unhashed LRU runs (module docstring)."""
         self._runs_of: dict[int, list[int]] = {}       # request id -> keys of its cached runs
-        self._run_owner: dict[int, tuple] = {}         # run key -> (request id, segments, adapter, first block)
+        self._run_owner: dict[int, tuple] = {}         # run key -> (request id, segments, adapter, first block, released at)
         self._hashed_runs: set[int] = set()            # runs hashed since (their owner came back)
         self._in_run: dict[int, int] = {}              # block id -> run key, for blocks of hashed runs
         # Blocks come into being when first handed out (never one object per block up front: a pool
@@ -238,6 +238,14 @@ class BlockManager:
     def empty_blocks(self) -> int:
         """Blocks with no content (freed or never used)."""
         return len(self.free_list) + (self.num_blocks - self._fresh)
+
+    def last_used(self, bid: int) -> float:
+        """When block `bid` was last used; a block of an unhashed run of private blocks keeps it with
+        its run (written to the block only when the run is hashed)."""
+        for key, run in self.cached_free.od.items():
+            if run is not None and key not in self._hashed_runs and bid in run:
+                return self._run_owner[key][4]
+        return self.blocks[bid].last_used_s
 
     def free_ids(self) -> list[int]:
         """The free list as a stack (last handed out first); materialises every id: for tests."""
@@ -401,7 +409,7 @@ class BlockManager:
             if key in self._hashed_runs:
                 continue
             self._hashed_runs.add(key)
-            rid, segments, adapter, first = self._run_owner[key]
+            rid, segments, adapter, first, released_s = self._run_owner[key]
             run = self.cached_free.od[key]
             streams = segments + (((OUTPUT_STREAM, rid), 0, 1 << 62),)  # as request_streams
             seed = 0 if adapter is None else adapter + 1                 # as _adapter_seed
@@ -412,7 +420,8 @@ class BlockManager:
                 if h in self.index:  # cannot happen: a lazily handled request met no block of its own id
                     continue
                 blk = self.blocks[bid]
-                blk.content_hash, blk.depth, blk.cached_since_s = h, depth, blk.last_used_s
+                blk.content_hash, blk.depth, blk.cached_since_s = h, depth, released_s
+                blk.last_used_s = released_s
                 self.index[h] = bid
 
     def _take_from_run(self, bid: int) -> None:
@@ -514,12 +523,9 @@ class BlockManager:
                 tail = table[max(f, k):]
                 tail.reverse()
                 fl.extend(tail)
-            if f > k:
-                run = table[k:f]
-                for bid in run:
-                    blocks[bid].last_used_s = now_s
-                key = cf.add_run(run)
-                self._run_owner[key] = (req.rid, req.segments, req.adapter, k)
+            if f > k:  # (a run's blocks were all last used now: said once, in _run_owner)
+                key = cf.add_run(table[k:f])
+                self._run_owner[key] = (req.rid, req.segments, req.adapter, k, now_s)
                 self._runs_of.setdefault(req.rid, []).append(key)
             released = len(table) - k
             table = table[:k]

@@ -123,7 +123,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
 
     @invariant()
     def lru_order_follows_sim_time(self):
-        times = [self.kv.blocks[b].last_used_s for b in self.kv.cached_free]
+        times = [self.kv.last_used(b) for b in self.kv.cached_free]
         assert times == sorted(times)
 
     def teardown(self):
