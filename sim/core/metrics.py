@@ -332,16 +332,9 @@ class Timeline:
     def decode_gaps(self, req: Request, first: int, last: int) -> None:
         """`req` emitted one token in each iteration first..last, each after the iteration before:
         its gaps are those iterations' durations."""
-        n = last + 1 - first
-        if n >= 48 and not self.rec.track_request_gaps:
-            # numpy's max is the same float and, past a few dozen gaps, faster than Python's; the view
-            # into the growing log is dropped at once (the log cannot grow while one exists)
-            top = float(_MAX(np.frombuffer(self.durations, dtype=float, count=n, offset=8 * first)))
-            if top > req.max_itl_s:
-                req.max_itl_s = top
-            return
-        gaps = self.durations[first:last + 1]  # a copy
-        top = max(gaps) if n < 48 else float(_MAX(np.frombuffer(gaps)))
+        gaps = self.durations[first:last + 1]  # a copy: never a view into the growing log
+        # numpy's max is the same float and, past a few dozen gaps, faster than Python's
+        top = max(gaps) if len(gaps) < 48 else float(_MAX(np.frombuffer(gaps)))
         if top > req.max_itl_s:
             req.max_itl_s = top
         if self.rec.track_request_gaps:
