@@ -240,12 +240,9 @@ class BlockManager:
         return len(self.free_list) + (self.num_blocks - self._fresh)
 
     def last_used(self, bid: int) -> float:
-        """When block `bid` was last used; a block of an unhashed run of private blocks keeps it with
-        its run (written to the block only when the run is hashed)."""
-        for key, run in self.cached_free.od.items():
-            if run is not None and key not in self._hashed_runs and bid in run:
-                return self._run_owner[key][4]
-        return self.blocks[bid].last_used_s
+        """When block `bid` was last used (an unhashed run keeps it for all its blocks: for tests)."""
+        runs = [k for k, run in self.cached_free.od.items() if run and k not in self._hashed_runs and bid in run]
+        return self._run_owner[runs[0]][4] if runs else self.blocks[bid].last_used_s
 
     def free_ids(self) -> list[int]:
         """The free list as a stack (last handed out first); materialises every id: for tests."""

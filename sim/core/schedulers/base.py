@@ -127,8 +127,7 @@ class Scheduler:
     # ---- arrivals, cancellation -----------------------------------------------------------
     def admit(self, req: Request, now_s: float) -> None:
         """Queue an arriving request (admission into the batch happens in plan)."""
-        blocks = self.pool.blocks_for(self._reserve_tokens(req))
-        if blocks > self.pool.num_blocks:
+        if (blocks := self.pool.blocks_for(self._reserve_tokens(req))) > self.pool.num_blocks:
             self._reject(req, "kv: request needs more blocks than the whole pool")
             return
         refusal = None if req.remote_kv_tokens else self._refusal(req)  # KV sent by a prefill pool: no prefill here
@@ -158,11 +157,9 @@ class Scheduler:
         self._cancelled_in_flight.append(req)
 
     def _enqueue(self, req: Request, front: bool = False, blocks: int | None = None) -> None:
-        """Waiting queue with a running sum of what its requests would reserve (for KV demand);
-        `blocks`: its reservation in blocks, when the caller has it already."""
-        if blocks is None:
-            blocks = self.pool.blocks_for(self._reserve_tokens(req))
-        # what it would add if admitted now: its reservation less the prefix blocks already cached
+        """Waiting queue with a running sum of what its requests would reserve (`blocks`, when known)
+        less the prefix blocks already cached: what it would add if admitted now (for KV demand)."""
+        blocks = self.pool.blocks_for(self._reserve_tokens(req)) if blocks is None else blocks
         req.queued_blocks = blocks - len(self.pool.match(req))
         self._waiting_blocks += req.queued_blocks
         if front:
