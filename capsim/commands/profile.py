@@ -1,6 +1,6 @@
 """capsim profile: step-time profiles from measured kernel tables (the `ops` model, issue [gpu-fidelity]).
 
-- `capsim profile compose --model M --hardware H [--tp N] [--dtype bf16|fp8] --out FILE.yaml`: a fitted
+- `capsim profile compose --model M --hardware H [--tp N] [--pp N] [--ep N] [--dtype bf16|fp8] --out FILE.yaml`: a fitted
   profile for `step_time.model: {kind: profile, path: FILE.yaml}`;
 - `capsim profile step --model M --hardware H [--tp N] --batch B --context C [--prefill N]`: one composed
   iteration, by component;
@@ -21,6 +21,9 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="model profile name (profiles/models) or YAML path")
     p.add_argument("--hardware", required=True, help="hardware profile name (profiles/hardware)")
     p.add_argument("--tp", type=int, default=1, help="tensor-parallel GPUs of the replica (default 1)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages of the replica (default 1)")
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel ways of a MoE model's experts over a stage's "
+                                                     "tp GPUs (default 1)")
     p.add_argument("--dtype", choices=["bf16", "fp8"], help="GEMM precision (default bf16)")
     p.add_argument("--tables", help="kernel table set under profiles/ops (default: the hardware's name)")
     p.add_argument("--mixed", choices=["one_pass", "sum"], default="one_pass",
@@ -74,8 +77,9 @@ def _ops_cfg(args):
 
 def _check(args) -> None:
     from sim.io.errors import ConfigError
-    if args.tp < 1:
-        raise ConfigError(f"--tp: expected a positive GPU count, got {args.tp}")
+    for flag in ("tp", "pp", "ep"):
+        if getattr(args, flag) < 1:
+            raise ConfigError(f"--{flag}: expected a positive GPU count, got {getattr(args, flag)}")
     if args.host_overhead_ms is not None and args.host_overhead_ms < 0:
         raise ConfigError(f"--host-overhead-ms: expected >= 0, got {args.host_overhead_ms}")
 
@@ -86,15 +90,18 @@ def cmd_compose(args) -> int:
     _check(args)
     profile, report = compose_profile(args.model, args.hardware, args.tp, args.dtype, args.tables, args.mixed,
                                       None if args.host_overhead_ms is None else args.host_overhead_ms / 1e3,
-                                      args.max_batch, args.max_new_tokens, args.max_context, args.all_reduce)
+                                      args.max_batch, args.max_new_tokens, args.max_context, args.all_reduce,
+                                      args.pp, args.ep)
     command = "capsim profile " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else \
-        f"capsim profile compose --model {args.model} --hardware {args.hardware} --tp {args.tp}"
+        f"capsim profile compose --model {args.model} --hardware {args.hardware} --tp {args.tp} --pp {args.pp} --ep {args.ep}"
     write_composed(profile, args.out, command)
     if args.json:
         print(json.dumps({"out": str(args.out), **report}, indent=2))
     else:
         e, lin = report["errors"]["efficiency"], report["errors"]["linear"]
-        print(f"wrote {args.out}: {profile.model} on {args.tp} x {profile.hardware}, {profile.dtype}; "
+        lay = profile.parallel
+        print(f"wrote {args.out}: {profile.model} on {lay.tp * lay.pp} x {profile.hardware} (tp {lay.tp}, pp {lay.pp}, "
+              f"ep {lay.ep}), {profile.dtype}; "
               f"{report['grid_points']} composed iterations; efficiency error median {e[0]:.1%} (max {e[1]:.1%}), "
               f"linear median {lin[0]:.1%} (max {lin[1]:.1%})")
     return 0
@@ -103,12 +110,12 @@ def cmd_compose(args) -> int:
 def cmd_step(args) -> int:
     """Print one composed iteration by component."""
     from sim.io.profiles import load_hardware, load_model
-    from sim.models.ops import build_ops_model
-    from sim.models.ops_compose import decode_plan, prefill_plan
+    from sim.models.ops_compose import build_composed_model, cli_layout, decode_plan, prefill_plan
     from sim.models.spec import ModelSpec
     _check(args)
     spec, hw = ModelSpec(load_model(args.model)), load_hardware(args.hardware)
-    model = build_ops_model(_ops_cfg(args), spec, hw, args.dtype or "bf16", "bf16", args.allow_extrapolation)
+    model = build_composed_model(_ops_cfg(args), spec, hw, cli_layout(spec, args.tp, args.pp, args.ep),
+                                 args.dtype or "bf16", args.allow_extrapolation)
     plan = decode_plan(args.batch, args.context) if args.batch else None
     if args.prefill:
         plan = prefill_plan(args.prefill_seqs, args.prefill, args.cached, plan)
@@ -119,7 +126,7 @@ def cmd_step(args) -> int:
                               plan.decode_kv_tokens, plan.decode_logits + plan.prefill_logits)
     out = {"step_ms": model.step_s(plan) * 1e3, "one_pass_ms": sum(parts.values()) * 1e3,
            "components_ms": {k: v * 1e3 for k, v in parts.items()}, "tables": model.tables.name,
-           "dtype": model.dtype, "tp": model.tp}
+           "dtype": model.dtype, "tp": model.tp, "pp": args.pp, "ep": args.ep}
     if args.json:
         print(json.dumps(out, indent=2))
         return 0

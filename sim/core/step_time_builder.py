@@ -23,6 +23,19 @@ def resolve_profile_path(text: str, base_dir: Path) -> Path:
                       f"or under {profiles_dir() / 'fitted'}")
 
 
+def _check_profile_layout(stated, scenario: Scenario, spec: ModelSpec, path: Path) -> None:
+    """A profile that says its layout runs only a replica of that layout."""
+    from sim.core.sizing import replica_layout
+    lay = replica_layout(scenario, spec)
+    have = {"tp": lay.tp, "pp": lay.pp, "ep": lay.ep}
+    want = stated.model_dump()
+    if have != want:
+        fmt = lambda d: ", ".join(f"{k} {v}" for k, v in d.items())  # noqa: E731
+        raise ConfigError(f"{path}: parallel: the profile's times are for a replica of {fmt(want)}; the scenario's "
+                          f"replica is {fmt(have)} (parallel); compose or fit a profile for that layout, or set "
+                          f"parallel to {want}")
+
+
 def build_step_time(scenario: Scenario, base_dir: Path, spec: ModelSpec, hw, stream=None):
     """The scenario's step-time model (inline, or from a fitted profile), wrapped for graphs and valid range."""
     st = scenario.step_time
@@ -33,6 +46,8 @@ def build_step_time(scenario: Scenario, base_dir: Path, spec: ModelSpec, hw, str
         prof = load_fitted(path)
         if prof.model not in (scenario.model, spec.profile.name):  # a name, or a model YAML path naming it
             raise ConfigError(f"{path}: model: profile is for {prof.model!r} but the scenario runs {scenario.model!r}")
+        if prof.parallel is not None:
+            _check_profile_layout(prof.parallel, scenario, spec, path)
         inner = getattr(prof, cfg.use)
         if inner is None:
             raise ConfigError(f"{path}: {cfg.use}: this profile has no {cfg.use} model "

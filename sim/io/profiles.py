@@ -315,6 +315,14 @@ class ValidRange(StrictModel):
     max_context_tokens: PositiveInt = Field(description="Longest context of any sequence")
 
 
+class ProfileLayout(StrictModel):
+    """The replica layout a profile's times are for (sim.models.parallel.Layout's tp, pp, ep)."""
+
+    tp: PositiveInt = 1
+    pp: PositiveInt = 1
+    ep: PositiveInt = 1
+
+
 class FitSummary(StrictModel):
     """A fit's held-out error and size."""
 
@@ -351,6 +359,9 @@ class FittedProfile(StrictModel):
     linear: LinearStepTime | None = None
     efficiency: EfficiencyStepTime | None = None
     valid_range: ValidRange
+    parallel: ProfileLayout | None = Field(None, description="Replica layout its times are for (composed profiles "
+                                                             "say it; a scenario on another layout is refused). "
+                                                             "Absent: not stated")
     fit: FitSummary | None = None
     provenance: Provenance
 

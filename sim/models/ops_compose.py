@@ -30,7 +30,9 @@ from sim.io.ops_schema import OpsStepTime
 from sim.io.profiles import (EfficiencyStepTime, FittedProfile, FitSummary, LinearStepTime, Provenance, ValidRange,
                              load_fitted, load_hardware, load_model)
 from sim.io.schema import validate_mapping
-from sim.models.ops import OpsModel, build_ops_model
+from sim.models.ops import OpsModel
+from sim.models.parallel import Layout, layout_problems
+from sim.models.parallel_ops import build_replica_ops_model
 from sim.models.roofline import forward_flops
 from sim.models.spec import ModelSpec
 from sim.models.step_time import EfficiencyModel, LinearModel
@@ -132,19 +134,41 @@ def _linear(plans: list[StepPlan], times: list[float]) -> tuple[LinearStepTime, 
     return lin, fit
 
 
+def cli_layout(spec: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> Layout:
+    """The replica layout of `--tp/--pp/--ep`, refused (naming the flag and the allowed values) when the
+    model cannot take it."""
+    for flag, v in (("tp", tp), ("pp", pp), ("ep", ep)):
+        if v < 1:
+            raise ConfigError(f"--{flag}: expected a positive GPU count, got {v}")
+    layout = Layout(tp=tp, pp=pp, ep=ep)
+    problems = layout_problems(spec, layout, "layout")
+    if problems:
+        raise ConfigError([p.replace("layout.", "--", 1) for p in problems])
+    return layout
+
+
+def build_composed_model(cfg: OpsStepTime, spec: ModelSpec, hw, layout: Layout, weight_format: str,
+                         allow_extrapolation: bool = False) -> OpsModel:
+    """The ops model of one replica of `layout`: dense, MoE or MLA, one GPU or several."""
+    return build_replica_ops_model(cfg.model_copy(update={"tp": layout.tp}), spec, hw, layout, weight_format, "bf16",
+                                   allow_extrapolation)
+
+
 def compose_profile(model: str, hardware: str, tp: int = 1, dtype: str | None = None, tables: str | None = None,
                     mixed: str = "one_pass", host_overhead_s: float | None = None, max_batch: int = 256,
                     max_new_tokens: int = 8192, max_context: int | None = None,
-                    all_reduce: str = "nccl") -> tuple[FittedProfile, dict]:
-    """Compose the profile; returns it and the composition's report (errors of each summary)."""
+                    all_reduce: str = "nccl", pp: int = 1, ep: int = 1) -> tuple[FittedProfile, dict]:
+    """Compose the profile of one replica of tp x pp GPUs (ep of them holding the experts of a MoE
+    model); returns it and the composition's report (errors of each summary)."""
     prof, hw = load_model(model), load_hardware(hardware)
     spec = ModelSpec(prof)
     weight_format = dtype or "bf16"
+    layout = cli_layout(spec, tp, pp, ep)
     cfg = OpsStepTime(tables=tables, dtype=dtype, tp=tp, mixed=mixed, host_overhead_s=host_overhead_s,
                       all_reduce=all_reduce)
-    ops = build_ops_model(cfg, spec, hw, weight_format, "bf16", False)
+    ops = build_composed_model(cfg, spec, hw, layout, weight_format)
     max_context = max_context or min(prof.max_position_embeddings, 32768)
-    gemm_max = int(ops.gemms["qkv"].ms[-1])
+    gemm_max = int(min(c.ms[-1] for c in ops.gemms.values()))
     if max_new_tokens > gemm_max:
         raise ConfigError(f"--max-new-tokens {max_new_tokens}: the GEMM table of {ops.tables.name} stops at "
                           f"m = {gemm_max} tokens")
@@ -157,18 +181,22 @@ def compose_profile(model: str, hardware: str, tp: int = 1, dtype: str | None = 
     effm = EfficiencyModel(eff, spec, spec.weight_read_bytes(weight_format), kv_bytes, peak, True)
     err = {"efficiency": _errors([effm.step_s(p) for p in plans], times),
            "linear": _errors([LinearModel(lin).step_s(p) for p in plans], times)}
+    shape = f"tensor parallel {tp}" + (f", pipeline {pp}" if pp > 1 else "") + (f", expert parallel {ep}" if ep > 1 else "")
+    kinds = ", ".join(k for k, on in (("MoE", prof.moe is not None), ("MLA", prof.mla is not None)) if on)
     notes = (f"Composed from measured kernel tables by sim.models.ops (kind ops): tables {ops.tables.name}, "
-             f"GEMM dtype {ops.dtype}, tensor parallel {tp} (times are for one replica of {tp} GPU(s); "
-             f"efficiency peak_tflops = {tp} x the card's dense peak), mixed iterations {mixed}, host overhead "
+             f"GEMM dtype {ops.dtype}, {shape}{' (' + kinds + ')' if kinds else ''} (times are for one replica of "
+             f"{layout.gpus} GPU(s); efficiency peak_tflops = {tp} x the card's dense peak), mixed iterations {mixed}, host overhead "
              f"{ops.host_s * 1e3:.3f} ms per iteration, {all_reduce} all-reduce. Error against the composition over the {len(plans)} grid "
              f"iterations: efficiency median {err['efficiency'][0]:.1%} / max {err['efficiency'][1]:.1%}; "
              f"linear median {err['linear'][0]:.1%} / max {err['linear'][1]:.1%}. For exact composed times use "
              f"step_time.model: {{kind: ops, tables: {ops.tables.name}, tp: {tp}, dtype: {ops.dtype}"
-             f"{'' if all_reduce == 'nccl' else ', all_reduce: ' + all_reduce}}}.")
+             f"{'' if all_reduce == 'nccl' else ', all_reduce: ' + all_reduce}}}"
+             f"{f' with parallel: {{tp: {tp}, pp: {pp}, ep: {ep}}}' if (pp > 1 or ep > 1) else ''}.")
     data = {
         "model": prof.name, "hardware": hw.name, "dtype": ops.dtype if ops.dtype == "fp8" else "bf16",
         "cuda_graphs": True, "linear": lin, "efficiency": eff,
         "valid_range": ValidRange(max_batch=max_batch, max_new_tokens=max_new_tokens, max_context_tokens=max_context),
+        "parallel": {"tp": tp, "pp": pp, "ep": ep},
         "fit": fit,
         "provenance": Provenance(source=f"capsim profile compose; kernel tables profiles/ops/{ops.tables.name}: {ops.tables.source()}",
                                  date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),

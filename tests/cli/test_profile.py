@@ -60,9 +60,63 @@ def test_step_prints_components(capsys):
 
 def test_bad_requests_are_clear_errors(capsys, tmp_path):
     assert main(["profile", "step", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--tp", "3", "--batch", "1"]) == 2
-    assert "step_time.model.tp: 3 does not divide" in capsys.readouterr().err
+    assert "--tp: 3 does not divide" in capsys.readouterr().err
     assert main(["profile", "compose", "--model", "llama-3.1-8b", "--hardware", "a100-80g-sxm",
                  "--max-new-tokens", "16384", "--out", str(tmp_path / "x.yaml")]) == 2
     assert "stops at m = 8192" in capsys.readouterr().err
     assert main(["profile", "step", "--model", "llama-3.1-8b", "--hardware", "l4", "--batch", "1"]) == 2
     assert "unknown kernel table set 'l4'" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def composed_moe(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compose") / "h100-sxm__mixtral-8x7b__bf16__tp2.yaml"
+    assert main(["profile", "compose", "--model", "mixtral-8x7b", "--hardware", "h100-sxm", "--tp", "2",
+                 "--max-batch", "64", "--out", str(out)]) == 0
+    return out
+
+
+def test_a_moe_profile_is_composed_for_its_layout(composed_moe):
+    """MoE (and MLA) models compose through the replica's ops model: the profile says its layout, and
+    its decode table is the composition's own decode steps."""
+    from sim.models.ops_compose import build_composed_model, cli_layout
+    prof = load_fitted(composed_moe)
+    assert prof.parallel.model_dump() == {"tp": 2, "pp": 1, "ep": 1} and "MoE" in prof.provenance.notes
+    spec, hw = ModelSpec(load_model("mixtral-8x7b")), load_hardware("h100-sxm")
+    ops = build_composed_model(OpsStepTime(tp=2), spec, hw, cli_layout(spec, tp=2), "bf16")
+    eff = EfficiencyModel(prof.efficiency, spec, spec.weight_read_bytes("bf16"), spec.kv_bytes_per_token("bf16"),
+                          2 * hw.peak_flops_per_s("bf16"), False)
+    for b in (1, 8, 64):
+        assert eff.step_s(decode_plan(b, 1024)) == pytest.approx(ops.step_s(decode_plan(b, 1024)), rel=1e-9)
+    # more experts are touched as the batch grows: a decode step of 64 costs more than one of 1, far less than 64
+    assert ops.step_s(decode_plan(1, 1024)) < ops.step_s(decode_plan(64, 1024)) < 64 * ops.step_s(decode_plan(1, 1024))
+
+
+def test_a_profile_runs_only_on_its_layout(composed_moe):
+    from sim.io.errors import ConfigError
+    model = {"kind": "profile", "path": str(composed_moe), "use": "linear"}
+    kw = dict(model="mixtral-8x7b", hardware="h100-sxm", workload__num_requests=20)
+    res = run(scenario(step_time={"model": model}, parallel={"tp": 2}, **kw))
+    assert res.summary["completed"] == 20
+    with pytest.raises(ConfigError, match=r"parallel: the profile's times are for a replica of tp 2, pp 1, ep 1; "
+                                          r"the scenario's replica is tp 2, pp 1, ep 2"):
+        run(scenario(step_time={"model": model}, parallel={"tp": 2, "ep": 2}, **kw))
+
+
+def test_moe_and_mla_models_compose_on_several_gpus(tmp_path):
+    out = tmp_path / "ds.yaml"
+    assert main(["profile", "compose", "--model", "deepseek-v3", "--hardware", "h200-sxm", "--tp", "8", "--ep", "8",
+                 "--dtype", "fp8", "--max-batch", "64", "--out", str(out)]) == 0
+    prof = load_fitted(out)
+    assert prof.parallel.model_dump() == {"tp": 8, "pp": 1, "ep": 8} and prof.dtype == "fp8"
+    assert "MoE, MLA" in prof.provenance.notes and "expert parallel 8" in prof.provenance.notes
+
+
+def test_a_layout_the_model_cannot_take_names_the_flag(capsys, tmp_path):
+    assert main(["profile", "compose", "--model", "mixtral-8x7b", "--hardware", "h100-sxm", "--tp", "2", "--ep", "3",
+                 "--out", str(tmp_path / "x.yaml")]) == 2
+    assert "--ep: 3 does not divide mixtral-8x7b's 8 experts (allowed: [1, 2]" in capsys.readouterr().err
+    assert main(["profile", "step", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--ep", "2", "--batch", "1"]) == 2
+    assert "--ep: 2 on llama-3.1-8b, a dense model without experts (allowed: 1)" in capsys.readouterr().err
+    assert main(["profile", "step", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--pp", "0", "--batch", "1"]) == 2
+    assert "--pp: expected a positive GPU count, got 0" in capsys.readouterr().err
