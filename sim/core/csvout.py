@@ -44,7 +44,14 @@ def _float_cells(v: np.ndarray) -> list[str]:
     return ["" if x != x else repr(x) for x in v.tolist()]
 
 
+_SPAN = 4096  # an integer column whose values span fewer than this many is formatted from a lookup table
+
+
 def _int_cells(v: np.ndarray) -> list[str]:
+    if len(v) > 64:
+        lo, hi = int(v.min()), int(v.max())
+        if hi - lo < _SPAN:  # counts, flags, ids of a block: each value's text once, picked by index
+            return np.array([str(x) for x in range(lo, hi + 1)], dtype=object)[v - lo].tolist()
     if _repeats(v):
         u, inv = np.unique(v, return_inverse=True)
         if len(u) * 4 < len(v):
