@@ -26,6 +26,7 @@ NAN = float("nan")
 STRETCH_FIELDS = 9  # explicit rows before, first iteration, iterations, start_s, KV blocks x3, first pairs, decodes
 _MAX = np.maximum.reduce  # the ufunc itself: ndarray.max() goes through a Python wrapper first
 SPILL_VALUES = 1 << 16  # doubles an output table keeps in memory before moving them to a temporary file
+CHUNK_VALUES = 1 << 19  # doubles read back from a spill file at a time when only a few columns are needed
 
 
 class Spilled:
@@ -293,6 +294,25 @@ class Timeline:
             lo, r0 = hi, r1
         if explicit == 0 and len(st):  # only fast-forwarded iterations (no explicit row at all)
             yield from self._expanded(np.empty((0, width)), st, np.zeros(len(st)), 0, rows)
+
+    def decode_only(self) -> tuple[int, np.ndarray, int]:
+        """Iterations; the durations of those that computed no prompt token, in row order; their output
+        tokens. What the iteration rows say, without expanding the stretches: a row's duration_s is the
+        durations log's entry for its iteration, and a fast-forwarded row is a decode-only one."""
+        width = len(ITERATION_COLUMNS)
+        st = self._stretches.numpy().reshape(-1, STRETCH_FIELDS)
+        at, k = st[:, 0].astype(np.int64), st[:, 2].astype(np.int64)
+        before = np.concatenate(([0], np.cumsum(k)))
+        decode = np.ones(len(self._ends), dtype=bool)
+        tokens, r0 = int((k * st[:, 8].astype(np.int64)).sum()), 0
+        for values in self.rows.chunks(CHUNK_VALUES - CHUNK_VALUES % width):
+            flat = values.reshape(-1, width)
+            rows = np.arange(r0, r0 + len(flat))
+            prefill = flat[:, 3] > 0  # explicit row r is iteration r + the stretch rows recorded before it
+            decode[rows[prefill] + before[np.searchsorted(at, rows[prefill], side="right")]] = False
+            tokens += int(flat[~prefill, 12].astype(np.int64).sum())
+            r0 += len(flat)
+        return len(decode), np.frombuffer(self.durations, dtype=float)[decode], tokens
 
     def _expanded(self, flat: np.ndarray, st: np.ndarray, at: np.ndarray, first_row: int, rows: int):
         """_expand of explicit rows `flat` (first_row..) with the stretches `st` among them (stretch j

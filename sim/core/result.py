@@ -149,15 +149,14 @@ def _sum(values: np.ndarray):
     return np.nansum(values) if values.dtype.kind == "f" else values.sum()
 
 
-def _decode_only(its: IterationTable) -> tuple[int, float, int]:
-    """Iterations, and the seconds and output tokens of the decode-only ones, a block at a time (the
-    seconds summed over the whole column at once, as pandas sums it)."""
+def _decode_only(timelines: list[Timeline]) -> tuple[int, float, int]:
+    """Iterations, and the seconds and output tokens of the decode-only ones, timeline by timeline as
+    iterations.csv lists them (the seconds summed over the whole column at once, as pandas sums it)."""
     n, durations, tokens = 0, [], 0
-    for block in its.chunks():
-        decode_only = block["prefill_tokens"] == 0
-        n += len(decode_only)
-        durations.append(block["duration_s"][decode_only])
-        tokens += int(_sum(block["output_tokens"][decode_only]))
+    for t in timelines:
+        m, d, k = t.decode_only()
+        n, tokens = n + m, tokens + k
+        durations.append(d)
     if not n:
         return 0, 0.0, 0
     return n, float(_sum(np.concatenate(durations))), tokens
@@ -170,7 +169,7 @@ def _latency_part(req: dict, its: IterationTable, rec: Recorder) -> dict:
     t1 = req["last_finish_s"] if n_done else t0
     window = t1 - t0
     itl = weighted_stats(*rec.itl_entries())
-    n_its, dec_time, dec_tokens = _decode_only(its)
+    n_its, dec_time, dec_tokens = _decode_only(its.timelines)
     return {
         "requests": n,
         "completed": n_done,

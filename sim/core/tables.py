@@ -130,6 +130,11 @@ class IterationTable:
     def __init__(self, timelines: list):
         self._timelines = timelines
 
+    @property
+    def timelines(self) -> list:
+        """The replicas' timelines, in the table's order."""
+        return self._timelines
+
     def chunks(self, rows: int | None = None) -> Iterator[dict[str, np.ndarray]]:
         """The table in blocks of `rows` (default CHUNK_ROWS) recorded rows, each with the
         fast-forwarded ones among them."""

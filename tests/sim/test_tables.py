@@ -89,3 +89,16 @@ def test_expanded_blocks_stay_near_the_block_size():
     for a, b, s, e in pieces:
         size = (b - a) + int(k[s:e].sum())
         assert size <= 8 or (e - s == 1 and k[s] > 8)
+
+
+@pytest.mark.parametrize("case", ["continuous", "chunked", "two-replicas-fault"])
+def test_summary_decode_figures_are_the_iteration_table_s(case, monkeypatch):
+    """The summary counts iterations and decode-only seconds and tokens from the timelines without
+    expanding the stretches; they are what iterations.csv says."""
+    monkeypatch.setattr(metrics, "CHUNK_VALUES", 13 * 5)  # read the explicit rows back 5 at a time
+    res = _run(case)
+    its = res.iterations
+    dec = its[its["prefill_tokens"] == 0]
+    assert res.summary["iterations"] == len(its) and len(dec) > 0
+    assert res.summary["decode_throughput_tok_s"] == pytest.approx(dec["output_tokens"].sum() / dec["duration_s"].sum(),
+                                                                   rel=1e-12)
