@@ -31,17 +31,18 @@ import bench_sim  # noqa: E402  (the benchmark's own scenario)
 
 PHASES = ("_find_and_load", "Environment.run", "replica_loop", "arrivals", "Scheduler.plan", "Scheduler.commit",
           "Scheduler.fast_forward", "summarise", "Result.write")
+WHOLE = [  # phases counted whole: every sample under them, whatever its innermost frame
+    ("Result.write", "writing requests.csv and iterations.csv (Result.write: csvout.py, tables.py, numpy)"),
+    ("summarise", "summary (sim/core/result.py, tables.py, numpy)"),
+    ("_find_and_load", "imports"),
+]
 AREAS = [  # (label, test on (function, file path)); the first that matches a sample's innermost frame
-    ("writing requests.csv and iterations.csv (sim/core/csvout.py, tables.py)",
-     lambda f, p: p.endswith(("csvout.py", "tables.py")) and "totals" not in f),
-    ("summary (sim/core/result.py)", lambda f, p: p.endswith("result.py")),
     ("scheduler: plan, commit, fast-forward (sim/core/schedulers, step.py)",
      lambda f, p: "/schedulers/" in p or p.endswith("core/step.py")),
     ("KV block pool (sim/core/kv.py)", lambda f, p: p.endswith("core/kv.py")),
     ("recorder and timeline (sim/core/metrics.py)", lambda f, p: p.endswith("metrics.py")),
     ("front end, router, Request objects (frontend.py, cluster.py, workload.py, request.py, dataclass __init__)",
      lambda f, p: p.endswith(("frontend.py", "cluster.py", "workload.py", "request.py")) or p == "<string>"),
-    ("imports", lambda f, p: "importlib" in p or p.startswith("<frozen")),
     ("engine loop and arrivals (sim/core/engine.py)", lambda f, p: p.endswith("core/engine.py")),
     ("SimPy internals", lambda f, p: "/simpy/" in p),
     ("step-time model (sim/models)", lambda f, p: "/sim/models/" in p),
@@ -69,7 +70,9 @@ def summarise(raw: Path, commit: str, what: str, top: int = 25) -> str:
             continue
         fn, path = frames[-1]
         own[fn] += n
-        area[next((label for label, test in AREAS if test(fn, path)), "other (numpy, builtins)")] += n
+        names = {f for f, _ in frames}
+        whole = next((label for phase, label in WHOLE if phase in names), None)
+        area[whole or next((label for label, test in AREAS if test(fn, path)), "other (numpy, builtins)")] += n
         for name in {f for f, _ in frames}:
             incl[name] += n
     pct = lambda n: f"{100 * n / max(total, 1):6.1f}%"  # noqa: E731
@@ -78,7 +81,7 @@ def summarise(raw: Path, commit: str, what: str, top: int = 25) -> str:
              f"at commit {commit}; share of {total} samples", "", "inclusive (a function and what it calls):"]
     lines += [f"  {pct(incl[p])}  {p}" for p in PHASES]
     lines += ["", f"own time, top {top}:"] + [f"  {pct(n)}  {f}" for f, n in own.most_common(top)]
-    lines += ["", "own time by area (a sample counts where its innermost frame is):"]
+    lines += ["", "own time by area (a sample counts where its innermost frame is; writing, summary and imports whole):"]
     lines += [f"  {pct(n)}  {a}" for a, n in area.most_common()]
     return "\n".join(lines) + "\n"
 
@@ -103,7 +106,8 @@ def main() -> int:
         print(f"spy_profile: {args.requests:,} Poisson requests at {args.rate} req/s ...", file=sys.stderr)
         subprocess.run(["py-spy", "record", "-r", str(args.samples_per_s), "-f", "raw", "-o", str(raw), "--",
                         sys.executable, "-m", "capsim.cli", "run", str(scenario), "--out", str(Path(tmp) / "out"),
-                        "--progress"], cwd=HERE.parent, check=True, stdout=subprocess.DEVNULL)
+                        "--progress"], cwd=HERE.parent, check=True, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
         what = (f"bench_sim.py's Poisson scenario cut to {args.requests:,} requests at {args.rate} req/s, "
                 f"kv.prefix_index {args.prefix_index}")
         Path(args.out).write_text(summarise(raw, commit, what))
