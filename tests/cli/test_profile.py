@@ -16,12 +16,17 @@ from sim.models.step_time import EfficiencyModel, LinearModel
 from tests.sim.helpers import run, scenario
 
 
+def _compose(tmp_path_factory, model: str, tp: int, max_batch: int):
+    """`capsim profile compose` of `model` on h100-sxm at TP `tp`; the profile's path."""
+    out = tmp_path_factory.mktemp("compose") / f"h100-sxm__{model}__bf16__tp{tp}.yaml"
+    assert main(["profile", "compose", "--model", model, "--hardware", "h100-sxm", "--tp", str(tp),
+                 "--max-batch", str(max_batch), "--out", str(out)]) == 0
+    return out
+
+
 @pytest.fixture(scope="module")
 def composed(tmp_path_factory):
-    out = tmp_path_factory.mktemp("compose") / "h100-sxm__llama-3.1-8b__bf16__ops.yaml"
-    assert main(["profile", "compose", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--tp", "1",
-                 "--max-batch", "128", "--out", str(out)]) == 0
-    return out
+    return _compose(tmp_path_factory, "llama-3.1-8b", 1, 128)
 
 
 def test_composed_profile_matches_the_composition(composed):
@@ -70,10 +75,7 @@ def test_bad_requests_are_clear_errors(capsys, tmp_path):
 
 @pytest.fixture(scope="module")
 def composed_moe(tmp_path_factory):
-    out = tmp_path_factory.mktemp("compose") / "h100-sxm__mixtral-8x7b__bf16__tp2.yaml"
-    assert main(["profile", "compose", "--model", "mixtral-8x7b", "--hardware", "h100-sxm", "--tp", "2",
-                 "--max-batch", "64", "--out", str(out)]) == 0
-    return out
+    return _compose(tmp_path_factory, "mixtral-8x7b", 2, 64)
 
 
 def test_a_moe_profile_is_composed_for_its_layout(composed_moe):
