@@ -131,8 +131,9 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
                 index = scheduler.iteration
             end = start + step
             if fast_forward is not None and end < env.peek():
-                # nothing else is scheduled before the step ends: pass the time without an event
-                # (the same clock, callbacks and event order as yielding a timeout; fewer events)
+                # nothing else is scheduled before the step ends: pass the time without an event, to
+                # exactly start + step (the same callbacks and event order as yielding a timeout, fewer
+                # events; and exact where a timeout from `now` may land one unit in the last place off)
                 env._now = end
             else:
                 yield env.timeout(step if start == now else _delay_to(now, end))

@@ -51,6 +51,20 @@ def test_fast_forward_is_byte_identical(case):
     assert skipped[1] == stepped[1]
 
 
+def test_a_step_after_a_stretch_ends_exactly_where_stepping_ends_it():
+    """After a fast-forwarded stretch the next step ends at start + step, which no float delay from the
+    clock (still at the stretch's start) may reach exactly: a timeout then lands one unit in the last
+    place off, as it did before the clock was passed without an event. Passed directly, it lands on
+    start + step, where stepping every iteration lands (these arrival times hit the case; found in
+    review: at aa22e40 the fast-forwarded runs of k = 0-2, 8-12 and 17-19 differed from the stepped ones)."""
+    fit = {"kind": "linear", "constant_s": 0.02622, "per_new_token_s": 30.4e-6, "per_pair_s": 3.0e-9}
+    for k in range(20):
+        sc = scenario(model="qwen3-8b", hardware="rtx-pro-6000-bw-ws", step_time={"model": fit},
+                      workload={"kind": "requests", "requests": [
+                          {"arrival_s": 1.0 + k * 0.0137, "prompt_tokens": 100, "output_tokens": 90}]})
+        assert _digest(sc, True)[1] == _digest(sc, False)[1], k
+
+
 def test_fast_forward_skips_most_events_of_a_light_load():
     """The point of it: a light load is mostly steady decoding, so most iterations need no event."""
     sc = scenario(workload=LIGHT, step_time={"model": SLOW_PREFILL})
