@@ -240,7 +240,7 @@ class BlockManager:
         return len(self.free_list) + (self.num_blocks - self._fresh)
 
     def last_used(self, bid: int) -> float:
-        """When block `bid` was last used (an unhashed run keeps it for all its blocks: for tests)."""
+        """When block `bid` was last used (for tests: an unhashed run keeps one time for its blocks)."""
         runs = [k for k, run in self.cached_free.od.items() if run and k not in self._hashed_runs and bid in run]
         return self._run_owner[runs[0]][4] if runs else self.blocks[bid].last_used_s
 
@@ -390,11 +390,12 @@ class BlockManager:
         del self.index[h]
         blk.content_hash = None
         blk.hits = 0
-        for dup in self._dups.pop(h, ()):  # a live block with the same content keeps it findable
+        for i, dup in enumerate(dups := self._dups.pop(h, [])):  # a live block with its content keeps it findable
             d = self.blocks[dup]
             if d.dup_of == h and d.ref_count > 0:
-                d.dup_of, d.content_hash = None, h
-                self.index[h] = dup
+                d.dup_of, d.content_hash, self.index[h] = None, h, dup
+                if i + 1 < len(dups):  # the others stay duplicates, now of it (free() finds them here)
+                    self._dups[h] = dups[i + 1:]
                 break
 
     def _hash_runs(self, req: Request) -> None:
@@ -504,8 +505,7 @@ class BlockManager:
 
     def free(self, req: Request, now_s: float = 0.0) -> None:
         """Drop `req`'s references, tail first (so LRU evicts tails before the prefixes they extend)."""
-        blocks, fl, cf = self.blocks, self.free_list, self.cached_free
-        table = req.block_table
+        blocks, fl, cf, table = self.blocks, self.free_list, self.cached_free, req.block_table
         released = 0
         k = req.indexed_blocks
         f = min(req.full_blocks, len(table))

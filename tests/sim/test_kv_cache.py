@@ -305,3 +305,27 @@ def test_prefix_index_all_caches_private_blocks_lru_and_foresight_does_not():
         assert kv.stats.evictions == len(cached) and not kv.cached_free and not kv.index
     with pytest.raises(ValueError, match="prefix index"):
         BlockManager(6, 4, 1.0, prefix_index="oracle")
+
+
+def test_duplicates_outlive_the_eviction_of_the_block_they_duplicate():
+    """Requests that computed the same prefix block at once hold duplicates of the one indexed; when
+    it is evicted one duplicate takes its place, and the others stay its duplicates, so releasing them
+    later finds them (found in review: a duplicate made after the takeover hid them, and releasing one
+    raised ValueError)."""
+    kv = BlockManager(10, 4, 1.0)
+    a, b, c, g = (with_prefix(i, 5, "sys", 4) for i in range(4))
+    for r in (a, b, c, g):
+        r.shareable_tokens = 4
+        kv.allocate(r, 5)  # all before any registers: none can hit the others' block
+    for r in (a, b, c):
+        kv.register(r, 5)
+    h = a.block_hashes[0]
+    assert kv.index[h] == a.block_table[0] and kv._dups[h] == [b.block_table[0], c.block_table[0]]
+    kv.free(a)  # a's prefix block is cached-free; a large request evicts it: b's duplicate takes over
+    kv.allocate(req(9, 16), 16)
+    assert kv.index[h] == b.block_table[0] and kv._dups[h] == [c.block_table[0]]
+    kv.register(g, 5)  # a duplicate made after the takeover joins c's
+    assert kv._dups[h] == [c.block_table[0], g.block_table[0]]
+    kv.free(c)
+    kv.free(g)
+    assert h not in kv._dups and kv.index[h] == b.block_table[0]
