@@ -142,6 +142,10 @@ class Frontend:
         req.reject_reason = reason
         req.finish_s = self.env.now
         self.leave(req, self.env.now)
+        if self.workload.leader is not None:  # parallel-sampling branches, waiting or still to come, wait
+            self._forked.add(req.rid)         # for a prefill that will not happen: they go on their own
+            for branch in self._held.pop(req.rid, []):
+                self.route(branch)
 
     def fail_or_retry(self, req: Request, replica: Replica) -> bool:
         """A request lost on a failed replica: True when it should be routed again."""

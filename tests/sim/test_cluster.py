@@ -69,3 +69,33 @@ def test_cluster_run_is_deterministic():
                   cluster=cluster(3, "affinity", faults=[{"replica": 2, "start_s": 5.0, "end_s": 8.0}]))
     a, b = run(sc), run(sc)
     assert a.summary == b.summary and a.requests.equals(b.requests) and a.iterations.equals(b.iterations)
+
+
+def _outage(n):
+    return {"replicas": n, "router": {"kind": "round_robin", "health_check_interval_s": 5.0}, "on_failure": "fail",
+            "faults": [{"replica": 0, "start_s": 0.1 if n > 1 else 0.3, "end_s": 1.0}]}
+
+
+def test_a_request_failed_with_its_replica_is_not_cancelled_later():
+    """Its cancel_at_s fires after the replica came back as a fresh incarnation: that one never held it
+    (found in review: it was recorded a second time, as cancelled, and could free the dead pool's blocks)."""
+    res = run(scenario(cluster=_outage(1), workload={"kind": "requests", "requests": [
+        {"arrival_s": 0.0, "prompt_tokens": 200, "output_tokens": 300, "cancel_at_s": 2.0},
+        {"arrival_s": 1.5, "prompt_tokens": 200, "output_tokens": 300}]}))
+    assert res.requests[["id", "status"]].values.tolist() == [[0, "failed"], [1, "finished"]]
+
+
+def test_branches_of_a_failed_leader_go_on_their_own():
+    """A parallel-sampling leader that fails as it arrives never prefills: its branches are routed on
+    their own instead of waiting for it (found in review: the run never ended)."""
+    import threading
+    sc = scenario(cluster=_outage(2), workload={"kind": "requests", "requests": [
+        {"arrival_s": 0.5, "prompt_tokens": 30, "output_tokens": 10, "n": 3}]})
+    out = []
+    t = threading.Thread(target=lambda: out.append(run(sc)), daemon=True)  # a hang fails the test, not CI
+    t.start()
+    t.join(60)
+    assert out, "the run did not end"
+    req = out[0].requests
+    assert len(req) == 3 and req.loc[req["id"] == 0, "status"].item() == "failed"
+    assert (req["status"] == "finished").sum() >= 1

@@ -142,8 +142,8 @@ class Scheduler:
 
     def cancel(self, req: Request, now_s: float) -> None:
         """Stop scheduling `req`; its blocks are freed at the next commit (after in-flight work)."""
-        if req.status in (Status.FINISHED, Status.REJECTED, Status.CANCELLED):
-            return
+        if req.status in (Status.FINISHED, Status.REJECTED, Status.CANCELLED, Status.FAILED):
+            return  # (a failed request's replica index may now hold a fresh incarnation: not its pool)
         if req.status is Status.WAITING and req in self.waiting:
             self._unqueue(req)
             req.status = Status.CANCELLED
