@@ -51,7 +51,7 @@ def _int_cells(v: np.ndarray) -> list[str]:
     if len(v) > 64:
         lo, hi = int(v.min()), int(v.max())
         if hi - lo < _SPAN:  # counts, flags, ids of a block: each value's text once, picked by index
-            return np.array([str(x) for x in range(lo, hi + 1)], dtype=object)[v - lo].tolist()
+            return np.array([str(x) for x in range(lo, hi + 1)], dtype=object)[np.subtract(v, lo, dtype=np.int64)].tolist()
     if _repeats(v):
         u, inv = np.unique(v, return_inverse=True)
         if len(u) * 4 < len(v):

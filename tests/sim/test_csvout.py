@@ -20,7 +20,8 @@ def _frame(n: int, seed: int = 1) -> dict:
             "repeated": np.repeat([0.0, 1.5, np.nan, 2.0 ** 60], n // 4), "zeros": np.zeros(n),
             "neg_zeros": np.full(n, -0.0), "flag": rng.random(n) < 0.5,
             "text": np.array(["finished", "rejected", "a,b", 'q"x'], dtype=object)[rng.integers(0, 4, n)],
-            "small_ints": rng.integers(0, 3, n), "span_ints": rng.integers(-40, 4000, n)}
+            "small_ints": rng.integers(0, 3, n), "span_ints": rng.integers(-40, 4000, n),
+            "int8": rng.integers(-100, 101, n).astype(np.int8)}  # (v - min overflowed int8: found in review)
 
 
 def test_every_kind_of_cell_matches_pandas():
