@@ -117,3 +117,15 @@ def test_blocks_scheduled_this_iteration_are_already_prefix_hits():
     for r in pair():
         ch.admit(r, 0.0)
     assert _items(ch.plan(0.0)) == [(0, 64), (1, 80)]
+
+
+def test_warm_prefixes_leave_it_a_null_block():
+    """Warm prefixes fill blocks before the scheduler takes vLLM's null block: it takes the next empty
+    one (found in review: it popped an empty free list), and the warm prefix is still hit."""
+    reqs = [{"arrival_s": 0.1 * i, "prompt_tokens": 300, "output_tokens": 20, "prefix": {"name": "sys", "tokens": 256}}
+            for i in range(4)]
+    res = run(scenario(workload={"kind": "requests", "requests": reqs},
+                       scheduler={"kind": "vllm_v1", "max_num_seqs": 8, "max_num_batched_tokens": 1024},
+                       kv={"block_tokens": 16, "format": "bf16", "budget": "12GiB", "admission": "on_demand",
+                           "warm_prefixes": [{"name": "sys", "tokens": 256}]}))
+    assert res.summary["completed"] == 4 and (res.requests["cached_tokens"] == 256).all()

@@ -59,7 +59,8 @@ class VllmV1(Scheduler):
         self.lazy = False
         if pool.num_blocks < 2:
             raise ConfigError("scheduler.kind vllm_v1: the KV pool needs at least 2 blocks (one is vLLM's null block)")
-        self.null_block = pool.free_list.pop()   # block 0, as vLLM's block_pool.null_block
+        self.null_block = pool._take_empty(1)[0]  # block 0 (the next empty one if warm prefixes took it first),
+        # as vLLM's block_pool.null_block: out of the pool for good
 
     def _cap(self) -> int:
         thr = self.config.long_prefill_token_threshold
