@@ -24,7 +24,15 @@ CARDS = {
     "l40s": ("l40s", "NVIDIA L40S", "attention FA2", "vLLM 0.24.0, NCCL 2.27.3"),
     "rtx_pro_6000_server": ("rtx-pro-6000-server", "NVIDIA RTX PRO 6000 Blackwell Server Edition", "attention FA2",
                             "vLLM 0.24.0, NCCL 2.29.2"),
+    # not in the snapshot: converted from the aiconfigurator 0.12.0 wheel by benchmarks/aiconfigurator_cards.py
+    "b300_sxm": ("b300", "NVIDIA B300 SXM6 AC", "attention FlashInfer TRT-LLM prefill/decode kernels",
+                 "vLLM 0.24.0, NCCL 2.29.2"),
+    "gb200": ("gb200", "NVIDIA GB200", "attention FlashInfer TRT-LLM prefill/decode kernels", "vLLM 0.24.0, NCCL 2.29.2"),
+    "gb300": ("gb300", "NVIDIA GB300", "attention FlashInfer TRT-LLM prefill/decode kernels", "vLLM 0.24.0, NCCL 2.29.2"),
 }
+PREFILL_KERNEL = {gpu: "vllm_flashinfer_trtllmprefill" for gpu in ("b200_sxm", "b300_sxm", "gb200", "gb300")}
+"""Cards whose context-attention table also times the decode kernel on prompts: keep the prefill kernel's rows."""
+TABLES = ["gemm_bf16.csv", "gemm_fp8.csv", "context_attention_bf16.csv", "generation_attention_bf16.csv", "nccl.csv"]
 SOURCE = ("ai-dynamo/aiconfigurator @095f58a51c4ca8e61b66ec108d86f223f8d559ce, "
           "aic-core/src/aiconfigurator_core/systems/data/{gpu}/ (Apache-2.0), via ../shared/data/profiling/aiconfigurator")
 MIN_NK = 256
@@ -59,8 +67,8 @@ def _gemm(df, gpu: str, out: Path) -> int:
 
 def _attention(df, gpu: str, out: Path, length: str, header_len: str) -> int:
     d = df[df.gpu == gpu]
-    if gpu == "b200_sxm" and "kernel_source" in d and length == "seq_len":
-        d = d[d.kernel_source == "vllm_flashinfer_trtllmprefill"]
+    if gpu in PREFILL_KERNEL and "kernel_source" in d and length == "seq_len":
+        d = d[d.kernel_source == PREFILL_KERNEL[gpu]]
     keys = ["num_heads", "num_key_value_heads", "head_dim", "batch_size", length]
     d = d.groupby(keys, as_index=False).latency_ms.mean().sort_values(keys)
     rows = ((str(int(b)), str(int(n)), str(int(h)), str(int(kv)), str(int(hd)), _fmt(t * 1e3)) for h, kv, hd, b, n, t in
@@ -92,13 +100,36 @@ def _more_fp8(path: Path, frame):
     return pd.concat([frame, more], ignore_index=True), set(more.gpu)
 
 
-def import_ops(src: Path, out: Path, cards: list[str] | None = None, progress=print,
-               gemm_fp8_more: Path | None = None) -> dict[str, dict[str, int]]:
-    """Write profiles/ops/<card>/ for every card of CARDS found in `src` (with `gemm_fp8_more`, FP8 GEMM rows
-    of more GPUs in gemm_fp8.csv's schema); returns rows written per file."""
+def _more_cards(folder: Path, frames: dict) -> set:
+    """Add the rows of `folder`'s five CSVs (the snapshot's names and columns, written by
+    benchmarks/aiconfigurator_cards.py) to `frames`; the GPUs they add. A GPU the snapshot has is refused."""
     import pandas as pd
 
-    need = ["gemm_bf16.csv", "gemm_fp8.csv", "context_attention_bf16.csv", "generation_attention_bf16.csv", "nccl.csv"]
+    added: set = set()
+    for name in TABLES:
+        path = folder / name
+        if not path.exists():
+            raise ConfigError(f"{path}: not found (--more: write the folder with benchmarks/aiconfigurator_cards.py)")
+        more = pd.read_csv(path)
+        cols = list(frames[name].columns)
+        if list(more.columns) != cols:
+            raise ConfigError(f"{path}: expected the columns {','.join(cols)}, got {','.join(map(str, more.columns))}")
+        both = sorted(set(more.gpu) & set(frames[name].gpu))
+        if both:
+            raise ConfigError(f"{path}: rows for {', '.join(both)}, which the snapshot's {name} already has")
+        frames[name] = pd.concat([frames[name], more], ignore_index=True)
+        added |= set(more.gpu)
+    return added
+
+
+def import_ops(src: Path, out: Path, cards: list[str] | None = None, progress=print,
+               gemm_fp8_more: Path | None = None, more: Path | None = None) -> dict[str, dict[str, int]]:
+    """Write profiles/ops/<card>/ for every card of CARDS found in `src` (with `gemm_fp8_more`, FP8 GEMM rows
+    of more GPUs in gemm_fp8.csv's schema; with `more`, a folder of all five tables for GPUs the snapshot
+    lacks); returns rows written per file."""
+    import pandas as pd
+
+    need = TABLES
     missing = [n for n in need if not (src / n).exists()]
     if missing:
         raise ConfigError(f"{src}: missing {', '.join(missing)} (expected the aiconfigurator CSVs of "
@@ -107,9 +138,10 @@ def import_ops(src: Path, out: Path, cards: list[str] | None = None, progress=pr
     fp8_from_more: set = set()
     if gemm_fp8_more is not None:
         frames["gemm_fp8.csv"], fp8_from_more = _more_fp8(gemm_fp8_more, frames["gemm_fp8.csv"])
+    from_more = _more_cards(more, frames) if more is not None else set()
     written: dict[str, dict[str, int]] = {}
     for gpu, (name, device, kernels, engine) in CARDS.items():
-        if cards and name not in cards:
+        if (cards and name not in cards) or not (frames["gemm_bf16.csv"].gpu == gpu).any():
             continue
         folder = out / name
         folder.mkdir(parents=True, exist_ok=True)
@@ -129,8 +161,13 @@ def import_ops(src: Path, out: Path, cards: list[str] | None = None, progress=pr
                 f"(aiconfigurator_core/systems/data/{gpu}/gemm/vllm/0.24.0/gemm_perf.parquet), taken by "
                 "benchmarks/aiconfigurator_gemm_fp8.py, which checks that the wheel's H100 rows are the snapshot's."
                 if gpu in fp8_from_more and counts.get("gemm_fp8.csv.gz") else "")
+        source = SOURCE.format(gpu=gpu)
+        if gpu in from_more:
+            source = source.replace("via ../shared/data/profiling/aiconfigurator",
+                                    "as shipped in the aiconfigurator 0.12.0 wheel, converted by "
+                                    "benchmarks/aiconfigurator_cards.py as the snapshot was (checked on B200)")
         (folder / "source.txt").write_text(
-            f"{device} ({engine}; {kernels}); measured by NVIDIA, {SOURCE.format(gpu=gpu)}; "
+            f"{device} ({engine}; {kernels}); measured by NVIDIA, {source}; "
             f"reduced by `capsim profile import-ops`: GEMM n,k >= {MIN_NK}, k != {DROP_K}; latencies in us, "
             f"4 significant digits; repeated measurements averaged.{more}\n")
         written[name] = counts

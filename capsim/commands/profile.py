@@ -65,6 +65,8 @@ def _add_import(sub) -> argparse.ArgumentParser:
     p.add_argument("--gemm-fp8-more", help="more per-tensor FP8 GEMM rows in gemm_fp8.csv's schema (gpu,m,n,k,latency_ms): "
                                            "the B200 and H200 rows benchmarks/aiconfigurator_gemm_fp8.py takes from the "
                                            "aiconfigurator wheel, which the snapshot leaves out")
+    p.add_argument("--more", help="a folder of the five tables above for GPUs the snapshot leaves out (B300, GB200, "
+                                  "GB300), written by benchmarks/aiconfigurator_cards.py from the aiconfigurator wheel")
     return p
 
 
@@ -142,7 +144,8 @@ def cmd_import(args) -> int:
     from capsim.ops_import import import_ops
     cards = [c.strip() for c in args.cards.split(",")] if args.cards else None
     more = Path(args.gemm_fp8_more) if args.gemm_fp8_more else None
-    import_ops(Path(args.src), Path(args.out), cards, gemm_fp8_more=more)
+    import_ops(Path(args.src), Path(args.out), cards, gemm_fp8_more=more,
+               more=Path(args.more) if args.more else None)
     return 0
 
 

@@ -63,3 +63,45 @@ def test_bad_extra_rows_are_refused_naming_the_file(tmp_path, text, words):
     with pytest.raises(ConfigError, match="not found"):
         import_ops(_src(tmp_path / "x"), tmp_path / "ops", ["b200"], progress=lambda _: None,
                    gemm_fp8_more=tmp_path / "none.csv")
+
+
+def _more_folder(tmp_path, gpu="b300_sxm"):
+    """The five tables for a GPU the snapshot lacks, as benchmarks/aiconfigurator_cards.py writes them."""
+    more = tmp_path / "more"
+    more.mkdir(parents=True)
+    (more / "gemm_bf16.csv").write_text("gpu,m,n,k,latency_ms\n" + "".join(f"{gpu},{m},512,512,{0.004 * m:.4f}\n"
+                                                                       for m in (1, 8)))
+    (more / "gemm_fp8.csv").write_text("gpu,m,n,k,latency_ms\n" + f"{gpu},1,512,512,0.002\n")
+    att = "gpu,kernel_source,batch_size,{len},num_heads,num_key_value_heads,head_dim,latency_ms\n"
+    # the prefill table also times the decode kernel on prompts: only the prefill kernel's rows are kept
+    (more / "context_attention_bf16.csv").write_text(
+        att.format(len="seq_len") + f"{gpu},vllm_flashinfer_trtllmprefill,1,16,8,8,128,0.010\n"
+        f"{gpu},vllm_flashinfer_trtllmdecode,1,16,8,8,128,0.999\n")
+    (more / "generation_attention_bf16.csv").write_text(att.format(len="kv_len") + f"{gpu},k,1,16,8,8,128,0.002\n")
+    (more / "nccl.csv").write_text("gpu,op_name,nccl_dtype,num_gpus,message_size_elements,message_size_bytes,"
+                                   f"latency_ms\n{gpu},all_reduce,half,2,1024,2048,0.008\n")
+    return more
+
+
+def test_a_card_the_snapshot_lacks_is_written_from_the_more_folder(tmp_path):
+    src, out = _src(tmp_path), tmp_path / "ops"
+    written = import_ops(src, out, None, progress=lambda _: None)
+    assert "b300" not in written and not (out / "b300").exists()   # no rows, no folder
+    written = import_ops(src, out, None, progress=lambda _: None, more=_more_folder(tmp_path))
+    assert written["b300"] == {"gemm_bf16.csv.gz": 2, "gemm_fp8.csv.gz": 1, "context_attention.csv.gz": 1,
+                               "generation_attention.csv.gz": 1, "nccl.csv": 1}
+    assert _lines(out / "b300" / "context_attention.csv.gz") == [
+        "batch,seq_len,heads,kv_heads,head_dim,latency_us", "1,16,8,8,128,10"]
+    source = (out / "b300" / "source.txt").read_text()
+    assert source.startswith("NVIDIA B300") and "benchmarks/aiconfigurator_cards.py" in source
+    assert "aiconfigurator_cards" not in (out / "h100-sxm" / "source.txt").read_text()
+
+
+def test_a_more_folder_that_repeats_a_snapshot_card_or_misses_a_table_is_refused(tmp_path):
+    src = _src(tmp_path)
+    with pytest.raises(ConfigError, match="b200_sxm, which the snapshot's gemm_bf16.csv already has"):
+        import_ops(src, tmp_path / "ops", None, progress=lambda _: None, more=_more_folder(tmp_path, "b200_sxm"))
+    more = _more_folder(tmp_path / "x")
+    (more / "nccl.csv").unlink()
+    with pytest.raises(ConfigError, match="nccl.csv: not found"):
+        import_ops(src, tmp_path / "ops", None, progress=lambda _: None, more=more)
