@@ -39,7 +39,8 @@ import yaml
 
 REPO = Path(__file__).resolve().parent.parent
 CARDS = {"h100-sxm": "h100_sxm", "h200-sxm": "h200_sxm", "b200": "b200_sxm", "l40s": "l40s",
-         "rtx-pro-6000-server": "rtx_pro_6000_server", "a100-80g-sxm": "a100_sxm"}
+         "rtx-pro-6000-server": "rtx_pro_6000_server", "a100-80g-sxm": "a100_sxm", "b300": "b300_sxm", "gb200": "gb200",
+         "gb300": "gb300"}
 """capsim table set -> the database's system folder."""
 VLLM_VERSION = {"a100-80g-sxm": "0.14.0"}
 """vLLM version of each card's GEMM / attention / NCCL tables (profiles/ops/README.md): 0.24.0 unless named."""

@@ -8,7 +8,10 @@ need beside the all-reduce / all-gather of nccl.csv (read by sim.models.parallel
   repeats per size in bytes). Only H100 was measured: every card's file carries the H100 numbers, a
   stated approximation (pipeline stages hand over one activation tensor per micro-batch, a small term).
 
-    python benchmarks/parallel_collectives.py [--shared ../shared/data/profiling]
+B300, GB200 and GB300 are not in the shared snapshot: their nccl.csv rows come from the folder
+benchmarks/aiconfigurator_cards.py writes (`--more`, the same database as shipped in the aiconfigurator wheel).
+
+    python benchmarks/parallel_collectives.py [--shared ../shared/data/profiling] [--more /tmp/aic_more]
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from pathlib import Path
 import pandas as pd
 
 CARDS = {"h100-sxm": "h100_sxm", "h200-sxm": "h200_sxm", "b200": "b200_sxm", "a100-80g-sxm": "a100_sxm",
-         "l40s": "l40s", "rtx-pro-6000-server": "rtx_pro_6000_server"}
+         "l40s": "l40s", "rtx-pro-6000-server": "rtx_pro_6000_server", "b300": "b300_sxm", "gb200": "gb200",
+         "gb300": "gb300"}
 
 
 def main() -> None:
@@ -27,9 +31,12 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shared", default=str(Path(__file__).resolve().parents[2] / "shared/data/profiling"))
     ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "profiles/ops"))
+    ap.add_argument("--more", help="benchmarks/aiconfigurator_cards.py's output folder (B300, GB200, GB300)")
     args = ap.parse_args()
     shared = Path(args.shared)
     nccl = pd.read_csv(shared / "aiconfigurator/nccl.csv")
+    if args.more:
+        nccl = pd.concat([nccl, pd.read_csv(Path(args.more) / "nccl.csv")], ignore_index=True)
     sr = pd.read_csv(shared / "vidur/network/h100_dgx/send_recv.csv")
     sr = sr[sr["devices_per_node"] == 2].groupby("size")["time_stats.send_recv.median"].median()
     # ~1,000 linearly spaced sizes: keep the one nearest each half-octave (log-space interpolation)
@@ -41,6 +48,9 @@ def main() -> None:
                             "latency_us": (sr.to_numpy() * 1e3)})
     for folder, gpu in CARDS.items():
         a = nccl[(nccl.gpu == gpu) & (nccl.op_name == "alltoall") & (nccl.nccl_dtype == "half")]
+        if a.empty:
+            print(folder, "no all-to-all rows (B300 / GB200 / GB300 need --more); skipped")
+            continue
         a = a.groupby(["num_gpus", "message_size_bytes"], as_index=False)["latency_ms"].mean()
         rows = pd.DataFrame({"op": "alltoall", "gpus": a["num_gpus"], "bytes": a["message_size_bytes"],
                              "latency_us": a["latency_ms"] * 1e3})

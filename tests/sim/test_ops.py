@@ -284,16 +284,24 @@ def test_scenario_runs_with_kind_ops_deterministically():
 def test_every_shipped_table_set_loads_and_composes():
     from sim.models.ops_tables import known_table_sets
     sets = known_table_sets()
-    assert {"h100-sxm", "h200-sxm", "b200", "a100-80g-sxm", "l40s", "rtx-pro-6000-server"} <= set(sets)
+    assert {"h100-sxm", "h200-sxm", "b200", "a100-80g-sxm", "l40s", "rtx-pro-6000-server",
+            "b300", "gb200", "gb300"} <= set(sets)
     spec = ModelSpec(load_model("llama-3.1-8b"))
     hw = load_hardware("h100-sxm")  # only its bandwidth is read (small ops); the tables are each card's
     steps = {}
     for name in sets:
         tables = load_table_set(name)
         assert "aiconfigurator" in tables.source()
-        for tp in (1, 2, 8):
+        tray = name in ("gb200", "gb300")   # NVL72 GPUs: NCCL measured on the 2 and 4 GPUs of one compute tray
+        for tp in (1, 2, 4) if tray else (1, 2, 8):
             m = build_ops_model(OpsStepTime(tables=name, tp=tp), spec, hw, "bf16", "bf16", False)
             steps[name, tp] = m.step_s(decode_plan(16, 2048))
             assert 1e-3 < steps[name, tp] < 0.1
+        if tray:
+            with pytest.raises(ConfigError, match=r"no all_reduce measurement on 8 GPUs \(measured: \[2, 4\]\)"):
+                build_ops_model(OpsStepTime(tables=name, tp=8), spec, hw, "bf16", "bf16", False)
     # the faster card is faster: B200 < H200 <= H100 < A100 < L40S on a memory-bound decode
     assert steps["b200", 1] < steps["h200-sxm", 1] <= steps["h100-sxm", 1] < steps["a100-80g-sxm", 1] < steps["l40s", 1]
+    # Blackwell and Blackwell Ultra (8 TB/s, 7.75 on B300) read the weights at about the same speed
+    for name in ("b300", "gb200", "gb300"):
+        assert steps[name, 1] == pytest.approx(steps["b200", 1], rel=0.05) and steps[name, 1] < steps["h200-sxm", 1]
