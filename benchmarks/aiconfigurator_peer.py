@@ -19,6 +19,7 @@ import argparse
 import csv
 import json
 import logging
+import re
 import sys
 import time
 
@@ -34,12 +35,22 @@ def _int(text: str, default: int = 1) -> int:
     return int(float(text)) if text.strip() else default
 
 
+def batch_per_rank(row: dict) -> int:
+    """The client concurrency per attention data-parallel rank: the silicon_concurrency the row's source text
+    states over attention_dp_size, as capsim reads the row (sim.published.rows.PublishedRow.concurrency), else
+    the file's batch_size (on 30 agg rows batch_size is not the client's concurrency)."""
+    m = re.search(r"silicon_concurrency=(\d+)", row.get("silicon_data_source", ""))
+    if m is None:
+        return _int(row["batch_size"])
+    return max(int(m.group(1)) // max(_int(row.get("attention_dp_size", ""), 1), 1), 1)
+
+
 def estimate(row: dict) -> tuple[float, float]:
     """AIConfigurator's agg TTFT and TPOT (ms) for one row."""
     from aiconfigurator.cli.api import cli_estimate
     kw = dict(model_path=MODELS.get(row["model_path"], row["model_path"]), system_name=row["system"],
               mode="agg", backend_name=row["backend"], isl=_int(row["isl"]), osl=_int(row["osl"]),
-              batch_size=_int(row["batch_size"]), tp_size=_int(row["tp_size"]), pp_size=_int(row["pp_size"]))
+              batch_size=batch_per_rank(row), tp_size=_int(row["tp_size"]), pp_size=_int(row["pp_size"]))
     quant = GEMM.get(row.get("gemm_quant_mode", "").strip().lower())
     if quant:
         kw["gemm_quant_mode"] = quant

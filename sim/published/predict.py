@@ -28,7 +28,7 @@ from sim.published.engines import ENGINE_CONFIGS, ENGINES, aic_benchmark_limits,
 from sim.published.rows import PublishedRow
 
 SYSTEMS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "b200_sxm": "b200", "a100_sxm": "a100-80g-sxm",
-           "l40s": "l40s"}
+           "l40s": "l40s", "b300_sxm": "b300", "gb200": "gb200", "gb300": "gb300"}
 """Card names of the published schema -> capsim hardware profiles (cards with operator tables)."""
 
 MODEL_ALIASES = {"meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b", "meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b",

@@ -38,9 +38,11 @@ class PublishedRow:
     isl: int
     osl: int
     concurrency: int
-    """Client concurrency: the file's batch_size, times attention_dp_size on an attention data-parallel agg row
-    (there batch_size is per rank: batch_size x attention_dp_size equals the silicon_concurrency its source
-    text states on 155 of the sample's 156 such rows); a disaggregated row's is its source text's."""
+    """Client concurrency: the silicon_concurrency its source text states (2,824 of the sample's 2,836 agg rows
+    state one), else the file's batch_size times attention_dp_size (batch_size is per attention data-parallel
+    rank). The two agree on 2,794 agg rows; on 30 (a GB200 TensorRT-LLM collection whose batch_size is the
+    concurrency over TP, the NVFP4 exports, five gpt-oss rows, one DeepSeek-R1 row) batch_size is not the
+    client's concurrency. A disaggregated row's is its source text's."""
     tp: int
     pp: int
     attention_dp: int
@@ -107,8 +109,9 @@ def parse_row(row: dict, where: str, line: int) -> PublishedRow:
         pools = {p: pool_shape(row, p + "_", where, integer_field, _text) for p in ("prefill", "decode")}
         if ints["batch_size"] == 0:
             ints["batch_size"] = concurrency_from_source(_text(row, "silicon_data_source"), where)
-    elif ints["attention_dp_size"] > 1:
-        ints["batch_size"] *= ints["attention_dp_size"]  # batch_size is per attention data-parallel rank
+    else:  # the client's concurrency where the source text states it, else the batch over all ranks
+        stated = concurrency_from_source(_text(row, "silicon_data_source"), where)
+        ints["batch_size"] = stated or ints["batch_size"] * ints["attention_dp_size"]
     return PublishedRow(
         line=line, id=_text(row, "id"), backend=backend, backend_version=_text(row, "backend_version"),
         model_path=_text(row, "model_path"), system=_text(row, "system").lower(),

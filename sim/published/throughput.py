@@ -20,8 +20,8 @@ from sim.published.rows import integer_field, positive_field
 COLUMNS = ("model", "checkpoint", "gpu", "num_gpus", "tp", "pp", "precision", "isl", "osl",
            "total_output_tokens_per_s")
 
-GPUS = {"H100": "h100-sxm", "H200": "h200-sxm", "B200": "b200"}
-"""perf-overview GPU names -> capsim hardware profiles (GB200 and the RTX PRO 6000 Server have none)."""
+GPUS = {"H100": "h100-sxm", "H200": "h200-sxm", "B200": "b200", "GB200": "gb200"}
+"""perf-overview GPU names -> capsim hardware profiles (the RTX PRO 6000 Server has none; GB200's rows are FP4)."""
 
 MODELS = {"Llama 3.1 8B": "llama-3.1-8b", "Llama 3.3 70B": "llama-3.1-70b"}
 """Llama 3.3 70B has Llama 3.1 70B's architecture (same config.json shape). Llama 3.1 405B has no
