@@ -13,7 +13,9 @@ come from the same database through the same cuts. Run it with the wheel's inter
         --out profiles/ops --cards b300,gb200,gb300
 
 Writes gemm_bf16.csv, gemm_fp8.csv, context_attention_bf16.csv, generation_attention_bf16.csv and nccl.csv
-under --out, each with the snapshot's columns.
+under --out, each with the snapshot's columns; and gemm_nvfp4.csv, the NVFP4 GEMMs (vLLM 0.24.0's
+FlashInferCuteDslNvFp4LinearKernel: 4-bit values with an FP8 scale per 16, activations quantised too) of every
+Blackwell GPU that has them, B200 included: the snapshot cut NVFP4 for size.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import pandas as pd
 
 GPUS = ("b300_sxm", "gb200", "gb300")
 CHECK = "b200_sxm"      # converted too, and compared with the snapshot's rows
+NVFP4 = ("b200_sxm", "b300_sxm", "gb200", "gb300")   # the GPUs with NVFP4 GEMM rows for gemm_nvfp4.csv
 VLLM = "0.24.0"         # the kernel set of the snapshot's Hopper / Blackwell tables
 NCCL = "2.29.2"
 HEAD_DIMS = (64, 128)   # the snapshot's attention cut
@@ -128,6 +131,9 @@ def main(argv=None) -> int:
         frame = pd.concat([t[name] for t in per_gpu], ignore_index=True)
         frame.to_csv(out / name, index=False)
         print(f"{out / name}: {len(frame)} rows ({', '.join(args.gpus.split(','))})", file=sys.stderr)
+    fp4 = pd.concat([_gemm(data, g, "nvfp4", "FlashInferCuteDslNvFp4LinearKernel") for g in NVFP4], ignore_index=True)
+    fp4.to_csv(out / "gemm_nvfp4.csv", index=False)
+    print(f"{out / 'gemm_nvfp4.csv'}: {len(fp4)} rows ({', '.join(NVFP4)})", file=sys.stderr)
     return 0
 
 

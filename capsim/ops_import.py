@@ -1,7 +1,7 @@
 """`capsim profile import-ops`: reduce AIConfigurator's kernel tables to what the `ops` model reads.
 
 Input: the CSV conversions in ../shared/data/profiling/aiconfigurator (see ../shared/data/SOURCES.md
-section 2.1). Output: profiles/ops/<card>/{gemm_bf16,gemm_fp8,context_attention,generation_attention}.csv.gz,
+section 2.1). Output: profiles/ops/<card>/{gemm_bf16,gemm_fp8[,gemm_nvfp4],context_attention,generation_attention}.csv.gz,
 nccl.csv and source.txt. Cuts (size): GEMM n and k below 256 and k = 65536 (no model needs them;
 smaller shapes cost the smallest kept one), FP16 collectives all_reduce and all_gather only,
 B200 context attention from the prefill kernel only; latencies in microseconds to 4 significant digits;
@@ -119,6 +119,13 @@ def _more_cards(folder: Path, frames: dict) -> set:
             raise ConfigError(f"{path}: rows for {', '.join(both)}, which the snapshot's {name} already has")
         frames[name] = pd.concat([frames[name], more], ignore_index=True)
         added |= set(more.gpu)
+    nvfp4 = folder / "gemm_nvfp4.csv"   # optional; the snapshot has no NVFP4 table, so any GPU may come from here
+    if nvfp4.exists():
+        more = pd.read_csv(nvfp4)
+        cols = ["gpu", "m", "n", "k", "latency_ms"]
+        if list(more.columns) != cols:
+            raise ConfigError(f"{nvfp4}: expected the columns {','.join(cols)}, got {','.join(map(str, more.columns))}")
+        frames["gemm_nvfp4.csv"] = more
     return added
 
 
@@ -154,22 +161,28 @@ def import_ops(src: Path, out: Path, cards: list[str] | None = None, progress=pr
                                                       folder / "generation_attention.csv.gz", "kv_len", "kv_len"),
             "nccl.csv": _nccl(frames["nccl.csv"], gpu, folder / "nccl.csv"),
         }
+        if "gemm_nvfp4.csv" in frames and (frames["gemm_nvfp4.csv"].gpu == gpu).any():
+            counts["gemm_nvfp4.csv.gz"] = _gemm(frames["gemm_nvfp4.csv"], gpu, folder / "gemm_nvfp4.csv.gz")
         if not counts["gemm_fp8.csv.gz"]:
             (folder / "gemm_fp8.csv.gz").unlink(missing_ok=True)
             del counts["gemm_fp8.csv.gz"]
-        more = (f" Per-tensor FP8 GEMMs: the same database as shipped in the aiconfigurator 0.12.0 wheel "
-                f"(aiconfigurator_core/systems/data/{gpu}/gemm/vllm/0.24.0/gemm_perf.parquet), taken by "
-                "benchmarks/aiconfigurator_gemm_fp8.py, which checks that the wheel's H100 rows are the snapshot's."
-                if gpu in fp8_from_more and counts.get("gemm_fp8.csv.gz") else "")
+        notes = (f" Per-tensor FP8 GEMMs: the same database as shipped in the aiconfigurator 0.12.0 wheel "
+                 f"(aiconfigurator_core/systems/data/{gpu}/gemm/vllm/0.24.0/gemm_perf.parquet), taken by "
+                 "benchmarks/aiconfigurator_gemm_fp8.py, which checks that the wheel's H100 rows are the snapshot's."
+                  if gpu in fp8_from_more and counts.get("gemm_fp8.csv.gz") else "")
         source = SOURCE.format(gpu=gpu)
         if gpu in from_more:
             source = source.replace("via ../shared/data/profiling/aiconfigurator",
                                     "as shipped in the aiconfigurator 0.12.0 wheel, converted by "
                                     "benchmarks/aiconfigurator_cards.py as the snapshot was (checked on B200)")
+        if counts.get("gemm_nvfp4.csv.gz"):
+            notes += (f" NVFP4 GEMMs (gemm_nvfp4.csv.gz): the same database as shipped in the aiconfigurator 0.12.0 "
+                      f"wheel (aiconfigurator_core/systems/data/{gpu}/gemm/vllm/0.24.0/gemm_perf.parquet, "
+                      "FlashInferCuteDslNvFp4LinearKernel), taken by benchmarks/aiconfigurator_cards.py.")
         (folder / "source.txt").write_text(
             f"{device} ({engine}; {kernels}); measured by NVIDIA, {source}; "
             f"reduced by `capsim profile import-ops`: GEMM n,k >= {MIN_NK}, k != {DROP_K}; latencies in us, "
-            f"4 significant digits; repeated measurements averaged.{more}\n")
+            f"4 significant digits; repeated measurements averaged.{notes}\n")
         written[name] = counts
         progress(f"{folder}: " + ", ".join(f"{k} {v} rows" for k, v in counts.items()))
     return written

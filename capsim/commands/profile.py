@@ -1,6 +1,6 @@
 """capsim profile: step-time profiles from measured kernel tables (the `ops` model, issue [gpu-fidelity]).
 
-- `capsim profile compose --model M --hardware H [--tp N] [--pp N] [--ep N] [--dtype bf16|fp8] --out FILE.yaml`: a fitted
+- `capsim profile compose --model M --hardware H [--tp N] [--pp N] [--ep N] [--dtype bf16|fp8|nvfp4] --out FILE.yaml`: a fitted
   profile for `step_time.model: {kind: profile, path: FILE.yaml}`;
 - `capsim profile step --model M --hardware H [--tp N] --batch B --context C [--prefill N]`: one composed
   iteration, by component;
@@ -24,7 +24,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--pp", type=int, default=1, help="pipeline stages of the replica (default 1)")
     p.add_argument("--ep", type=int, default=1, help="expert-parallel ways of a MoE model's experts over a stage's "
                                                      "tp GPUs (default 1)")
-    p.add_argument("--dtype", choices=["bf16", "fp8"], help="GEMM precision (default bf16)")
+    p.add_argument("--dtype", choices=["bf16", "fp8", "nvfp4"],
+                   help="GEMM precision (default bf16; nvfp4: Blackwell tables only)")
     p.add_argument("--tables", help="kernel table set under profiles/ops (default: the hardware's name)")
     p.add_argument("--mixed", choices=["one_pass", "sum"], default="one_pass",
                    help="decodes + prefill chunks as one forward pass (default) or as two iterations")

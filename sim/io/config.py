@@ -369,7 +369,7 @@ class Scenario(StrictModel):
     seed: NonNegativeInt = 0
     model: str = Field(description="Model profile name (profiles/models) or YAML path")
     hardware: str = Field(description="Hardware profile name (profiles/hardware) or YAML path")
-    weight_format: Literal["fp32", "bf16", "fp16", "fp8", "int4", "q2_k"] = "bf16"
+    weight_format: Literal["fp32", "bf16", "fp16", "fp8", "int4", "nvfp4", "q2_k"] = "bf16"
     kv: KVConfig
     scheduler: AnySchedulerConfig
     step_time: StepTimeConfig

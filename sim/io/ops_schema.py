@@ -28,8 +28,9 @@ class OpsStepTime(StrictModel):
     kind: Literal["ops"] = "ops"
     tables: str | None = Field(None, description="Kernel table set: a folder name under profiles/ops or a path; "
                                                  "defaults to the scenario's hardware name")
-    dtype: Literal["bf16", "fp8"] | None = Field(
-        None, description="GEMM precision; defaults to the scenario's weight_format (bf16/fp16 -> bf16, fp8 -> fp8)")
+    dtype: Literal["bf16", "fp8", "nvfp4"] | None = Field(
+        None, description="GEMM precision; defaults to the scenario's weight_format (bf16/fp16 -> bf16, fp8 -> fp8, "
+                          "nvfp4 -> nvfp4: the table set's gemm_nvfp4 table, Blackwell cards only)")
     tp: PositiveInt = Field(1, description="Tensor-parallel GPUs of the replica (shards GEMMs and heads, adds "
                                            "all-reduces)")
     mixed: Literal["one_pass", "sum"] = Field(

@@ -63,6 +63,7 @@ class HardwareProfile(StrictModel):
     memory_bandwidth_gbs: Sourced = Field(description="Peak DRAM bandwidth, GB/s")
     bf16_dense_tflops: Sourced = Field(description="Dense BF16/FP16 peak, TFLOP/s, no sparsity")
     fp8_dense_tflops: OptionalSourced | None = None
+    fp4_dense_tflops: OptionalSourced | None = Field(None, description="Dense NVFP4 peak, TFLOP/s (Blackwell)")
     tdp_w: OptionalSourced = Field(description="Board power cap, W (null when unpublished)")
     idle_w: OptionalSourced | None = Field(None, description="Idle power, W, for the busy/idle energy model")
     host_link: HostLink
@@ -74,7 +75,8 @@ class HardwareProfile(StrictModel):
 
     @model_validator(mode="after")
     def _positive(self):
-        for field in ("memory_gb", "memory_bandwidth_gbs", "bf16_dense_tflops", "fp8_dense_tflops", "tdp_w", "idle_w"):
+        for field in ("memory_gb", "memory_bandwidth_gbs", "bf16_dense_tflops", "fp8_dense_tflops", "fp4_dense_tflops",
+                      "tdp_w", "idle_w"):
             v = getattr(self, field)
             if v is not None and v.value is not None and not v.value > 0 and not (field == "idle_w" and v.value == 0):
                 raise ValueError(f"{field}.value must be > 0, got {v.value}")
@@ -92,14 +94,16 @@ class HardwareProfile(StrictModel):
         return self.memory_bandwidth_gbs.value * 1e9
 
     def peak_flops_per_s(self, dtype: str = "bf16") -> float:
-        """The dense peak in FLOP/s for `dtype` (bf16/fp16, or fp8 when the card has one)."""
+        """The dense peak in FLOP/s for `dtype` (bf16/fp16, or fp8 / nvfp4 when the card has one)."""
         if dtype in ("bf16", "fp16"):
             return self.bf16_dense_tflops.value * 1e12
-        if dtype == "fp8" and self.fp8_dense_tflops is not None and self.fp8_dense_tflops.value is not None:
-            return self.fp8_dense_tflops.value * 1e12
-        if dtype == "fp8":
-            raise ConfigError(f"hardware {self.name}: no FP8 dense peak in its profile (fp8_dense_tflops)")
-        raise ConfigError(f"hardware {self.name}: no peak for dtype {dtype!r}; known: bf16, fp16, fp8")
+        field = {"fp8": "fp8_dense_tflops", "nvfp4": "fp4_dense_tflops"}.get(dtype)
+        if field is None:
+            raise ConfigError(f"hardware {self.name}: no peak for dtype {dtype!r}; known: bf16, fp16, fp8, nvfp4")
+        peak = getattr(self, field)
+        if peak is None or peak.value is None:
+            raise ConfigError(f"hardware {self.name}: no {dtype.upper()} dense peak in its profile ({field})")
+        return peak.value * 1e12
 
     @property
     def host_link_bytes_per_s(self) -> float | None:
@@ -353,7 +357,7 @@ class FittedProfile(StrictModel):
     schema_version: Literal[1] = 1
     model: str
     hardware: str | None = Field(None, description="Hardware profile name, when the card has one")
-    dtype: Literal["bf16", "fp16", "fp32", "fp8"]
+    dtype: Literal["bf16", "fp16", "fp32", "fp8", "nvfp4"]
     cuda_graphs: bool = False
     layers_timed: PositiveInt | None = Field(None, description="Layers actually run when the model did not fit; times scaled")
     linear: LinearStepTime | None = None

@@ -23,7 +23,7 @@ from sim.io.errors import ConfigError
 from sim.models.ops_tables import MCurve, read_table
 
 MOE_COLUMNS = ("engine", "dtype", "routing", "hidden", "inter", "topk", "experts", "moe_tp", "moe_ep", "tokens", "latency_us")
-MOE_DTYPES = ("bfloat16", "fp8", "fp8_block")
+MOE_DTYPES = ("bfloat16", "fp8", "fp8_block", "nvfp4")
 MOE_ENGINES = ("vllm", "sglang", "trtllm")
 MOE_ROUTINGS = ("balanced", "power_law_1.2")
 

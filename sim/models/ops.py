@@ -234,10 +234,10 @@ def ops_dtype(cfg: OpsStepTime, weight_format: str) -> str:
         return cfg.dtype
     if weight_format in ("bf16", "fp16"):
         return "bf16"
-    if weight_format == "fp8":
-        return "fp8"
-    raise ConfigError(f"step_time.model: kind ops has GEMM tables for bf16 and fp8; weight_format {weight_format!r} "
-                      "needs step_time.model.dtype set explicitly (bf16 or fp8)")
+    if weight_format in ("fp8", "nvfp4"):
+        return weight_format
+    raise ConfigError(f"step_time.model: kind ops has GEMM tables for bf16, fp8 and nvfp4; weight_format "
+                      f"{weight_format!r} needs step_time.model.dtype set explicitly (bf16, fp8 or nvfp4)")
 
 
 def build_ops_model(cfg: OpsStepTime, spec: ModelSpec, hw, weight_format: str, kv_format: str,

@@ -193,7 +193,7 @@ def compose_profile(model: str, hardware: str, tp: int = 1, dtype: str | None = 
              f"{'' if all_reduce == 'nccl' else ', all_reduce: ' + all_reduce}}}"
              f"{f' with parallel: {{tp: {tp}, pp: {pp}, ep: {ep}}}' if (pp > 1 or ep > 1) else ''}.")
     data = {
-        "model": prof.name, "hardware": hw.name, "dtype": ops.dtype if ops.dtype == "fp8" else "bf16",
+        "model": prof.name, "hardware": hw.name, "dtype": ops.dtype if ops.dtype in ("fp8", "nvfp4") else "bf16",
         "cuda_graphs": True, "linear": lin, "efficiency": eff,
         "valid_range": ValidRange(max_batch=max_batch, max_new_tokens=max_new_tokens, max_context_tokens=max_context),
         "parallel": {"tp": tp, "pp": pp, "ep": ep},

@@ -46,7 +46,7 @@ from sim.models.ops_tables import MCurve, NcclTable, TableSet, _cached, find_tab
 from sim.models.parallel import Layout, distinct_experts, expert_probabilities, stage_layers
 from sim.models.spec import ModelSpec
 
-MOE_DTYPES = {"bf16": ("bfloat16",), "fp8": ("fp8_block", "fp8")}
+MOE_DTYPES = {"bf16": ("bfloat16",), "fp8": ("fp8_block", "fp8"), "nvfp4": ("nvfp4",)}
 """GEMM dtype -> the fused-MoE table's dtypes to look for, in order (released FP8 MoE checkpoints are
 block-quantised: DeepSeek-V3, Qwen3-235B-A22B-FP8, MiniMax-M2.5)."""
 MLA_CONTEXT_SCALE = (192 + 128) / 256

@@ -21,6 +21,7 @@ import numpy as np
 
 from sim.io.errors import ConfigError
 from sim.io.profiles import load_hardware, load_model, profiles_dir
+from sim.models.ops_tables import find_table, load_table_set
 from sim.models.parallel import Layout, kv_bytes_per_token_per_gpu, layout_problems, weights_per_gpu
 from sim.models.spec import ModelSpec
 from sim.published.disagg import build_disagg_case
@@ -37,9 +38,11 @@ MODEL_ALIASES = {"meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b", "meta-llama
                  "Qwen/Qwen3-235B-A22B-FP8": "qwen3-235b-a22b"}
 """Checkpoints with the architecture of a shipped model profile (instruct tunes, FP8 exports)."""
 
-PRECISIONS = {"bf16": "bf16", "fp16": "bf16", "": "bf16", "fp8": "fp8"}
+PRECISIONS = {"bf16": "bf16", "fp16": "bf16", "": "bf16", "fp8": "fp8", "fp4": "nvfp4"}
 """Published precision -> capsim weight format. Empty means the checkpoint's own dtype (BF16 for every
-model capsim maps). fp4 / int4 have no operator tables yet and are skipped."""
+model capsim maps). fp4 is NVFP4 (every fp4 row's gemm_quant_mode and moe_quant_mode say nvfp4): every GEMM
+from the card's NVFP4 table, the routed experts from the engine's NVFP4 fused-MoE kernel; Blackwell cards
+only. int4 has no operator tables and is skipped."""
 
 START_MODES = ("cold", "staggered", "burst")
 
@@ -176,7 +179,9 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
         return Case(row, skipped=why)
     fmt = PRECISIONS.get(row.precision)
     if fmt is None:
-        return Case(row, skipped=f"precision {row.precision!r}: no operator tables (have bf16, fp8)")
+        return Case(row, skipped=f"precision {row.precision!r}: no operator tables (have bf16, fp8, fp4)")
+    if fmt == "nvfp4" and find_table(load_table_set(hardware).folder, "gemm_nvfp4") is None:
+        return Case(row, skipped=f"precision 'fp4': the {hardware} tables have no NVFP4 GEMMs (Blackwell cards only)")
     engine = ENGINES[row.backend]
     config = engine.config if engine_config == "engine" else engine_config
     limits = aic_benchmark_limits(engine, row.concurrency // dp, row.isl) if config == "aic_benchmark" else None

@@ -90,19 +90,23 @@ def throughput_case(row: ThroughputRow, num_requests: int = NUM_REQUESTS) -> tup
         moe = row.model.startswith("Qwen3-") and "-A" in row.model
         return None, (f"{row.model}: MoE models are not composed from operator tables yet" if moe
                       else f"{row.model}: no model profile")
-    if row.precision not in ("fp8", "bf16"):
-        return None, f"precision {row.precision!r}: no operator tables (have bf16, fp8)"
+    weight_format = {"fp8": "fp8", "bf16": "bf16", "fp4": "nvfp4"}.get(row.precision)
+    if weight_format is None:
+        return None, f"precision {row.precision!r}: no operator tables (have bf16, fp8, fp4)"
+    from sim.models.ops_tables import find_table, load_table_set
+    if weight_format == "nvfp4" and find_table(load_table_set(hardware).folder, "gemm_nvfp4") is None:
+        return None, f"precision 'fp4': the {hardware} tables have no NVFP4 GEMMs (Blackwell cards only)"
     engine = ENGINES["trtllm"]
     spec, hw = ModelSpec(load_model(model)), load_hardware(hardware)
-    budget = kv_budget_bytes(engine, hw.memory_bytes, spec.weight_bytes(row.precision) / row.tp, row.tp)
-    # NVIDIA's FP8 checkpoints store the KV cache in FP8 (hf_quant_config kv_cache_quant_algo FP8): half the
-    # bytes per token in the pool and half read by decode attention (sim.models.ops.KV_READ_SCALE)
-    kv_format = "fp8" if row.precision == "fp8" and row.checkpoint.startswith("nvidia/") else "bf16"
+    budget = kv_budget_bytes(engine, hw.memory_bytes, spec.weight_bytes(weight_format) / row.tp, row.tp)
+    # NVIDIA's FP8 and FP4 checkpoints store the KV cache in FP8 (hf_quant_config kv_cache_quant_algo FP8): half
+    # the bytes per token in the pool and half read by decode attention (sim.models.ops.KV_READ_SCALE)
+    kv_format = "fp8" if row.precision in ("fp8", "fp4") and row.checkpoint.startswith("nvidia/") else "bf16"
     need = math.ceil((row.isl + row.osl) / 16) * 16 * spec.kv_bytes_per_token(kv_format)
     if budget < need:
         return None, "weights leave less KV than one request needs"
     return {
-        "name": row.id, "seed": 0, "model": model, "hardware": hardware, "weight_format": row.precision,
+        "name": row.id, "seed": 0, "model": model, "hardware": hardware, "weight_format": weight_format,
         "kv": {"block_tokens": 16, "format": kv_format, "budget": budget, "admission": engine.kv_admission},
         "scheduler": dict(engine.scheduler),
         "step_time": {"model": {"kind": "ops", "tp": row.tp}},

@@ -122,3 +122,22 @@ def test_a_layout_the_model_cannot_take_names_the_flag(capsys, tmp_path):
     assert "--ep: 2 on llama-3.1-8b, a dense model without experts (allowed: 1)" in capsys.readouterr().err
     assert main(["profile", "step", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--pp", "0", "--batch", "1"]) == 2
     assert "--pp: expected a positive GPU count, got 0" in capsys.readouterr().err
+
+
+def test_nvfp4_composes_on_blackwell_and_is_refused_elsewhere(tmp_path, capsys):
+    out = tmp_path / "b200__llama-3.1-70b__nvfp4__tp2.yaml"
+    assert main(["profile", "compose", "--model", "llama-3.1-70b", "--hardware", "b200", "--tp", "2",
+                 "--dtype", "nvfp4", "--max-batch", "32", "--out", str(out)]) == 0
+    capsys.readouterr()
+    prof = load_fitted(out)
+    assert prof.dtype == "nvfp4" and prof.efficiency.peak_tflops == pytest.approx(2 * 9000)
+    assert "GEMM dtype nvfp4" in prof.provenance.notes
+    steps = {}
+    for dtype in ("fp8", "nvfp4"):
+        assert main(["profile", "step", "--model", "llama-3.1-70b", "--hardware", "b200", "--tp", "2", "--dtype",
+                     dtype, "--batch", "8", "--context", "1024", "--json"]) == 0
+        steps[dtype] = json.loads(capsys.readouterr().out)["step_ms"]
+    assert steps["nvfp4"] < steps["fp8"]   # half the weight bytes on a memory-bound decode
+    assert main(["profile", "compose", "--model", "llama-3.1-70b", "--hardware", "h100-sxm", "--tp", "2",
+                 "--dtype", "nvfp4", "--out", str(tmp_path / "x.yaml")]) == 2
+    assert "h100-sxm: no gemm_nvfp4.csv" in capsys.readouterr().err

@@ -77,10 +77,9 @@ def test_expressible_rows_are_predicted_and_the_others_say_why(report):
     for r in predicted:
         assert 0.5 < r["predicted"]["tpot_ms"] / r["measured"]["tpot_ms"] < 2.0
     reasons = {rid: r["skipped"] for rid, r in by_id.items() if "skipped" in r}
-    assert len(reasons) == 5
+    assert len(reasons) == 4   # the B200 FP4 row is replayed with the NVFP4 tables
     text = " | ".join(reasons.values())
     for needle in ("prefill pool: ", "all_gather over 16 GPUs, which the b300 tables do not measure", "gpt-oss-120b",
-                   "precision 'fp4'",
                    "all_gather over 16 GPUs, which the h100-sxm tables do not measure", "less than one request needs"):
         assert needle in text, needle
 
@@ -161,15 +160,17 @@ def test_max_throughput_table():
     rows = json.loads(out)["rows"]
     assert len(rows) == 5
     done = [r for r in rows if "predicted" in r]
-    assert [r["system"] for r in done] == ["H100", "H200"]   # H200 FP8: its FP8 GEMM table
+    # H200 FP8: its FP8 GEMM table; GB200 FP4: the NVFP4 GEMMs of profiles/ops/gb200
+    assert [r["system"] for r in done] == ["H100", "GB200", "H200"]
     for r in done:
         assert 0.5 < r["predicted"]["output_tok_s"] / r["measured"]["output_tok_s"] < 2.0
     text = " | ".join(r["skipped"] for r in rows if "skipped" in r)
-    for needle in ("precision 'fp4'", "pipeline parallelism", "MoE"):   # GB200's row: FP4
+    for needle in ("pipeline parallelism", "MoE"):
         assert needle in text, needle
     summary = json.loads(out)["summary"]
     assert [(s["system"], s["mode"], s["metric"], s["n"]) for s in summary] == [
-        ("H100", "max_throughput", "output_tok_s", 1), ("H200", "max_throughput", "output_tok_s", 1)]
+        ("GB200", "max_throughput", "output_tok_s", 1), ("H100", "max_throughput", "output_tok_s", 1),
+        ("H200", "max_throughput", "output_tok_s", 1)]
 
 
 def test_mixed_rule_is_passed_to_the_step_time_model():
@@ -195,9 +196,9 @@ def test_all_reduce_choice_is_passed_to_the_step_time_model():
     own = json.loads(capsim(*args, "--all-reduce", "own")[1])
     pairs = [(a["predicted"]["tpot_ms"], b["predicted"]["tpot_ms"]) for a, b in zip(nccl["rows"], own["rows"])
              if "predicted" in a]
-    # TP2 and TP4 decode steps (H100, B200, B300): vLLM's custom all-reduce is a few microseconds where NCCL's
-    # is tens
-    assert len(pairs) == 3 and all(o < n for n, o in pairs)
+    # TP2, TP4 and TP8 decode steps (H100, B200 FP8 and FP4, B300): vLLM's custom all-reduce is a few
+    # microseconds where NCCL's is tens
+    assert len(pairs) == 4 and all(o < n for n, o in pairs)
     assert "all-reduce: " in own["engines"]["vllm"]
 
 
@@ -250,3 +251,33 @@ def test_host_overhead_is_the_engines_unless_given():
         assert build_case(row, host_overhead_s=5e-4).scenario["step_time"]["model"]["host_overhead_s"] == 5e-4
     code, _, err = capsim("validate-published", str(FIXTURE), "--host-overhead-ms", "-1", "--no-progress")
     assert code != 0 and "--host-overhead-ms" in err
+
+
+
+def _with_second_row(tmp_path, **values) -> Path:
+    """The fixture with its second data row's columns set to `values`."""
+    with FIXTURE.open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    rows[1].update(values)
+    path = tmp_path / "rows.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, list(rows[0]), lineterminator="\n")
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+def test_concurrency_is_the_stated_silicon_concurrency(tmp_path):
+    """A GB200 TensorRT-LLM collection writes batch_size = concurrency / TP (`c8` in its id, batch_size 4,
+    silicon_concurrency=8): the client's concurrency is the one the source text states; without one, batch_size."""
+    from sim.published.rows import read_published
+
+    def concurrency(path):
+        return read_published(path)[1].concurrency
+
+    assert concurrency(FIXTURE) == 8   # Qwen3-32B vLLM TP2: batch_size 8, silicon_concurrency=8
+    assert concurrency(_with_second_row(tmp_path, batch_size="4")) == 8
+    assert concurrency(_with_second_row(tmp_path, batch_size="4", silicon_data_source="measured=2026")) == 4
+    path = _with_second_row(tmp_path, silicon_data_source="silicon_concurrency=abc")
+    code, _, err = capsim("validate-published", str(path), "--workers", "1", "--no-progress")
+    assert code == 2 and f"{path}: line 3, column silicon_data_source: silicon_concurrency='abc'" in err

@@ -42,7 +42,7 @@ def test_curve_is_measured_at_points_and_a_power_law_between(tmp_path):
 
 
 @pytest.mark.parametrize("rows, message", [
-    ("vllm,bf16,balanced,4096,14336,2,8,2,1,1,100\n", "line 2, column dtype: expected one of bfloat16, fp8, fp8_block, got 'bf16'"),
+    ("vllm,bf16,balanced,4096,14336,2,8,2,1,1,100\n", "line 2, column dtype: expected one of bfloat16, fp8, fp8_block, nvfp4, got 'bf16'"),
     ("vllm,bfloat16,zipf,4096,14336,2,8,2,1,1,100\n",
      "line 2, column routing: expected one of balanced, power_law_1.2, got 'zipf'"),
     ("tgi,bfloat16,balanced,4096,14336,2,8,2,1,1,100\n", "line 2, column engine: expected one of vllm, sglang, trtllm, got 'tgi'"),
@@ -120,3 +120,56 @@ def test_shipped_tables_cover_the_shipped_moe_models():
                 found = [k for k in t.keys() if k[0] == engine and k[2] == "balanced" and k[3:] == (
                     p.hidden_size, e.expert_intermediate_size, e.experts_per_token, e.num_experts, 1, 1)]
                 assert found, (card, name, engine)
+
+
+
+def _nvfp4_scenario(tmp_path: Path, hardware: str, weights: str, model: str = "minimax-m2.5") -> Path:
+    p = tmp_path / f"{hardware}-{weights}.yaml"
+    p.write_text(f"""name: nvfp4
+model: {model}
+hardware: {hardware}
+weight_format: {weights}
+parallel: {{tp: 4}}
+kv: {{budget: {{gpu_memory_utilization: 0.9}}}}
+scheduler: {{kind: chunked, max_num_seqs: 64, max_num_batched_tokens: 4096, chunk_tokens: 4096}}
+step_time: {{model: {{kind: ops}}}}
+workload:
+  kind: synthetic
+  num_requests: 8
+  arrival: {{kind: poisson, rate_rps: 5}}
+  prompt_tokens: {{kind: fixed, value: 512}}
+  output_tokens: {{kind: fixed, value: 16}}
+""")
+    return p
+
+
+def test_nvfp4_experts_take_the_nvfp4_kernel_on_blackwell(tmp_path):
+    """NVFP4 MoE rows (benchmarks/aiconfigurator_moe.py keeps the nvfp4 dtype) for the MoE models the silicon
+    sample serves in FP4; an NVFP4 scenario of MiniMax-M2.5 on B200 times its experts with them."""
+    from sim.io.profiles import load_model
+    for card in ("b200", "b300", "gb200", "gb300"):
+        t = MoeTable(next((ops_dir() / card).glob("moe.csv*")))
+        for name in ("deepseek-v3", "minimax-m2.5"):
+            p = load_model(name)
+            e = p.moe
+            for engine in ("vllm", "sglang", "trtllm"):
+                assert t.curve(engine, "nvfp4", "balanced", p.hidden_size, e.expert_intermediate_size,
+                               e.experts_per_token, e.num_experts, 1, 1) is not None, (card, name, engine)
+    from tests.sim.test_parallel import _run
+    fp4 = _run(_nvfp4_scenario(tmp_path, "b200", "nvfp4")).step_time
+    fp8 = _run(_nvfp4_scenario(tmp_path, "b200", "fp8")).step_time
+    assert fp4.dtype == "nvfp4" and fp4.moe_kernel is not None and fp8.moe_kernel is not None
+    # a decode of 32 tokens reads the experts' weights: half the bytes in NVFP4, a faster kernel
+    assert fp4._moe_ffn_s(32) < fp8._moe_ffn_s(32)
+    assert fp4.step_s(_decode(32, 2048)) < fp8.step_s(_decode(32, 2048))
+
+
+def test_nvfp4_needs_a_card_with_nvfp4_gemms(tmp_path):
+    from tests.sim.test_parallel import _run
+    with pytest.raises(ConfigError, match="no gemm_nvfp4"):
+        _run(_nvfp4_scenario(tmp_path, "h100-sxm", "nvfp4")).run()
+
+
+def _decode(n: int, kv: int):
+    from tests.sim.test_ops import decode_plan
+    return decode_plan(n, kv)

@@ -305,3 +305,18 @@ def test_every_shipped_table_set_loads_and_composes():
     # Blackwell and Blackwell Ultra (8 TB/s, 7.75 on B300) read the weights at about the same speed
     for name in ("b300", "gb200", "gb300"):
         assert steps[name, 1] == pytest.approx(steps["b200", 1], rel=0.05) and steps[name, 1] < steps["h200-sxm", 1]
+
+
+def test_nvfp4_weights_are_four_and_a_half_bits_and_read_faster_on_blackwell():
+    from fractions import Fraction
+
+    from sim.models.formats import weight_bytes_per_element
+    assert weight_bytes_per_element("nvfp4") == Fraction(9, 16)   # 4-bit values + one FP8 scale per 16
+    spec, hw = ModelSpec(load_model("llama-3.1-70b")), load_hardware("b200")
+    assert spec.weight_bytes("nvfp4") < spec.weight_bytes("fp8") < spec.weight_bytes("bf16")
+    steps = {w: build_ops_model(OpsStepTime(tp=2), spec, hw, w, "bf16", False).step_s(decode_plan(8, 1024))
+             for w in ("bf16", "fp8", "nvfp4")}
+    assert steps["nvfp4"] < steps["fp8"] < steps["bf16"]   # a small decode is bound by reading the weights
+    with pytest.raises(ConfigError, match="no gemm_nvfp4"):
+        build_ops_model(OpsStepTime(tp=2), spec, load_hardware("h100-sxm"), "nvfp4", "bf16",
+                        False).step_s(decode_plan(8, 1024))
