@@ -23,9 +23,9 @@ COLUMNS = ("model", "checkpoint", "gpu", "num_gpus", "tp", "pp", "precision", "i
 GPUS = {"H100": "h100-sxm", "H200": "h200-sxm", "B200": "b200", "GB200": "gb200"}
 """perf-overview GPU names -> capsim hardware profiles (the RTX PRO 6000 Server has none; GB200's rows are FP4)."""
 
-MODELS = {"Llama 3.1 8B": "llama-3.1-8b", "Llama 3.3 70B": "llama-3.1-70b"}
-"""Llama 3.3 70B has Llama 3.1 70B's architecture (same config.json shape). Llama 3.1 405B has no
-profile; Qwen3-235B-A22B and Qwen3-30B-A3B are MoE, which the ops model does not compose yet."""
+MODELS = {"Llama 3.1 8B": "llama-3.1-8b", "Llama 3.3 70B": "llama-3.1-70b", "Llama 3.1 405B": "llama-3.1-405b"}
+"""Llama 3.3 70B has Llama 3.1 70B's architecture (same config.json shape). Qwen3-235B-A22B and Qwen3-30B-A3B
+are MoE, which this replay does not compose yet."""
 
 NUM_REQUESTS = 3000
 """Requests per replayed row (trtllm-bench's datasets in perf-overview are thousands of requests)."""

@@ -113,7 +113,7 @@ def test_shipped_tables_cover_the_shipped_moe_models():
     from sim.io.profiles import load_model
     for card in ("h100-sxm", "h200-sxm", "b200"):
         t = MoeTable(next((ops_dir() / card).glob("moe.csv*")))
-        for name in ("mixtral-8x7b", "qwen3-235b-a22b", "deepseek-v3", "minimax-m2.5"):
+        for name in ("mixtral-8x7b", "qwen3-235b-a22b", "deepseek-v3", "minimax-m2.5", "kimi-k2.5"):
             p = load_model(name)
             e = p.moe
             for engine in ("vllm", "sglang", "trtllm"):

@@ -90,7 +90,7 @@ def test_memory_per_gpu_is_exact(scenario, model, layout, fmt, hand):
 
 
 @pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen3-8b", "mixtral-8x7b", "deepseek-v3", "qwen3-235b-a22b",
-                                   "minimax-m2.5"])
+                                   "minimax-m2.5", "kimi-k2.5", "llama-3.1-405b"])
 @pytest.mark.parametrize("fmt", ["bf16", "fp8"])
 def test_one_gpu_layout_is_the_whole_model(model, fmt):
     spec = ModelSpec(load_model(model))
@@ -114,6 +114,22 @@ def test_minimax_m2_5_counts_by_hand():
     w = weights_per_gpu(spec, Layout(tp=4, ep=4), "fp8")
     assert w.ffn == layers * (256 * expert // 4 + router)  # fp8 experts (1 B each) split, the router replicated
     assert kv_bytes_per_token_per_gpu(spec, Layout(tp=4, ep=4), "bf16") == layers * 2 * 2 * 128 * 2
+
+
+def test_kimi_k2_5_counts_by_hand():
+    """Kimi-K2.5 (DeepSeek-V3's architecture with 64 MLA heads, 384 experts top-8 of width 2048, one shared
+    expert, one dense layer first): its model card's 1T total / 32B active, here exactly from its config."""
+    spec = ModelSpec(load_model("kimi-k2.5"))
+    h, layers, heads, vocab = 7168, 61, 64, 163840
+    attn = h * 1536 + 1536 * heads * 192 + h * 576 + 512 * heads * 256 + heads * 128 * h
+    norms = layers * (h + 512 + 1536 + h) + h   # input, kv latent, q latent, post-attention norms; final norm
+    dense, expert, router = 3 * h * 18432, 3 * h * 2048, h * 384
+    moe_total, moe_active = router + 385 * expert, router + 9 * expert   # 384 routed + 1 shared; 8 + 1 active
+    assert spec.total_params == layers * attn + dense + 60 * moe_total + norms + 2 * vocab * h
+    assert spec.active_params == layers * attn + dense + 60 * moe_active + norms + 2 * vocab * h
+    assert round(spec.total_params / 1e12, 2) == 1.03 and round(spec.active_params / 1e9) == 33
+    # MLA caches the latent: 512 + 64 values a layer a token, the same on every GPU of a TP group
+    assert kv_bytes_per_token_per_gpu(spec, Layout(tp=4), "bf16") == layers * 576 * 2
 
 
 def test_pipeline_stages_split_layers_and_edges():
