@@ -123,24 +123,10 @@ def test_shipped_tables_cover_the_shipped_moe_models():
 
 
 
-def _nvfp4_scenario(tmp_path: Path, hardware: str, weights: str, model: str = "minimax-m2.5") -> Path:
-    p = tmp_path / f"{hardware}-{weights}.yaml"
-    p.write_text(f"""name: nvfp4
-model: {model}
-hardware: {hardware}
-weight_format: {weights}
-parallel: {{tp: 4}}
-kv: {{budget: {{gpu_memory_utilization: 0.9}}}}
-scheduler: {{kind: chunked, max_num_seqs: 64, max_num_batched_tokens: 4096, chunk_tokens: 4096}}
-step_time: {{model: {{kind: ops}}}}
-workload:
-  kind: synthetic
-  num_requests: 8
-  arrival: {{kind: poisson, rate_rps: 5}}
-  prompt_tokens: {{kind: fixed, value: 512}}
-  output_tokens: {{kind: fixed, value: 16}}
-""")
-    return p
+def _nvfp4_scenario(tmp_path: Path, hardware: str, weights: str) -> Path:
+    from tests.sim.test_parallel import _scenario
+    return _scenario(tmp_path, "parallel: {tp: 4}", model="minimax-m2.5", hardware=hardware,
+                     extra=f"weight_format: {weights}\n", name=f"{hardware}-{weights}")
 
 
 def test_nvfp4_experts_take_the_nvfp4_kernel_on_blackwell(tmp_path):

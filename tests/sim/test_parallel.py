@@ -152,11 +152,12 @@ def test_layouts_the_model_cannot_take(model, layout, field, allowed):
     assert problems and problems[0].startswith(field + ":") and allowed in problems[0]
 
 
-def _scenario(tmp_path, parallel: str, model="llama-3.1-8b", step="{kind: ops}", extra="") -> Path:
-    p = tmp_path / "s.yaml"
+def _scenario(tmp_path, parallel: str, model="llama-3.1-8b", step="{kind: ops}", extra="", hardware="h100-sxm",
+              name="s") -> Path:
+    p = tmp_path / f"{name}.yaml"
     p.write_text(f"""name: p
 model: {model}
-hardware: h100-sxm
+hardware: {hardware}
 {parallel}
 kv: {{budget: {{gpu_memory_utilization: 0.9}}}}
 scheduler: {{kind: chunked, max_num_seqs: 64, max_num_batched_tokens: 4096, chunk_tokens: 4096}}
