@@ -22,8 +22,8 @@ def _add_memory(sub) -> argparse.ArgumentParser:
     p.add_argument("--shared-prefix", type=_count(0), default=0, help="leading prompt tokens identical across requests")
     p.add_argument("--kv-format", default="bf16", choices=["fp32", "bf16", "fp16", "fp8", "q8_0", "q4_0"],
                    help="bf16 | fp16 | fp8 | q8_0 | q4_0 | fp32")
-    p.add_argument("--weight-format", default="bf16", choices=["fp32", "bf16", "fp16", "fp8", "int4", "q2_k"],
-                   help="bf16 | fp8 | int4 | q2_k | fp16 | fp32")
+    p.add_argument("--weight-format", default="bf16", choices=["fp32", "bf16", "fp16", "fp8", "int4", "nvfp4", "q2_k"],
+                   help="bf16 | fp8 | int4 | nvfp4 (4.5 bits) | q2_k | fp16 | fp32")
     p.add_argument("--block-size", type=_count(1, 65536), default=16, help="tokens per KV block")
     p.add_argument("--kv-budget", type=_size, help="KV budget: 12GiB, 12GB or bytes")
     p.add_argument("--gpu-memory-utilization", type=_fraction,

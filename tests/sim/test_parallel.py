@@ -277,6 +277,15 @@ def test_memory_command_per_gpu_and_smallest_layout(capsys):
     assert par["kv_bytes_per_gpu"] == 8 * 80 * 16 * par["kv_bytes_per_token_per_gpu"]  # 1280 tokens = 80 blocks each
     assert main(args + ["--ep", "3", "--attention-dp", "8"]) == 2
     assert "--ep: 3 must divide --attention-dp x --tp (8); allowed: [1, 2, 4, 8]" in capsys.readouterr().err
+    # NVFP4 (4.5 bits a weight): Kimi-K2.5's 1.03T parameters fit 4 B200s, whose 180 GB each FP8 would overflow
+    nvfp4 = ["memory", "--model", "kimi-k2.5", "--hardware", "b200", "--tp", "4", "--ep", "4", "--json"]
+    assert main(nvfp4 + ["--weight-format", "nvfp4"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    spec = ModelSpec(load_model("kimi-k2.5"))
+    assert out["parallel"]["fits_per_gpu"] is True
+    assert out["parallel"]["weights_per_gpu"]["total"] == weights_per_gpu(spec, Layout(tp=4, ep=4), "nvfp4").total
+    assert main(nvfp4 + ["--weight-format", "fp8"]) == 2
+    assert "kimi-k2.5 (fp8) does not fit tp4 ep4 (4 x b200)" in capsys.readouterr().err
 
 
 def test_smallest_layout_fits_and_nothing_smaller_does():
