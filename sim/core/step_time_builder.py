@@ -62,7 +62,8 @@ def build_step_time(scenario: Scenario, base_dir: Path, spec: ModelSpec, hw, str
                               "measured on that layout (allowed kinds: ops, profile, linear)")
         model = costmod.EfficiencyModel(cfg, spec, spec.weight_read_bytes(scenario.weight_format),
                                         spec.kv_bytes_per_token(scenario.kv.format),
-                                        hw.peak_flops_per_s("fp8" if scenario.weight_format == "fp8" else "bf16"),
+                                        hw.peak_flops_per_s(scenario.weight_format if scenario.weight_format in
+                                                            ("fp8", "nvfp4") else "bf16"),
                                         st.allow_extrapolation)
     elif isinstance(cfg, OpsStepTime):
         from sim.core.sizing import replica_layout

@@ -160,10 +160,12 @@ def candidate_layouts(gpus: int, tp: list[int] | None, pp: list[int] | None, ep:
 # ---- memory fit ---------------------------------------------------------------------------------
 
 def fit_problem(sc, base_dir: str | Path) -> str | None:
-    """Why a deployment's replicas do not fit their cards (None: they fit)."""
+    """Why a deployment's replicas do not fit their cards, or cannot be timed (a layout whose collectives the
+    card's kernel tables do not measure); None: they fit and can be."""
     from sim.core.pools import link_bandwidth_bytes_per_s, pool_scenario
     from sim.core.result import card_fits
     from sim.core.sizing import replica_memory
+    from sim.core.step_time_builder import build_step_time
     from sim.io.profiles import load_hardware, load_model
     from sim.models.spec import ModelSpec
     base = Path(base_dir)
@@ -177,6 +179,11 @@ def fit_problem(sc, base_dir: str | Path) -> str | None:
         for where, view in views:
             if not card_fits(replica_memory(view, spec, hw), hw):
                 return f"{where}weights + KV budget + activations exceed {hw.name}'s memory"
+        for where, view in views:
+            try:
+                build_step_time(view, base, spec, hw)
+            except ConfigError as exc:
+                return where + "; ".join(exc.lines)
     except ConfigError as exc:
         return "; ".join(exc.lines)
     return None
