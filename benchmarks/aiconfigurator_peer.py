@@ -39,10 +39,10 @@ def batch_per_rank(row: dict) -> int:
     """The client concurrency per attention data-parallel rank: the silicon_concurrency the row's source text
     states over attention_dp_size, as capsim reads the row (sim.published.rows.PublishedRow.concurrency), else
     the file's batch_size (on 30 agg rows batch_size is not the client's concurrency)."""
-    m = re.search(r"silicon_concurrency=(\d+)", row.get("silicon_data_source", ""))
+    m = re.search(r"silicon_concurrency=(\d+(?:\.0*)?)\b", row.get("silicon_data_source", ""))
     if m is None:
         return _int(row["batch_size"])
-    return max(int(m.group(1)) // max(_int(row.get("attention_dp_size", ""), 1), 1), 1)
+    return -(-int(float(m.group(1))) // max(_int(row.get("attention_dp_size", ""), 1), 1))   # rounded up
 
 
 def estimate(row: dict) -> tuple[float, float]:

@@ -3,7 +3,7 @@
 One row is the latency of an engine's routed-expert step of one MoE layer on one GPU (gate/up, activation,
 down and the weighted sum, as that engine's fused kernel) for `tokens` tokens entering a GPU that holds
 experts / moe_ep experts, each split moe_tp ways, for a model shape (hidden, inter = one expert's width, topk,
-experts), a weight dtype (bfloat16, fp8 per tensor, fp8_block) and a routing distribution of the tokens over
+experts), a weight dtype (bfloat16, fp8 per tensor, fp8_block, nvfp4) and a routing distribution of the tokens over
 the experts (balanced, or power_law_1.2: the busiest experts get more than their share). Columns:
 
     engine,dtype,routing,hidden,inter,topk,experts,moe_tp,moe_ep,tokens,latency_us

@@ -101,7 +101,8 @@ class OpsModel:
         self.ar = tables.all_reduce(cfg.all_reduce) if tp > 1 else None
         if self.ar is not None and tp not in self.ar.gpus("all_reduce"):
             raise ConfigError(f"{self.ar.path}: no all_reduce measurement on {tp} GPUs "
-                              f"(measured: {self.ar.gpus('all_reduce')}); step_time.model.tp must be one of them")
+                              f"(measured: {self.ar.gpus('all_reduce')}); the replica's tensor parallelism "
+                              "(parallel.tp, or step_time.model.tp; --tp) must be one of them")
         self._small = self._small_ops(memory_bandwidth_gbs)
         self._layer_cache: dict[int, float] = {}
 

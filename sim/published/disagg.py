@@ -50,9 +50,10 @@ def concurrency_from_source(source: str, where: str) -> int:
     if m is None:
         return 0
     raw = m.group(1).strip()
-    if not raw.isdigit() or int(raw) < 1:
+    whole = re.fullmatch(r"(\d+)(?:\.0*)?", raw)   # the file writes its counts as 8 or 8.0
+    if whole is None or int(whole.group(1)) < 1:
         raise ConfigError(f"{where}, column silicon_data_source: silicon_concurrency={raw!r}; expected an integer >= 1")
-    return int(raw)
+    return int(whole.group(1))
 
 
 def build_disagg_case(row, per_user, start, build_case, case_cls):

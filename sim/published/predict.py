@@ -184,7 +184,8 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
         return Case(row, skipped=f"precision 'fp4': the {hardware} tables have no NVFP4 GEMMs (Blackwell cards only)")
     engine = ENGINES[row.backend]
     config = engine.config if engine_config == "engine" else engine_config
-    limits = aic_benchmark_limits(engine, row.concurrency // dp, row.isl) if config == "aic_benchmark" else None
+    # each rank's batch: the users over the ranks, rounded up (a stated concurrency need not divide evenly)
+    limits = aic_benchmark_limits(engine, -(-row.concurrency // dp), row.isl) if config == "aic_benchmark" else None
     hw = load_hardware(hardware)
     weights = weights_per_gpu(spec, layout, fmt).total
     budget = kv_budget_bytes(engine, hw.memory_bytes, weights, layout.gpus)

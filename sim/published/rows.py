@@ -40,9 +40,9 @@ class PublishedRow:
     concurrency: int
     """Client concurrency: the silicon_concurrency its source text states (2,824 of the sample's 2,836 agg rows
     state one), else the file's batch_size times attention_dp_size (batch_size is per attention data-parallel
-    rank). The two agree on 2,794 agg rows; on 30 (a GB200 TensorRT-LLM collection whose batch_size is the
-    concurrency over TP, the NVFP4 exports, five gpt-oss rows, one DeepSeek-R1 row) batch_size is not the
-    client's concurrency. A disaggregated row's is its source text's."""
+    rank). The two agree on 2,794 agg rows; on 30 (a GB200 TensorRT-LLM collection whose batch_size is a
+    fraction of the concurrency, the NVFP4 exports, five gpt-oss rows, one DeepSeek-R1 row) batch_size is not
+    the client's concurrency. A disaggregated row's is its source text's."""
     tp: int
     pp: int
     attention_dp: int

@@ -29,3 +29,21 @@ def test_batch_size_is_per_rank_and_the_replica_has_both_ranks():
     assert (own["moe_kernels"], own["moe_routing"]) == ("vllm", "balanced")
     out = simulate_case(None, case)
     assert out["ttft_ms"] > 0 and 0.3 < out["tpot_ms"] / row.tpot_ms < 3.0
+
+
+def test_a_stated_concurrency_that_does_not_divide_the_ranks_rounds_each_ranks_batch_up(tmp_path):
+    """Three users over two ranks: each rank admits two (AIConfigurator's benchmark limits per rank), so all three
+    run at once, as the client sends them."""
+    import csv
+    with FIXTURE.open(newline="") as fh:
+        (row,) = list(csv.DictReader(fh))
+    row["silicon_data_source"] = row["silicon_data_source"].replace("silicon_concurrency=32", "silicon_concurrency=3")
+    path = tmp_path / "dp.csv"
+    with path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, list(row), lineterminator="\n")
+        w.writeheader()
+        w.writerow(row)
+    (parsed,) = read_published(path)
+    assert parsed.concurrency == 3 and parsed.attention_dp == 2
+    sc = build_case(parsed, engine_config="aic_benchmark").scenario
+    assert sc["workload"]["users"] == 3 and sc["scheduler"]["max_num_seqs"] == 2 * 2

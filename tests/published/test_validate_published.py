@@ -278,6 +278,7 @@ def test_concurrency_is_the_stated_silicon_concurrency(tmp_path):
     assert concurrency(FIXTURE) == 8   # Qwen3-32B vLLM TP2: batch_size 8, silicon_concurrency=8
     assert concurrency(_with_second_row(tmp_path, batch_size="4")) == 8
     assert concurrency(_with_second_row(tmp_path, batch_size="4", silicon_data_source="measured=2026")) == 4
+    assert concurrency(_with_second_row(tmp_path, silicon_data_source="silicon_concurrency=12.0")) == 12
     path = _with_second_row(tmp_path, silicon_data_source="silicon_concurrency=abc")
     code, _, err = capsim("validate-published", str(path), "--workers", "1", "--no-progress")
     assert code == 2 and f"{path}: line 3, column silicon_data_source: silicon_concurrency='abc'" in err

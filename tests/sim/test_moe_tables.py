@@ -159,3 +159,24 @@ def test_nvfp4_needs_a_card_with_nvfp4_gemms(tmp_path):
 def _decode(n: int, kv: int):
     from tests.sim.test_ops import decode_plan
     return decode_plan(n, kv)
+
+
+def test_falling_back_to_the_composition_is_said_once(capsys):
+    """SGLang's table has no NVFP4 kernel of Mixtral's shape: its experts are composed from GEMMs, and a note says
+    so once per process (a sweep builds the same model many times)."""
+    import io
+
+    from sim.io.ops_schema import OpsStepTime
+    from sim.io.profiles import load_hardware, load_model
+    from sim.models.parallel import Layout
+    from sim.models.parallel_ops import build_replica_ops_model
+    from sim.models.spec import ModelSpec
+    spec, hw, out = ModelSpec(load_model("mixtral-8x7b")), load_hardware("b200"), io.StringIO()
+    cfg = OpsStepTime(tp=2, moe_kernels="sglang", moe_routing="balanced")
+    models = [build_replica_ops_model(cfg, spec, hw, Layout(tp=2), "nvfp4", "bf16", False, out) for _ in range(2)]
+    assert all(m.moe_kernel is None for m in models)
+    assert out.getvalue().count("no sglang fused-MoE kernel for mixtral-8x7b's experts (nvfp4, balanced") == 1
+    assert "composed from GEMMs" in out.getvalue()
+    vllm = build_replica_ops_model(cfg.model_copy(update={"moe_kernels": "vllm"}), spec, hw, Layout(tp=2), "nvfp4",
+                                   "bf16", False, out)
+    assert vllm.moe_kernel is not None and "no vllm" not in out.getvalue()
