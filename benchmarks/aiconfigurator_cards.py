@@ -95,17 +95,23 @@ def check_same_conversion(mine: dict[str, pd.DataFrame], snapshot: Path, gpu: st
         ours = ours[ours.gpu == gpu]
         if ours.empty:
             continue
-        a = ours.groupby(keys, as_index=False).latency_ms.mean()
-        b = mine[name].groupby(keys, as_index=False).latency_ms.mean()
-        both = a.merge(b, on=keys, suffixes=("", "_wheel"))
-        if len(both) != len(a) or len(b) != len(a):
-            raise SystemExit(f"{name} {gpu}: snapshot {len(a)} keys, this conversion {len(b)}, {len(both)} in both: "
-                             "not the snapshot's conversion")
-        worst = float(((both.latency_ms_wheel - both.latency_ms) / both.latency_ms).abs().max())
-        if worst > 1e-4:
-            raise SystemExit(f"{name} {gpu}: latencies differ by up to {worst:.2e} relative: not the same database")
-        compared[name] = len(both)
+        compared[name] = same_rows(ours, mine[name], keys, f"{name} {gpu}")
     return compared
+
+
+def same_rows(snapshot: pd.DataFrame, wheel: pd.DataFrame, keys: list[str], what: str) -> int:
+    """The keys compared, after checking that `wheel` has exactly `snapshot`'s keys (repeats averaged) with
+    latency_ms within 1e-4 relative; exits naming `what` otherwise."""
+    a = snapshot.groupby(keys, as_index=False).latency_ms.mean()
+    b = wheel.groupby(keys, as_index=False).latency_ms.mean()
+    both = a.merge(b, on=keys, suffixes=("", "_wheel"))
+    if len(both) != len(a) or len(b) != len(a):
+        raise SystemExit(f"{what}: snapshot {len(a)} keys, the wheel's {len(b)}, {len(both)} in both: "
+                         "not the same database and conversion")
+    worst = float(((both.latency_ms_wheel - both.latency_ms) / both.latency_ms).abs().max())
+    if worst > 1e-4:
+        raise SystemExit(f"{what}: latencies differ by up to {worst:.2e} relative: not the same database")
+    return len(both)
 
 
 def main(argv=None) -> int:

@@ -21,6 +21,9 @@ from pathlib import Path
 
 import pandas as pd
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from aiconfigurator_cards import same_rows  # noqa: E402  (the same check for every table taken from the wheel)
+
 GPUS = ("b200_sxm", "h200_sxm")
 VERSION = "0.24.0"   # the vLLM kernel set the snapshot's H100 / B200 / H200 tables were measured with
 
@@ -41,15 +44,7 @@ def check_same_database(data: Path, snapshot: Path) -> int:
     """The wheel's H100 FP8 rows against the snapshot's; the number of rows compared."""
     ours = pd.read_csv(snapshot)
     ours = ours[ours.gpu == "h100_sxm"]
-    wheel = _fp8(data, "h100_sxm")
-    both = ours.merge(wheel, on=["m", "n", "k"], suffixes=("", "_wheel"))
-    if len(both) != len(ours) or len(wheel) != len(ours):
-        raise SystemExit(f"H100 FP8 GEMM: snapshot {len(ours)} rows, wheel {len(wheel)}, {len(both)} in both: "
-                         "not the same database")
-    worst = float(((both.latency_ms_wheel - both.latency_ms) / both.latency_ms).abs().max())
-    if worst > 1e-4:
-        raise SystemExit(f"H100 FP8 GEMM: latencies differ by up to {worst:.2e} relative: not the same database")
-    return len(both)
+    return same_rows(ours, _fp8(data, "h100_sxm"), ["m", "n", "k"], "H100 FP8 GEMM")
 
 
 def main(argv=None) -> int:

@@ -322,25 +322,12 @@ def test_nvfp4_weights_are_four_and_a_half_bits_and_read_faster_on_blackwell():
                         False).step_s(decode_plan(8, 1024))
 
 
-def test_an_efficiency_model_of_nvfp4_weights_takes_the_cards_fp4_peak(tmp_path):
+def test_an_efficiency_model_of_nvfp4_weights_takes_the_cards_fp4_peak():
+    from pathlib import Path
+
     from sim.core.step_time_builder import build_step_time
-    from sim.io.config import load_scenario
-    path = tmp_path / "s.yaml"
-    path.write_text("""name: e
-model: llama-3.1-8b
-hardware: b200
-weight_format: nvfp4
-kv: {budget: 8GiB}
-scheduler: {kind: continuous, max_num_seqs: 8, max_num_batched_tokens: 2048}
-step_time:
-  model: {kind: efficiency, decode_table: [{bytes: 1.0e9, time_s: 0.001}], prefill_mfu: 0.5}
-workload:
-  kind: synthetic
-  num_requests: 2
-  arrival: {kind: constant, rate_rps: 1}
-  prompt_tokens: {kind: fixed, value: 64}
-  output_tokens: {kind: fixed, value: 4}
-""")
-    sc, base = load_scenario(path)
+    from tests.sim.helpers import scenario
+    sc = scenario(model="llama-3.1-8b", hardware="b200", weight_format="nvfp4", step_time={"model": {
+        "kind": "efficiency", "decode_table": [{"bytes": 1.0e9, "time_s": 0.001}], "prefill_mfu": 0.5}})
     spec, hw = ModelSpec(load_model("llama-3.1-8b")), load_hardware("b200")
-    assert build_step_time(sc, base, spec, hw).peak == hw.peak_flops_per_s("nvfp4") == 9000e12
+    assert build_step_time(sc, Path("."), spec, hw).peak == hw.peak_flops_per_s("nvfp4") == 9000e12
