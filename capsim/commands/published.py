@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 
@@ -45,6 +46,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--host-overhead-ms", type=float, default=None,
                    help="per-iteration host time of every row's step (default: each engine's, else "
                         "sim.io.ops_schema's fitted 0.228 ms)")
+    p.add_argument("--shared-experts-overlap", default="engine", type=_overlap,
+                   help="when MoE layers' shared experts run on a second stream beside the routed ones: each "
+                        "engine's (default: vLLM at most 256 tokens a pass, TensorRT-LLM decode-only passes, SGLang "
+                        "off), or off, decode, or a token count for every row (step_time.model.shared_experts_overlap)")
     p.add_argument("--start", choices=["cold", "staggered", "burst"], default="cold",
                    help="cold (default): the benchmark as run, --rounds requests per user, the first wave sent at "
                         "once to an idle engine, the later ones as the engine leaves them (docs/fidelity.md); "
@@ -55,6 +60,15 @@ def add_parsers(sub) -> None:
                         "N x concurrency)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
+
+
+def _overlap(text: str) -> str | int:
+    """--shared-experts-overlap: engine, off, decode or a positive token count."""
+    if text in ("engine", "off", "decode"):
+        return text
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    raise argparse.ArgumentTypeError(f"expected engine, off, decode or a positive token count, got {text!r}")
 
 
 def run(args) -> int:
@@ -76,7 +90,8 @@ def run(args) -> int:
                                 mixed=args.mixed, rounds=args.rounds or ROUNDS, moe_kernels=args.moe_kernels,
                                 moe_routing=args.moe_routing, all_reduce=args.all_reduce,
                                 engine_config=args.engine_config.replace("-", "_"),
-                                host_overhead_s=None if args.host_overhead_ms is None else args.host_overhead_ms / 1e3)
+                                host_overhead_s=None if args.host_overhead_ms is None else args.host_overhead_ms / 1e3,
+                                shared_experts_overlap=args.shared_experts_overlap)
     if args.out:
         for path in write_report(report, args.out):
             print(f"wrote {path}", file=sys.stderr)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeFloat, PositiveInt
+from pydantic import Field, NonNegativeFloat, PositiveInt, field_validator
 
 from sim.io.schema import StrictModel
 
@@ -17,6 +17,12 @@ Fitted by benchmarks/ops_fidelity.py: the median residual of an analytic closed-
 one_pass) against the 177 TensorRT-LLM 1.0.0rc3 rows of Llama-3.1-8B on H100 SXM (TP 1-8) in
 ../shared/data/benchmarks/aiconfigurator_silicon_sample.csv; every vLLM row stays held out. An engine
 with a heavier host loop (eager mode, older vLLM) needs a larger value: set host_overhead_s."""
+
+SHARED_EXPERTS_OVERLAP_TOKENS = 256
+"""vLLM runs a MoE layer's shared experts on an auxiliary CUDA stream, overlapped with the router and the routed
+experts, when the layer sees at most this many tokens (vllm/envs.py, VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD,
+default 256: "for large batch sizes, the separate stream execution is not beneficial"). The ops model's tables
+and defaults are vLLM's, so this is the schema's default too."""
 
 
 class OpsStepTime(StrictModel):
@@ -50,5 +56,18 @@ class OpsStepTime(StrictModel):
         "nccl", description="Whose all-reduce times tensor parallelism: NCCL's (nccl.csv, nccl-tests) or a serving "
                             "engine's own (all_reduce_<engine>.csv: vLLM's and SGLang's custom one-shot / two-shot "
                             "kernels in CUDA graphs, TensorRT-LLM's AllReduce plugin; NCCL only for large messages)")
+    shared_experts_overlap: Literal["off", "decode"] | PositiveInt = Field(
+        SHARED_EXPERTS_OVERLAP_TOKENS, description="When a MoE layer's shared experts run on a second CUDA stream beside "
+        "the router and the routed experts (the layer then takes the longer of the two paths, not their sum): "
+        "a number N, in passes of at most N tokens per attention rank (vLLM's aux stream, "
+        "VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD, default 256); `decode`, in decode-only passes (TensorRT-LLM's "
+        "maybe_execute_in_parallel, under CUDA graphs); `off`, never (one stream, or the shared expert fused into "
+        "the routed kernel). Only models with shared experts (DeepSeek-V3, Kimi-K2.5) are affected")
+    @field_validator("shared_experts_overlap", mode="before")
+    @classmethod
+    def _off(cls, v):
+        """YAML reads a bare `off` (or `no`, `false`) as False: that is `off`."""
+        return "off" if v is False else v
+
     host_overhead_s: NonNegativeFloat | None = Field(
         None, description=f"Per-iteration host time; default {DEFAULT_HOST_OVERHEAD_S} s (see sim.models.ops)")

@@ -3,8 +3,9 @@
 
 Per layer on one GPU (tp GPUs per stage, see sim.models.parallel for what each holds):
 
-- attention GEMMs at M = the pass's tokens: QKV and O split by heads, or MLA's q_a and kv_a (replicated)
-  and q_b, kv_b, O (split by heads); one all-reduce of M x hidden BF16 values after O under tp, and one of
+- attention GEMMs at M = the pass's tokens: QKV and O split by heads, or MLA's q_a and kv_a (replicated; one
+  fused GEMM of q_lora_rank + kv_lora_rank + rope columns, as vLLM's fused_qkv_a_proj, SGLang's
+  fused_qkv_a_proj_with_mqa and TensorRT-LLM's fused_a run them) and q_b, kv_b, O (split by heads); one all-reduce of M x hidden BF16 values after O under tp, and one of
   M x 2 FP32 values before RoPE when the q / k norm spans the layer's heads (MiniMax-M2, `qk_norm_span: layer`);
 - dense layers: gate+up and down split tp ways and an all-reduce, as in sim.models.ops;
 - MoE layers: the router (M x hidden x E, replicated); the routed experts from an engine's measured fused-MoE
@@ -16,7 +17,8 @@ Per layer on one GPU (tp GPUs per stage, see sim.models.parallel for what each h
   experts (q_e = k p_e, uniform p_e = 1/E unless parallel.routing_skew gives Zipf popularity), the
   busiest GPU runs D / ep experts with T k x expert_imbalance / D tokens each, costing D / E of the
   GEMM over all its experts at that M (weights read: the touched experts'; FLOPs: the active ones');
-  shared experts as a dense FFN split tp ways; communication: an all-reduce over tp of the layer's output
+  shared experts as a dense FFN split tp ways, on a second CUDA stream beside the router and routed experts
+  (the longer path counts) where the engine does so (`shared_experts_overlap`); communication: an all-reduce over tp of the layer's output
   (ep = 1, or ep > 1 with `ep_communication: all_reduce`, the default: attention is tensor-parallel, so
   every GPU already holds every token and only the combine costs, as in vLLM's and TensorRT-LLM's MoE
   without attention data parallelism), or with `all_to_all` dispatch and combine of each GPU's T k / ep
@@ -115,12 +117,12 @@ class ParallelOpsModel(OpsModel):
         else:
             m = p.mla
             qk = m.qk_nope_head_dim + m.qk_rope_head_dim
-            att = {"kv_a": (m.kv_lora_rank + m.qk_rope_head_dim, h),
-                   "kv_b": (H * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank), "o": (h, H * m.v_head_dim)}
-            if m.q_lora_rank:
-                att.update(q_a=(m.q_lora_rank, h), q_b=(H * qk, m.q_lora_rank))
+            kv_a = m.kv_lora_rank + m.qk_rope_head_dim
+            att = {"kv_b": (H * (m.qk_nope_head_dim + m.v_head_dim), m.kv_lora_rank), "o": (h, H * m.v_head_dim)}
+            if m.q_lora_rank:  # q_a and kv_a read the same input: one GEMM in vLLM, SGLang and TensorRT-LLM
+                att.update(qkv_a=(m.q_lora_rank + kv_a, h), q_b=(H * qk, m.q_lora_rank))
             else:
-                att["q"] = (H * qk, h)
+                att.update(kv_a=(kv_a, h), q=(H * qk, h))
         dense = {"gate_up": (2 * p.intermediate_size // lay.tp, h), "down": (h, p.intermediate_size // lay.tp)}
         moe = {}
         if p.moe is not None:
@@ -211,8 +213,16 @@ class ParallelOpsModel(OpsModel):
             return 0.0
         return self._all_reduce(self.tp, tokens, 2 * 4)
 
-    def _moe_ffn_s(self, tokens: float) -> float:
-        """Router, routed and shared experts and their communication for one MoE layer."""
+    def _shared_overlaps(self, rank_tokens: float, decode_only: bool) -> bool:
+        """Whether the shared experts run beside the routed ones in this pass (step_time.model.shared_experts_overlap)."""
+        mode = self.cfg.shared_experts_overlap
+        if mode == "off" or not self.moe.num_shared_experts:
+            return False
+        return decode_only if mode == "decode" else rank_tokens <= mode
+
+    def _moe_ffn_s(self, tokens: float, decode_only: bool = False) -> float:
+        """Router, routed and shared experts and their communication for one MoE layer; the shared experts on a
+        second stream (the longer path counts) when `_shared_overlaps`."""
         e, lay, h = self.moe, self.layout, self.spec.profile.hidden_size
         g = self.moe_gemms
         rank = tokens / self.dp  # the tokens of one attention data-parallel rank (all of them without one)
@@ -227,7 +237,8 @@ class ParallelOpsModel(OpsModel):
             t += share * (self._look(g["experts_gate_up"].at, per_expert) + self._look(g["experts_down"].at, per_expert))
             routed_width = e.experts_per_token * lay.expert_imbalance / lay.ep * e.expert_intermediate_size / lay.moe_tp
         if "shared_gate_up" in g:
-            t += self._look(g["shared_gate_up"].at, rank) + self._look(g["shared_down"].at, rank)
+            shared = self._look(g["shared_gate_up"].at, rank) + self._look(g["shared_down"].at, rank)
+            t = max(t, shared) if self._shared_overlaps(rank, decode_only) else t + shared
         if self.dp > 1 and lay.ep_communication == "all_reduce":
             # every rank's tokens gathered to the expert GPUs and the outputs scattered back (reduce-scatter,
             # costed as an all-gather of the same bytes)
@@ -240,16 +251,17 @@ class ParallelOpsModel(OpsModel):
         width = routed_width + e.num_shared_experts * e.expert_intermediate_size / lay.tp
         return t + self._small_s(rank, width)
 
-    def layer_linear_s(self, tokens: float, moe: bool = False) -> float:
-        """One layer's GEMMs, collectives and small ops for a pass over `tokens` tokens."""
-        key = (tokens, moe)
+    def layer_linear_s(self, tokens: float, moe: bool = False, decode_only: bool = False) -> float:
+        """One layer's GEMMs, collectives and small ops for a pass over `tokens` tokens (`decode_only`: the pass
+        has no prefill chunk)."""
+        key = (tokens, moe, decode_only and moe)
         t = self._layer_cache.get(key)
         if t is None:
             r = tokens / self.dp  # attention and dense FFNs run on each data-parallel rank's own tokens
             t = (sum(self._look(c.at, r) for c in self.att_gemms.values()) + self._all_reduce(self.tp, r)
                  + self._qk_norm_s(r))
             if moe:
-                t += self._moe_ffn_s(tokens)
+                t += self._moe_ffn_s(tokens, decode_only)
             else:
                 t += sum(self._look(c.at, r) for c in self.dense_gemms.values()) + self._all_reduce(self.tp, r)
                 t += self._small_s(r, self.spec.profile.intermediate_size / self.tp)
@@ -275,7 +287,7 @@ class ParallelOpsModel(OpsModel):
                                                                                                       dec_kv / dp)
         t = dense * (self.layer_linear_s(tokens) + att) if dense else 0.0
         if moe:
-            t += moe * (self.layer_linear_s(tokens, True) + att)
+            t += moe * (self.layer_linear_s(tokens, True, pre_seqs == 0) + att)
         if stage == len(self.stages) - 1:
             t += self.head_s(logits / dp)
         return t
@@ -302,7 +314,8 @@ class ParallelOpsModel(OpsModel):
         dp = self.dp
         per_layer = sum(self._look(c.at, tokens / dp) for c in self.att_gemms.values())
         att_g = (dense + moe) * per_layer
-        ffn = dense * (self.layer_linear_s(tokens) - per_layer) + moe * (self.layer_linear_s(tokens, True) - per_layer)
+        ffn = (dense * (self.layer_linear_s(tokens) - per_layer)
+               + moe * (self.layer_linear_s(tokens, True, pre_seqs == 0) - per_layer))
         L = dense + moe
         out = {"attention_gemms": att_g, "ffn_and_collectives": ffn,
                "context_attention": L * self.context_attention_s(pre_seqs / dp, pre_pairs / dp),

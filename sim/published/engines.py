@@ -54,6 +54,13 @@ class EngineDefaults:
     all-reduce). TensorRT-LLM: the same fit under its own all-reduce
     (`python benchmarks/ops_fidelity.py --all-reduce trtllm`: 0.4654 ms; NCCL's excess on the fit set's TP > 1
     rows had stood in for host time)."""
+    shared_experts_overlap: str | int = 256
+    """When MoE layers run their shared experts on a second CUDA stream beside the routed ones
+    (step_time.model.shared_experts_overlap; only DeepSeek-V3 / R1 and Kimi-K2.5 have shared experts). Read in each
+    engine's source, not fitted: vLLM at most 256 tokens a pass (VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD's
+    default), TensorRT-LLM in decode-only passes (maybe_execute_in_parallel runs the two streams only under CUDA
+    graphs), SGLang `off` (its DeepSeek path fuses the shared expert into the routed kernel by default, and runs
+    two streams only where that fusion is off)."""
     config: str = "defaults"
     """Which limits a published row's engine ran with (ENGINE_CONFIGS below): its launch defaults (`scheduler`,
     `graph_sizes` above) or AIConfigurator's benchmark rules. Chosen per engine on the even lines of the
@@ -80,8 +87,12 @@ class EngineDefaults:
         ar = "NCCL's" if self.all_reduce == "nccl" else f"{self.all_reduce}'s own"
         if self.host_overhead_s is not None:
             ar += f"; host overhead {self.host_overhead_s * 1e3:.4g} ms"
+        over = self.shared_experts_overlap
+        shared = {"off": "with the routed ones", "decode": "beside the routed ones in decode-only passes"}.get(
+            over, f"beside the routed ones in passes of <= {over} tokens")
         return (f"{self.backend} ({self.versions}): {sched}; KV admission {self.kv_admission}; {mem}; {graphs}; "
-                f"after a cold first wave: {self.later_waves}; MoE experts: {moe}; all-reduce: {ar}")
+                f"after a cold first wave: {self.later_waves}; MoE experts: {moe}; shared experts {shared}; "
+                f"all-reduce: {ar}")
 
 
 AIC_SLACK_TOKENS = 1500
@@ -106,14 +117,14 @@ ENGINES: dict[str, EngineDefaults] = {
         ("chunked_prefill_size 8192; mem_fraction_static ~0.88",
          "not modelled: SGLang runs prefill batches and decode batches separately (no mixed chunk by default); "
          "capsim mixes them in one iteration"),
-        later_waves="cohort", moe=("sglang", "balanced"), all_reduce="sglang"),
+        later_waves="cohort", moe=("sglang", "balanced"), all_reduce="sglang", shared_experts_overlap="off"),
     "trtllm": EngineDefaults(
         "trtllm", "1.x PyTorch backend: `trtllm-serve` defaults",
         {"kind": "continuous", "max_num_seqs": 2048, "max_num_batched_tokens": 8192},
         "reserve", "free", 0.9, None,
         ("max_batch_size 2048, max_num_tokens 8192, chunked prefill off, GUARANTEED_NO_EVICT (reserve KV for "
          "prompt + all outputs at admission)", "kv_cache free_gpu_memory_fraction 0.9 of the memory left after weights"),
-        config="aic_benchmark", all_reduce="trtllm", host_overhead_s=0.4654e-3),
+        config="aic_benchmark", all_reduce="trtllm", host_overhead_s=0.4654e-3, shared_experts_overlap="decode"),
 }
 
 

@@ -128,34 +128,48 @@ def _scheduler(engine, dp: int, per_rank: dict | None = None) -> dict:
 
 
 def step_time_for(mixed: str = "one_pass", moe_kernels: str = "vllm", moe_routing: str = "balanced",
-                  all_reduce: str = "nccl", host_overhead_s: float | None = None) -> dict:
+                  all_reduce: str = "nccl", host_overhead_s: float | None = None,
+                  shared_experts_overlap: str | int = 256) -> dict:
     """The scenario's step_time mapping: operator-table composition (the layout is the scenario's `parallel`);
     `mixed` says how a chunked iteration (decodes + prefill chunks) is costed, `moe_kernels` whose measured
     fused-MoE kernels MoE layers use (vllm, sglang, trtllm) or `composed` from GEMMs, `moe_routing` which
     measured routing of them (balanced, power_law_1.2), `all_reduce` whose all-reduce times tensor
-    parallelism (nccl, vllm, sglang, trtllm)."""
+    parallelism (nccl, vllm, sglang, trtllm), `shared_experts_overlap` when shared experts run beside the routed
+    ones (off, decode, or a token count)."""
     model = {"kind": "ops", "mixed": mixed, "moe_kernels": moe_kernels, "moe_routing": moe_routing,
-             "all_reduce": all_reduce}
+             "all_reduce": all_reduce, "shared_experts_overlap": shared_experts_overlap}
     if host_overhead_s is not None:
         model["host_overhead_s"] = host_overhead_s
     return {"model": model}
 
 
+def _engine_step_time(engine, backend: str, mixed: str, moe_kernels: str, moe_routing: str, all_reduce: str,
+                      host_overhead_s: float | None, shared_experts_overlap) -> dict:
+    """step_time_for with each `engine` choice (and `own`, the row's backend) resolved from the engine's defaults."""
+    return step_time_for(mixed, {"engine": engine.moe[0], "own": backend}.get(moe_kernels, moe_kernels),
+                         engine.moe[1] if moe_routing == "engine" else moe_routing,
+                         {"engine": engine.all_reduce, "own": backend}.get(all_reduce, all_reduce),
+                         engine.host_overhead_s if host_overhead_s is None else host_overhead_s,
+                         engine.shared_experts_overlap if shared_experts_overlap == "engine" else shared_experts_overlap)
+
+
 def build_case(row: PublishedRow, per_user: int | None = None, start: str = "cold",
                mixed: str = "one_pass", rounds: int = ROUNDS, moe_kernels: str = "engine",
                moe_routing: str = "engine", all_reduce: str = "engine", engine_config: str = "engine",
-               host_overhead_s: float | None = None) -> Case:
+               host_overhead_s: float | None = None, shared_experts_overlap: str | int = "engine") -> Case:
     """Translate one published row into a closed-loop scenario for one replica, or say why not.
     `moe_kernels`: `engine` (the engine's default, sim.published.engines: its own fused-MoE kernels or the
     composition), `own` (the row's engine's kernels), vllm / sglang / trtllm, or composed; `moe_routing`: `engine` (its default), balanced or
     power_law_1.2; `all_reduce`: `engine` (its default), `own` (the row's engine's measured all-reduce), nccl,
     vllm, sglang or trtllm; `engine_config`: `engine` (its choice), `defaults` (each engine's launch defaults) or
-    `aic_benchmark` (AIConfigurator's benchmark deployment limits, sim.published.engines.aic_benchmark_limits)."""
+    `aic_benchmark` (AIConfigurator's benchmark deployment limits, sim.published.engines.aic_benchmark_limits);
+    `shared_experts_overlap`: `engine` (its default) or off, decode, a token count (step_time.model's)."""
     if engine_config not in ENGINE_CONFIGS:
         raise ConfigError(f"engine_config: expected one of {', '.join(ENGINE_CONFIGS)}, got {engine_config!r}")
     if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
         pool = partial(build_case, mixed=mixed, moe_kernels=moe_kernels, moe_routing=moe_routing,
                        all_reduce=all_reduce, host_overhead_s=host_overhead_s,
+                       shared_experts_overlap=shared_experts_overlap,
                        # pools keep the launch defaults unless asked: the choice was made on agg rows only
                        engine_config="defaults" if engine_config == "engine" else engine_config)
         return replace(build_disagg_case(row, per_user, start, pool, Case), rounds=rounds)
@@ -200,10 +214,8 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
         "name": row.id, "seed": 0, "model": model, "hardware": hardware, "weight_format": fmt,
         "kv": {"block_tokens": block_tokens, "format": "bf16", "budget": budget, "admission": engine.kv_admission},
         "scheduler": _scheduler(engine, dp, limits[0] if limits else None),
-        "step_time": step_time_for(mixed, {"engine": engine.moe[0], "own": row.backend}.get(moe_kernels, moe_kernels),
-                                   engine.moe[1] if moe_routing == "engine" else moe_routing,
-                                   {"engine": engine.all_reduce, "own": row.backend}.get(all_reduce, all_reduce),
-                                   engine.host_overhead_s if host_overhead_s is None else host_overhead_s),
+        "step_time": _engine_step_time(engine, row.backend, mixed, moe_kernels, moe_routing, all_reduce,
+                                       host_overhead_s, shared_experts_overlap),
         "parallel": {"tp": row.tp, "pp": row.pp, "ep": row.moe_ep, **({"attention_dp": dp} if dp > 1 else {})},
         "workload": {"kind": "closed_loop", "users": users,
                      "num_requests": users * (per_user or requests_per_user(row.osl)),

@@ -282,3 +282,24 @@ def test_concurrency_is_the_stated_silicon_concurrency(tmp_path):
     path = _with_second_row(tmp_path, silicon_data_source="silicon_concurrency=abc")
     code, _, err = capsim("validate-published", str(path), "--workers", "1", "--no-progress")
     assert code == 2 and f"{path}: line 3, column silicon_data_source: silicon_concurrency='abc'" in err
+
+
+def test_shared_experts_overlap_follows_each_engine_unless_asked(capsys):
+    """Each engine's rule (sim.published.engines) reaches the replayed scenario; the flag overrides it and refuses
+    anything but engine, off, decode or a positive token count."""
+    from sim.published.predict import build_case
+    from sim.published.rows import read_published
+    rows = [r for r in read_published(FIXTURE) if r.mode == "agg"]
+    by_engine = {r.backend: r for r in rows}
+    want = {"vllm": 256, "sglang": "off", "trtllm": "decode"}
+    assert set(by_engine) == set(want)
+    for backend, row in by_engine.items():
+        case = build_case(row, per_user=3)
+        if case.scenario is not None:
+            assert case.scenario["step_time"]["model"]["shared_experts_overlap"] == want[backend]
+            asked = build_case(row, per_user=3, shared_experts_overlap=64)
+            assert asked.scenario["step_time"]["model"]["shared_experts_overlap"] == 64
+    with pytest.raises(SystemExit) as stop:
+        main(["validate-published", str(FIXTURE), "--shared-experts-overlap", "always"])
+    assert stop.value.code == 2
+    assert "expected engine, off, decode or a positive token count, got 'always'" in capsys.readouterr().err

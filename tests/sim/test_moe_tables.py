@@ -180,3 +180,49 @@ def test_falling_back_to_the_composition_is_said_once(capsys):
     vllm = build_replica_ops_model(cfg.model_copy(update={"moe_kernels": "vllm"}), spec, hw, Layout(tp=2), "nvfp4",
                                    "bf16", False, out)
     assert vllm.moe_kernel is not None and "no vllm" not in out.getvalue()
+
+
+def _deepseek(tmp_path: Path, overlap: str):
+    from tests.sim.test_parallel import _run, _scenario
+    step = "{kind: ops}" if overlap == "" else f"{{kind: ops, shared_experts_overlap: {overlap}}}"
+    return _run(_scenario(tmp_path, "parallel: {tp: 8, ep: 8, ep_communication: all_to_all}", model="deepseek-v3",
+                          hardware="h200-sxm", step=step, extra="weight_format: fp8\n",
+                          name=f"ds-{overlap or 'default'}")).step_time
+
+
+def test_shared_experts_run_beside_the_routed_ones_where_the_engine_does(tmp_path):
+    """DeepSeek-V3's shared expert on a second stream: the layer takes the longer of (router + routed experts)
+    and the shared expert instead of their sum, in passes of at most 256 tokens (vLLM's default), in decode-only
+    passes (`decode`, TensorRT-LLM) or never (`off`)."""
+    off, vllm, decode = (_deepseek(tmp_path, o) for o in ("off", "", "decode"))
+    assert vllm.cfg.shared_experts_overlap == 256
+    g = off.moe_gemms
+    for tokens in (16, 256, 512):
+        routed = off._look(g["router"].at, tokens) + off.moe_kernel.at(tokens)
+        shared = off._look(g["shared_gate_up"].at, tokens) + off._look(g["shared_down"].at, tokens)
+        rest = off._moe_ffn_s(tokens) - routed - shared   # the all-to-all and the small ops, the same in every mode
+        assert rest > 0
+        beside = max(routed, shared) + rest
+        assert beside < off._moe_ffn_s(tokens)
+        assert vllm._moe_ffn_s(tokens) == pytest.approx(beside if tokens <= 256 else off._moe_ffn_s(tokens))
+        assert decode._moe_ffn_s(tokens, decode_only=True) == pytest.approx(beside)
+        assert decode._moe_ffn_s(tokens, decode_only=False) == pytest.approx(off._moe_ffn_s(tokens))
+    # whole iterations: a decode step is faster with the overlap; a 4,096-token prefill pass is not changed by
+    # vLLM's rule (above its threshold) nor by the decode-only one
+    from tests.sim.test_ops import decode_plan, prefill_plan
+    step = decode_plan(64, 2048)
+    assert vllm.step_s(step) < off.step_s(step) and decode.step_s(step) == pytest.approx(vllm.step_s(step))
+    mixed = prefill_plan(1, 4096, 0, decode_plan(8, 2048))
+    assert vllm.step_s(mixed) == pytest.approx(off.step_s(mixed)) == pytest.approx(decode.step_s(mixed))
+    # a model without shared experts is not affected
+    from tests.sim.test_parallel import _run, _scenario
+    mix = [_run(_scenario(tmp_path, "parallel: {tp: 2}", model="mixtral-8x7b", name=f"mx-{o}",
+                          step=f"{{kind: ops, shared_experts_overlap: {o}}}")).step_time for o in ("off", "decode")]
+    assert mix[0].step_s(step) == mix[1].step_s(step)
+
+
+@pytest.mark.parametrize("value", ["0", "always", "-4"])
+def test_shared_experts_overlap_refuses_other_values(tmp_path, value):
+    from tests.sim.test_parallel import _run
+    with pytest.raises(ConfigError, match="shared_experts_overlap"):
+        _deepseek(tmp_path, value)
