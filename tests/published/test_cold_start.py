@@ -83,6 +83,27 @@ def test_rounds_held_out_chooses_on_even_lines_and_reports_odd(tmp_path):
     assert out[0]["ttft_ms"] == pytest.approx(0.0)  # median over lines 3, 5, 7: line 7 is off by 50%
 
 
+def test_offset_held_out_chooses_on_even_lines_and_reports_odd(tmp_path):
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("published_peer3", Path(__file__).parents[2] / "benchmarks"
+                                                  / "published_peer.py")
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    rows, sample = [], ["id,silicon_data_source"]
+    for line in range(2, 10):
+        measured = 100.0 * line + 60.0   # every row 60 ms over its prediction, but line 9 (off by 300 ms more)
+        rows.append({"id": f"r{line}", "line": line, "backend": "trtllm",
+                     "measured": {"ttft_ms": measured + (300.0 if line == 9 else 0.0), "tpot_ms": 10.0},
+                     "predicted": {"ttft_ms": 100.0 * line, "tpot_ms": 10.0}})
+        sample.append(f"r{line},source_file=y.csv; silicon_concurrency=8")
+    (tmp_path / "report.json").write_text(json.dumps({"rows": rows}))
+    (tmp_path / "sample.csv").write_text("\n".join(sample) + "\n")
+    out = peer.offset_held_out(str(tmp_path / "report.json"), str(tmp_path / "sample.csv"), None)
+    assert out[0]["offset_ms"] == 60 and (out[0]["n_fit"], out[0]["n_test"]) == (4, 4)
+    assert out[0]["after"] == pytest.approx(0.0) and out[0]["before"] > 0.05  # held out: lines 3, 5, 7, 9
+    assert out[-1]["collection"] == "all" and out[-1]["after"] == pytest.approx(0.0)
+
+
 def test_before_after_figure(tmp_path):
     import importlib.util
     spec = importlib.util.spec_from_file_location("published_peer2", Path(__file__).parents[2] / "benchmarks"
