@@ -63,6 +63,11 @@ class OpsStepTime(StrictModel):
         "VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD, default 256); `decode`, in decode-only passes (TensorRT-LLM's "
         "maybe_execute_in_parallel, under CUDA graphs); `off`, never (one stream, or the shared expert fused into "
         "the routed kernel). Only models with shared experts (DeepSeek-V3, Kimi-K2.5) are affected")
+    qk_norm_kernels: Literal["separate", "fused_with_rope"] = Field(
+        "separate", description="Models with q / k RMSNorm (Qwen3, MiniMax-M2): two more norm kernels per layer over "
+                                "the GPU's q and k heads (vLLM, SGLang), or none beyond RoPE's (`fused_with_rope`: "
+                                "TensorRT-LLM's fused_qk_norm_rope kernel)")
+
     @field_validator("shared_experts_overlap", mode="before")
     @classmethod
     def _off(cls, v):

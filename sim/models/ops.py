@@ -13,7 +13,8 @@ Per transformer layer, on one GPU of a tensor-parallel group of `tp`:
 - tp > 1: two all-reduces of M x hidden BF16 values (after O and after down), from the NCCL table or, with
   `all_reduce: <engine>`, that engine's own measured all-reduce; a third of M x 2 FP32 values when the q / k
   norm spans the layer's heads (`qk_norm_span: layer`);
-- small element-wise ops (two RMSNorms with the residual add fused, RoPE, SiLU-and-mul): per op
+- small element-wise ops (two RMSNorms with the residual add fused, RoPE, SiLU-and-mul; two more RMSNorms over
+  the q and k heads for a q / k norm model unless `qk_norm_kernels: fused_with_rope`): per op
   a + b x M x width, fitted on Vidur's H100 kernel measurements (SMALL_OPS below), b scaled by the
   card's memory bandwidth relative to the H100's 3.35 TB/s.
 Per iteration: lm_head at M = sampled positions (N = vocab / tp) plus, under tp, an all-gather of the
@@ -47,6 +48,17 @@ rows, TP 1-8, 1-4096 tokens): the constant is the median time at 1 token, the sl
 through it (median abs. error: norms 30%, RoPE 12%, SiLU 7%). A100 rows of the same files give slopes
 1.8x the H100's (bandwidth ratio 1.64x): the bandwidth scaling is approximate. vLLM fuses the residual
 add into the norm, so adds are not counted separately."""
+
+
+def qk_norm_ops(cfg: OpsStepTime, profile, qk_width: float) -> tuple[float, float]:
+    """A q / k RMSNorm model's two extra norm kernels per layer (one over the GPU's q heads, one over its k heads:
+    `qk_width` values a token in all): (seconds at M = 0, seconds per token per unit of bandwidth scale), from
+    SMALL_OPS' rms_norm; nothing when the model has none or the engine fuses them into RoPE
+    (step_time.model.qk_norm_kernels)."""
+    if not profile.qk_norm or cfg.qk_norm_kernels == "fused_with_rope":
+        return 0.0, 0.0
+    _, a, b, _ = SMALL_OPS["rms_norm"]
+    return 2 * a, b * qk_width
 
 
 KV_READ_SCALE = {"bf16": 1.0, "fp16": 1.0, "fp8": 0.5}
@@ -131,7 +143,8 @@ class OpsModel:
         scale = REFERENCE_BANDWIDTH_GBS / bandwidth_gbs
         const = sum(c * a for c, a, _, _ in SMALL_OPS.values())
         per_token = sum(c * b * widths[w] * scale for c, _, b, w in SMALL_OPS.values())
-        return const, per_token
+        extra_const, extra_width = qk_norm_ops(self.cfg, p, widths["qk"])
+        return const + extra_const, per_token + extra_width * scale
 
     # ---- lookups with the extrapolation policy -------------------------------------------
     def _look(self, fn, *args) -> float:

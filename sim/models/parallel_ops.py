@@ -28,7 +28,8 @@ Per layer on one GPU (tp GPUs per stage, see sim.models.parallel for what each h
   attention as MHA of the GPU's heads at head_dim 128 scaled by (qk 192 + v 128) / 256 = 1.25 (FLOPs),
   generation attention as MQA (1 KV head) of the GPU's heads scaled by the latent's bytes per token,
   (512 + 64) / (2 x 128) = 2.25 (decode attention reads the cache, bandwidth bound);
-- small element-wise ops as sim.models.ops, over the widths this GPU sees.
+- small element-wise ops as sim.models.ops, over the widths this GPU sees (with a q / k norm model's two norms
+  unless the engine fuses them into RoPE, `qk_norm_kernels`).
 
 Pipeline (pp > 1): stage s runs its layers (the last adds lm_head); an iteration split into m
 micro-batches takes sum_s t_s(T/m) + (m - 1) max_s t_s(T/m) + (pp - 1) send/recv(T/m x hidden x 2 B),
@@ -42,7 +43,7 @@ import sys
 
 from sim.io.errors import ConfigError
 from sim.io.ops_schema import DEFAULT_HOST_OVERHEAD_S, OpsStepTime
-from sim.models.ops import OpsModel, SMALL_OPS, REFERENCE_BANDWIDTH_GBS, ops_dtype
+from sim.models.ops import OpsModel, SMALL_OPS, REFERENCE_BANDWIDTH_GBS, ops_dtype, qk_norm_ops
 from sim.models.moe_tables import MoeTable
 from sim.models.ops_tables import MCurve, NcclTable, TableSet, _cached, find_table, load_table_set
 from sim.models.parallel import Layout, distinct_experts, expert_probabilities, stage_layers
@@ -198,7 +199,9 @@ class ParallelOpsModel(OpsModel):
         rope = (self.heads + self.kv_heads) * (p.head_dim if p.mla is None else p.mla.qk_rope_head_dim)
         widths = {"hidden": p.hidden_size, "qk": rope, "intermediate": ffn_width}
         const = sum(c * a for c, a, _, _ in SMALL_OPS.values())
-        return const + tokens * sum(c * b * widths[w] * self._scale for c, _, b, w in SMALL_OPS.values())
+        qk_const, qk_width = qk_norm_ops(self.cfg, p, (self.heads + self.kv_heads) * p.head_dim)
+        return (const + qk_const + tokens * (sum(c * b * widths[w] * self._scale for c, _, b, w in SMALL_OPS.values())
+                                             + qk_width * self._scale))
 
     def _all_reduce(self, gpus: int, tokens: float, nbytes_per_token: float | None = None) -> float:
         if gpus <= 1:

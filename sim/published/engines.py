@@ -44,9 +44,10 @@ class EngineDefaults:
     """Whose all-reduce times tensor parallelism (step_time.model.all_reduce): NCCL's, or the engine's own
     measured one (its name). Chosen per engine on the even lines of the silicon sample's agg rows by median
     |TPOT error| (benchmarks/moe_routing_held_out.py, docs/fidelity.md "All-reduce"): SGLang its own (15.0%
-    against 21.2%), vLLM NCCL's (8.9% against 11.0%: its MiniMax-M2.5 and Qwen3-32B rows fall under their
-    measurements with the faster kernel), TensorRT-LLM its own with the host overhead refitted under it
-    (9.4% against 11.0%; host_overhead_s below)."""
+    against 21.2%), TensorRT-LLM its own with the host overhead refitted under it (9.4% against 11.0%;
+    host_overhead_s below), vLLM its own (8.7% against 12.2% on all 366 even agg rows, since the q / k norm
+    kernels are counted, `qk_norm_kernels`; before that NCCL's had won, 8.9% against 11.0%, its excess standing in
+    for those kernels on the MiniMax-M2.5 and Qwen3-32B rows)."""
 
     host_overhead_s: float | None = None
     """Per-iteration host time of the ops model (step_time.model.host_overhead_s); None: the schema's default
@@ -61,6 +62,9 @@ class EngineDefaults:
     default), TensorRT-LLM in decode-only passes (maybe_execute_in_parallel runs the two streams only under CUDA
     graphs), SGLang `off` (its DeepSeek path fuses the shared expert into the routed kernel by default, and runs
     two streams only where that fusion is off)."""
+    qk_norm_kernels: str = "separate"
+    """Qwen3's / MiniMax-M2's q and k RMSNorms (step_time.model.qk_norm_kernels): two kernels of their own in vLLM and
+    SGLang (q_norm, k_norm), fused with RoPE in TensorRT-LLM (fused_qk_norm_rope). Read in the engines' source."""
     config: str = "defaults"
     """Which limits a published row's engine ran with (ENGINE_CONFIGS below): its launch defaults (`scheduler`,
     `graph_sizes` above) or AIConfigurator's benchmark rules. Chosen per engine on the even lines of the
@@ -109,7 +113,7 @@ ENGINES: dict[str, EngineDefaults] = {
         "on_demand", "card", 0.9, VLLM_GRAPH_SIZES,
         ("chunked prefill always on; running requests first, then waiting ones, FCFS",
          "gpu_memory_utilization 0.9, 16-token blocks, prefix caching on (random prompts: no hits)"),
-        moe=("vllm", "power_law_1.2"), config="aic_benchmark"),
+        moe=("vllm", "power_law_1.2"), config="aic_benchmark", all_reduce="vllm"),
     "sglang": EngineDefaults(
         "sglang", "0.5.x: `sglang.launch_server` on an 80 GB-class card",
         {"kind": "chunked", "max_num_seqs": 1024, "max_num_batched_tokens": 8192, "chunk_tokens": 8192},
@@ -124,7 +128,8 @@ ENGINES: dict[str, EngineDefaults] = {
         "reserve", "free", 0.9, None,
         ("max_batch_size 2048, max_num_tokens 8192, chunked prefill off, GUARANTEED_NO_EVICT (reserve KV for "
          "prompt + all outputs at admission)", "kv_cache free_gpu_memory_fraction 0.9 of the memory left after weights"),
-        config="aic_benchmark", all_reduce="trtllm", host_overhead_s=0.4654e-3, shared_experts_overlap="decode"),
+        config="aic_benchmark", all_reduce="trtllm", host_overhead_s=0.4654e-3, shared_experts_overlap="decode",
+        qk_norm_kernels="fused_with_rope"),
 }
 
 

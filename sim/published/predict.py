@@ -129,15 +129,16 @@ def _scheduler(engine, dp: int, per_rank: dict | None = None) -> dict:
 
 def step_time_for(mixed: str = "one_pass", moe_kernels: str = "vllm", moe_routing: str = "balanced",
                   all_reduce: str = "nccl", host_overhead_s: float | None = None,
-                  shared_experts_overlap: str | int = 256) -> dict:
+                  shared_experts_overlap: str | int = 256, qk_norm_kernels: str = "separate") -> dict:
     """The scenario's step_time mapping: operator-table composition (the layout is the scenario's `parallel`);
     `mixed` says how a chunked iteration (decodes + prefill chunks) is costed, `moe_kernels` whose measured
     fused-MoE kernels MoE layers use (vllm, sglang, trtllm) or `composed` from GEMMs, `moe_routing` which
     measured routing of them (balanced, power_law_1.2), `all_reduce` whose all-reduce times tensor
     parallelism (nccl, vllm, sglang, trtllm), `shared_experts_overlap` when shared experts run beside the routed
-    ones (off, decode, or a token count)."""
+    ones (off, decode, or a token count), `qk_norm_kernels` whether q / k norms are kernels of their own."""
     model = {"kind": "ops", "mixed": mixed, "moe_kernels": moe_kernels, "moe_routing": moe_routing,
-             "all_reduce": all_reduce, "shared_experts_overlap": shared_experts_overlap}
+             "all_reduce": all_reduce, "shared_experts_overlap": shared_experts_overlap,
+             "qk_norm_kernels": qk_norm_kernels}
     if host_overhead_s is not None:
         model["host_overhead_s"] = host_overhead_s
     return {"model": model}
@@ -150,7 +151,8 @@ def _engine_step_time(engine, backend: str, mixed: str, moe_kernels: str, moe_ro
                          engine.moe[1] if moe_routing == "engine" else moe_routing,
                          {"engine": engine.all_reduce, "own": backend}.get(all_reduce, all_reduce),
                          engine.host_overhead_s if host_overhead_s is None else host_overhead_s,
-                         engine.shared_experts_overlap if shared_experts_overlap == "engine" else shared_experts_overlap)
+                         engine.shared_experts_overlap if shared_experts_overlap == "engine" else shared_experts_overlap,
+                         engine.qk_norm_kernels)
 
 
 def build_case(row: PublishedRow, per_user: int | None = None, start: str = "cold",

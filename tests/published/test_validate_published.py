@@ -285,7 +285,7 @@ def test_concurrency_is_the_stated_silicon_concurrency(tmp_path):
 
 
 def test_shared_experts_overlap_follows_each_engine_unless_asked(capsys):
-    """Each engine's rule (sim.published.engines) reaches the replayed scenario; the flag overrides it and refuses
+    """Each engine's rule for shared experts and q / k norms (sim.published.engines) reaches the replayed scenario; the flag overrides it and refuses
     anything but engine, off, decode or a positive token count."""
     from sim.published.predict import build_case
     from sim.published.rows import read_published
@@ -297,6 +297,8 @@ def test_shared_experts_overlap_follows_each_engine_unless_asked(capsys):
         case = build_case(row, per_user=3)
         if case.scenario is not None:
             assert case.scenario["step_time"]["model"]["shared_experts_overlap"] == want[backend]
+            assert case.scenario["step_time"]["model"]["qk_norm_kernels"] == (
+                "fused_with_rope" if backend == "trtllm" else "separate")
             asked = build_case(row, per_user=3, shared_experts_overlap=64)
             assert asked.scenario["step_time"]["model"]["shared_experts_overlap"] == 64
     with pytest.raises(SystemExit) as stop:

@@ -95,6 +95,23 @@ def test_composition_on_a_hand_built_table(tiny):
     assert m.step_s(prefill_plan(1, 16)) == pytest.approx(want, rel=1e-9)
 
 
+def test_q_k_norms_are_two_more_norm_kernels_unless_fused_with_rope(tiny):
+    """A q / k norm model (Qwen3) runs two more RMSNorms per layer, over its q heads (2 x 128) and its k head
+    (128): hand-computed from SMALL_OPS' rms_norm; TensorRT-LLM's fused_qk_norm_rope adds none."""
+    spec, tables = tiny
+    qk = ModelSpec(ModelProfile.model_validate({**TINY, "qk_norm": True}))
+    plain = tiny_model(tiny)
+    separate = tiny_model((qk, tables))
+    fused = tiny_model((qk, tables), qk_norm_kernels="fused_with_rope")
+    _, a, b, _ = SMALL_OPS["rms_norm"]
+    for tokens in (1, 16):
+        extra = 2 * a + b * 3 * 128 * tokens
+        assert separate.layer_linear_s(tokens) - plain.layer_linear_s(tokens) == pytest.approx(extra, rel=1e-9)
+        assert fused.layer_linear_s(tokens) == pytest.approx(plain.layer_linear_s(tokens), rel=1e-12)
+    assert separate.step_s(decode_plan(1, 16)) - plain.step_s(decode_plan(1, 16)) == pytest.approx(
+        2 * (2 * a + b * 3 * 128), rel=1e-9)   # two layers
+
+
 def test_tensor_parallel_shards_and_adds_all_reduces(tiny):
     spec, tables = tiny
     m = OpsModel(OpsStepTime(tables=str(tables.folder), tp=2, host_overhead_s=0.0), spec, tables, "bf16",
