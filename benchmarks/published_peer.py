@@ -190,18 +190,35 @@ ROUND_CHOICES = ((1, "cohort"), (2, "spread"), (3, "spread"), (5, "spread"), (10
 first is a burst and the rest the steady state (N = 1000: the steady state alone)."""
 
 
+def _held_out_inputs(report: str, sample: str, aic_path: str | None, key: str) -> tuple[dict, dict, dict]:
+    """(id -> collection, id -> report row holding `key`, id -> the peer's CSV row) for the held-out choices."""
+    with open(sample, newline="") as fh:
+        coll = {r["id"]: collection(r["silicon_data_source"]) for r in csv.DictReader(fh)}
+    rows = {r["id"]: r for r in json.loads(Path(report).read_text())["rows"] if key in r}
+    aic = {}
+    if aic_path:
+        with open(aic_path, newline="") as fh:
+            aic = {r["id"]: r for r in csv.DictReader(fh) if r["aic_ttft_ms"]}
+    return coll, rows, aic
+
+
+def _halves(ids, rows: dict, coll: dict):
+    """Per (collection, engine): its rows with an even line number (to choose on) and with an odd one (to report)."""
+    for c in sorted({coll[i] for i in ids}):
+        for backend in sorted({rows[i]["backend"] for i in ids if coll[i] == c}):
+            mine = [i for i in ids if coll[i] == c and rows[i]["backend"] == backend]
+            fit = [i for i in mine if rows[i]["line"] % 2 == 0]
+            test = [i for i in mine if rows[i]["line"] % 2 == 1]
+            if fit and test:
+                yield c, backend, fit, test
+
+
 def rounds_held_out(report: str, sample: str, aic_path: str) -> list[dict]:
     """The benchmark's length and the engine's cohort regime are not in the file: per (collection, engine),
     choose them among ROUND_CHOICES on the rows with an even line number from the two parts a cold-start
     report keeps per row (`components`), then report both metrics on the odd rows only."""
     from sim.published.predict import combine_cold
-    with open(sample, newline="") as fh:
-        coll = {r["id"]: collection(r["silicon_data_source"]) for r in csv.DictReader(fh)}
-    rows = {r["id"]: r for r in json.loads(Path(report).read_text())["rows"] if "components" in r}
-    aic = {}
-    if aic_path:
-        with open(aic_path, newline="") as fh:
-            aic = {r["id"]: r for r in csv.DictReader(fh) if r["aic_ttft_ms"]}
+    coll, rows, aic = _held_out_inputs(report, sample, aic_path, "components")
     ids = sorted(set(rows) & set(aic)) if aic_path else sorted(rows)
 
     def err(i, choice, metric):
@@ -210,24 +227,18 @@ def rounds_held_out(report: str, sample: str, aic_path: str) -> list[dict]:
         return abs(pred[metric] / rows[i]["measured"][metric] - 1)
 
     out, every = [], {"ttft_ms": [], "tpot_ms": [], "aic_ttft_ms": [], "aic_tpot_ms": []}
-    for c in sorted({coll[i] for i in ids}):
-        for backend in sorted({rows[i]["backend"] for i in ids if coll[i] == c}):
-            mine = [i for i in ids if coll[i] == c and rows[i]["backend"] == backend]
-            fit = [i for i in mine if rows[i]["line"] % 2 == 0]
-            test = [i for i in mine if rows[i]["line"] % 2 == 1]
-            if not fit or not test:
-                continue
-            best = min(ROUND_CHOICES, key=lambda ch: np.median([err(i, ch, "ttft_ms") for i in fit]))
-            row = {"collection": c, "backend": backend, "chosen": best, "n_fit": len(fit), "n_test": len(test)}
-            for metric in ("ttft_ms", "tpot_ms"):
-                mine_err = [err(i, best, metric) for i in test]
-                peer_err = [abs(float(aic[i]["aic_" + metric]) / rows[i]["measured"][metric] - 1)
-                            for i in test if i in aic]
-                row[metric] = float(np.median(mine_err))
-                row["aic_" + metric] = float(np.median(peer_err)) if peer_err else float("nan")
-                every[metric] += mine_err
-                every["aic_" + metric] += peer_err
-            out.append(row)
+    for c, backend, fit, test in _halves(ids, rows, coll):
+        best = min(ROUND_CHOICES, key=lambda ch: np.median([err(i, ch, "ttft_ms") for i in fit]))
+        row = {"collection": c, "backend": backend, "chosen": best, "n_fit": len(fit), "n_test": len(test)}
+        for metric in ("ttft_ms", "tpot_ms"):
+            mine_err = [err(i, best, metric) for i in test]
+            peer_err = [abs(float(aic[i]["aic_" + metric]) / rows[i]["measured"][metric] - 1)
+                        for i in test if i in aic]
+            row[metric] = float(np.median(mine_err))
+            row["aic_" + metric] = float(np.median(peer_err)) if peer_err else float("nan")
+            every[metric] += mine_err
+            every["aic_" + metric] += peer_err
+        out.append(row)
     n = len(every["ttft_ms"])
     out.append({"collection": "all", "backend": "all", "chosen": "per collection", "n_fit": len(ids) - n,
                 "n_test": n, **{k: float(np.median(v)) if v else float("nan") for k, v in every.items()}})
@@ -243,35 +254,23 @@ def offset_held_out(report: str, sample: str, aic_path: str | None) -> list[dict
     offset among OFFSETS_MS (added to every predicted TTFT: client, HTTP, tokenizer and front-end time the row
     does not state) with the lowest median |TTFT error| on the rows with an even line number, and report the
     odd rows only, without and with it. An analysis of the residual, not a change to capsim's predictions."""
-    with open(sample, newline="") as fh:
-        coll = {r["id"]: collection(r["silicon_data_source"]) for r in csv.DictReader(fh)}
-    rows = {r["id"]: r for r in json.loads(Path(report).read_text())["rows"] if "predicted" in r}
-    aic = {}
-    if aic_path:
-        with open(aic_path, newline="") as fh:
-            aic = {r["id"]: r for r in csv.DictReader(fh) if r["aic_ttft_ms"]}
+    coll, rows, aic = _held_out_inputs(report, sample, aic_path, "predicted")
 
     def err(i, c):
         return abs((rows[i]["predicted"]["ttft_ms"] + c) / rows[i]["measured"]["ttft_ms"] - 1)
 
     out, before, after, peer = [], [], [], []
-    for c in sorted({coll[i] for i in rows}):
-        for backend in sorted({rows[i]["backend"] for i in rows if coll[i] == c}):
-            mine = [i for i in rows if coll[i] == c and rows[i]["backend"] == backend]
-            fit = [i for i in mine if rows[i]["line"] % 2 == 0]
-            test = [i for i in mine if rows[i]["line"] % 2 == 1]
-            if not fit or not test:
-                continue
-            best = min(OFFSETS_MS, key=lambda o: (np.median([err(i, o) for i in fit]), o))
-            mine_peer = [abs(float(aic[i]["aic_ttft_ms"]) / rows[i]["measured"]["ttft_ms"] - 1) for i in test if i in aic]
-            row = {"collection": c, "backend": backend, "offset_ms": best, "n_fit": len(fit), "n_test": len(test),
-                   "before": float(np.median([err(i, 0) for i in test])),
-                   "after": float(np.median([err(i, best) for i in test])),
-                   "aic": float(np.median(mine_peer)) if mine_peer else float("nan")}
-            before += [err(i, 0) for i in test]
-            after += [err(i, best) for i in test]
-            peer += mine_peer
-            out.append(row)
+    for c, backend, fit, test in _halves(sorted(rows), rows, coll):
+        best = min(OFFSETS_MS, key=lambda o: (np.median([err(i, o) for i in fit]), o))
+        mine_peer = [abs(float(aic[i]["aic_ttft_ms"]) / rows[i]["measured"]["ttft_ms"] - 1) for i in test if i in aic]
+        row = {"collection": c, "backend": backend, "offset_ms": best, "n_fit": len(fit), "n_test": len(test),
+               "before": float(np.median([err(i, 0) for i in test])),
+               "after": float(np.median([err(i, best) for i in test])),
+               "aic": float(np.median(mine_peer)) if mine_peer else float("nan")}
+        before += [err(i, 0) for i in test]
+        after += [err(i, best) for i in test]
+        peer += mine_peer
+        out.append(row)
     out.append({"collection": "all", "backend": "all", "offset_ms": "per collection", "n_fit": len(rows) - len(before),
                 "n_test": len(before), "before": float(np.median(before)), "after": float(np.median(after)),
                 "aic": float(np.median(peer)) if peer else float("nan")})
@@ -279,11 +278,18 @@ def offset_held_out(report: str, sample: str, aic_path: str | None) -> list[dict
 
 
 def _print_offsets(report: str, sample: str, aic: str | None) -> None:
-    print("\n| collection | engine | TTFT offset chosen on even lines (ms) | fit rows | held-out rows | capsim TTFT | "
-          "with the offset | AIConfigurator TTFT |\n|---|---|---:|---:|---:|---:|---:|---:|")
-    for r in offset_held_out(report, sample, aic):
-        print(f"| {r['collection']} | {r['backend']} | {r['offset_ms']} | {r['n_fit']} | {r['n_test']} | "
-              f"{r['before']:.1%} | {r['after']:.1%} | {r['aic']:.1%} |")
+    _print_held_out("| collection | engine | TTFT offset chosen on even lines (ms) | fit rows | held-out rows | "
+                    "capsim TTFT | with the offset | AIConfigurator TTFT |\n|---|---|---:|---:|---:|---:|---:|---:|",
+                    offset_held_out(report, sample, aic),
+                    lambda r: [r["offset_ms"], r["n_fit"], r["n_test"], f"{r['before']:.1%}", f"{r['after']:.1%}",
+                               f"{r['aic']:.1%}"])
+
+
+def _print_held_out(header: str, rows: list[dict], cells) -> None:
+    """A held-out table: the header, then per row its collection, engine and `cells(row)`."""
+    print("\n" + header)
+    for r in rows:
+        print("| " + " | ".join(str(x) for x in [r["collection"], r["backend"], *cells(r)]) + " |")
 
 
 def _choice(chosen) -> str:
@@ -295,11 +301,11 @@ def _choice(chosen) -> str:
 
 
 def _print_rounds(report: str, sample: str, aic: str | None) -> None:
-    print("\n| collection | engine | chosen on even lines | fit rows | held-out rows | capsim TTFT | "
-          "AIConfigurator TTFT | capsim TPOT | AIConfigurator TPOT |\n|---|---|---|---:|---:|---:|---:|---:|---:|")
-    for r in rounds_held_out(report, sample, aic):
-        print(f"| {r['collection']} | {r['backend']} | {_choice(r['chosen'])} | {r['n_fit']} | {r['n_test']} | "
-              f"{r['ttft_ms']:.1%} | {r['aic_ttft_ms']:.1%} | {r['tpot_ms']:.1%} | {r['aic_tpot_ms']:.1%} |")
+    _print_held_out("| collection | engine | chosen on even lines | fit rows | held-out rows | capsim TTFT | "
+                    "AIConfigurator TTFT | capsim TPOT | AIConfigurator TPOT |\n|---|---|---|---:|---:|---:|---:|---:|---:|",
+                    rounds_held_out(report, sample, aic),
+                    lambda r: [_choice(r["chosen"]), r["n_fit"], r["n_test"], f"{r['ttft_ms']:.1%}",
+                               f"{r['aic_ttft_ms']:.1%}", f"{r['tpot_ms']:.1%}", f"{r['aic_tpot_ms']:.1%}"])
 
 
 def main(argv=None) -> int:
