@@ -92,10 +92,11 @@ class EngineDefaults:
         if self.host_overhead_s is not None:
             ar += f"; host overhead {self.host_overhead_s * 1e3:.4g} ms"
         over = self.shared_experts_overlap
-        shared = {"off": "with the routed ones", "decode": "beside the routed ones in decode-only passes"}.get(
+        shared = {"off": "in series with the routed ones", "decode": "beside the routed ones in decode-only passes"}.get(
             over, f"beside the routed ones in passes of <= {over} tokens")
         return (f"{self.backend} ({self.versions}): {sched}; KV admission {self.kv_admission}; {mem}; {graphs}; "
                 f"after a cold first wave: {self.later_waves}; MoE experts: {moe}; shared experts {shared}; "
+                f"q / k norms {'fused with RoPE' if self.qk_norm_kernels == 'fused_with_rope' else 'as kernels of their own'}; "
                 f"all-reduce: {ar}")
 
 
