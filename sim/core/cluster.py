@@ -41,6 +41,11 @@ class ClusterConfig(StrictModel):
     faults: list[Fault] = Field(default_factory=list, description="Replicas down for an interval (state lost)")
     on_failure: Literal["fail", "retry"] = Field(
         "retry", description="A request on a failed replica fails, or is routed again (not to a replica that failed it)")
+    frontend_latency_s: NonNegativeFloat = Field(
+        0.0, description="Time from a client's send to the engine receiving the request (HTTP, API server, tokenizer): "
+                         "counted in every latency from the send (TTFT, E2E); closed-loop users wait for it too. "
+                         "Default 0: the engines' own time only. docs/fidelity.md sizes it in published benchmarks "
+                         "(20-155 ms per collection)")
 
     @model_validator(mode="after")
     def _faults(self):

@@ -9,6 +9,7 @@ engine loop (sim.core.engine), and the summary (sim.core.result).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
@@ -71,6 +72,9 @@ class Simulation:
         self.step_time = build_step_time(sized, self.base_dir, self.spec, self.hw, stream)
         self._add_step_overheads()
         self.workload = build_workload(scenario.workload, scenario.seed, self.base_dir)
+        latency = scenario.cluster.frontend_latency_s
+        if latency > 0:  # every request reaches the engine that long after its send: a wait outside the engine
+            self.workload = replace(self.workload, outside_wait_s=self.workload.outside_wait_s + latency)
         self._check_adapters()
 
     def _add_step_overheads(self) -> None:

@@ -58,10 +58,24 @@ def closed_loop_clients(env: simpy.Environment, workload, make_request: Callable
     simulation can report departures to `on_leave`; None for an open-loop workload."""
     if not workload.closed_users:
         return None
-    clients = ClosedLoopClients(env, workload.closed_users, workload.arrival_s, workload.think_s,
-                                len(workload), lambda i, t: deliver(make_request(i, t)))
+    outside = workload.outside_wait_s
+
+    def send(i: int, t: float) -> None:
+        req = make_request(i, t)   # latency counts from the send; the engine sees it after the outside wait
+        wait = float(outside[i])
+        if wait > 0:
+            env.process(_deliver_after(env, wait, req, deliver))
+        else:
+            deliver(req)
+
+    clients = ClosedLoopClients(env, workload.closed_users, workload.arrival_s, workload.think_s, len(workload), send)
     env.process(clients.start())
     return clients
+
+
+def _deliver_after(env: simpy.Environment, wait: float, req, deliver: Callable):
+    yield env.timeout(wait)
+    deliver(req)
 
 
 def think_times(n: int, users: int, mean_s: float, distribution: str, rng: np.random.Generator) -> np.ndarray:

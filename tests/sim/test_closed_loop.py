@@ -88,3 +88,25 @@ def test_closed_loop_config_errors(tmp_path):
         load_scenario(path)
     assert any("workload" in line and "users" in line for line in err.value.lines)
     assert any("think_distribution" in line and "gamma" in line for line in err.value.lines)
+
+
+def test_frontend_latency_counts_in_latency_and_delays_the_engine():
+    """cluster.frontend_latency_s: a request reaches the engine that long after its send; its TTFT and E2E count
+    from the send. One closed-loop user: every request waits it once more, so the run is n x 50 ms longer and
+    the engine's own times are unchanged (nothing else shares the engine)."""
+    base = run(closed(users=1, n=10))
+    late = run(closed(users=1, n=10, cluster={"frontend_latency_s": 0.05}))
+    b, lt = base.requests.sort_values("id"), late.requests.sort_values("id")
+    assert np.allclose(lt["ttft_s"] - b["ttft_s"], 0.05, atol=1e-9)
+    assert np.allclose(lt["e2e_s"] - b["e2e_s"], 0.05, atol=1e-9)
+    assert late.summary["makespan_s"] == pytest.approx(base.summary["makespan_s"] + 10 * 0.05, abs=1e-9)
+    assert np.allclose(lt["admitted_s"] - lt["arrival_s"], 0.05, atol=1e-9)   # the engine admits on receipt
+    # open loop (sparse Poisson arrivals, so requests do not meet): the same requests, each 50 ms later
+    open_base = run(scenario(workload__num_requests=30, workload__arrival={"kind": "poisson", "rate_rps": 0.2}))
+    open_late = run(scenario(workload__num_requests=30, workload__arrival={"kind": "poisson", "rate_rps": 0.2},
+                             cluster={"frontend_latency_s": 0.05}))
+    ob, ol = open_base.requests.sort_values("id"), open_late.requests.sort_values("id")
+    assert (ob["arrival_s"].to_numpy() == ol["arrival_s"].to_numpy()).all()
+    assert np.allclose(ol["ttft_s"] - ob["ttft_s"], 0.05, atol=1e-9)
+    with pytest.raises(Exception, match="frontend_latency_s"):
+        closed(cluster={"frontend_latency_s": -0.01})
