@@ -277,6 +277,49 @@ def offset_held_out(report: str, sample: str, aic_path: str | None) -> list[dict
     return out
 
 
+FRONTEND_BASE_MS = tuple(range(0, 301, 5))
+FRONTEND_PER_USER_MS = (0, 0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1, 1.5, 2)
+"""What `frontend_fit` chooses among: a front-end time of base + per_user x concurrency (ms) per engine."""
+
+
+def frontend_fit(report: str) -> list[dict]:
+    """The engines' front-end time (client, HTTP, API server, tokenizer) that the engine model does not produce:
+    per engine, the (base, per-user) pair among FRONTEND_BASE_MS x FRONTEND_PER_USER_MS whose base + per_user x
+    concurrency, added to every predicted TTFT, gives the lowest median |TTFT error| on the agg rows with an even
+    line number of REPORT (a run with `--frontend off`); reported on the odd rows, per card, without and with it.
+    What sim.published.engines' `frontend_ms` holds."""
+    rows = [r for r in json.loads(Path(report).read_text())["rows"] if "predicted" in r and r["mode"] == "agg"]
+
+    def err(r, pair):
+        added = pair[0] + pair[1] * r["concurrency"]
+        return abs((r["predicted"]["ttft_ms"] + added) / r["measured"]["ttft_ms"] - 1)
+
+    out = []
+    for backend in sorted({r["backend"] for r in rows}):
+        mine = [r for r in rows if r["backend"] == backend]
+        fit = [r for r in mine if r["line"] % 2 == 0]
+        test = [r for r in mine if r["line"] % 2 == 1]
+        if not fit or not test:
+            continue
+        pairs = [(a, b) for a in FRONTEND_BASE_MS for b in FRONTEND_PER_USER_MS]
+        best = min(pairs, key=lambda p: (np.median([err(r, p) for r in fit]), p))
+        for system in [None, *sorted({r["system"] for r in test})]:
+            part = [r for r in test if system in (None, r["system"])]
+            out.append({"backend": backend, "system": system or "all", "base_ms": best[0], "per_user_ms": best[1],
+                        "n_fit": len(fit), "n_test": len(part),
+                        "before": float(np.median([err(r, (0, 0)) for r in part])),
+                        "after": float(np.median([err(r, best) for r in part]))})
+    return out
+
+
+def _print_frontend(report: str) -> None:
+    print("\n| engine | card | base (ms) | per user (ms) | fit rows (even) | held-out rows (odd) | capsim TTFT | "
+          "with the front end |\n|---|---|---:|---:|---:|---:|---:|---:|")
+    for r in frontend_fit(report):
+        print(f"| {r['backend']} | {r['system']} | {r['base_ms']} | {r['per_user_ms']} | {r['n_fit']} | "
+              f"{r['n_test']} | {r['before']:.1%} | {r['after']:.1%} |")
+
+
 def _print_offsets(report: str, sample: str, aic: str | None) -> None:
     _print_held_out("| collection | engine | TTFT offset chosen on even lines (ms) | fit rows | held-out rows | "
                     "capsim TTFT | with the offset | AIConfigurator TTFT |\n|---|---|---:|---:|---:|---:|---:|---:|",
@@ -325,9 +368,16 @@ def main(argv=None) -> int:
     ap.add_argument("--offset-held-out", action="store_true",
                     help="choose a constant TTFT offset per collection and engine on even lines, report odd lines "
                          "without and with it: how much of the TTFT error is one constant per setup (needs --sample)")
+    ap.add_argument("--frontend-fit", action="store_true",
+                    help="REPORT is a --frontend off run: choose each engine's front-end time (base + per user x "
+                         "concurrency) on even agg lines, report odd lines without and with it")
     ap.add_argument("--sample", help="the silicon sample CSV (its silicon_data_source names the collection)")
     args = ap.parse_args(argv)
+    if args.frontend_fit:
+        _print_frontend(args.report)
     if args.aic is None:
+        if args.frontend_fit:
+            return 0
         if not (((args.rounds_held_out or args.offset_held_out) and args.sample) or (args.before and args.fig)):
             print("without the peer's CSV: --rounds-held-out or --offset-held-out with --sample, or --before REPORT "
                   "--fig PNG", file=sys.stderr)

@@ -50,6 +50,11 @@ def add_parsers(sub) -> None:
                    help="when MoE layers' shared experts run on a second stream beside the routed ones: each "
                         "engine's (default: vLLM at most 256 tokens a pass, TensorRT-LLM decode-only passes, SGLang "
                         "off), or off, decode, or a token count for every row (step_time.model.shared_experts_overlap)")
+    p.add_argument("--frontend", default="engine", type=_frontend,
+                   help="client-to-engine time added to every agg row (cluster.frontend_latency_s): each engine's, "
+                        "fitted on half the silicon sample (default: vLLM 30 ms + 0.5 ms per user, SGLang 100 ms, "
+                        "TensorRT-LLM 100 ms + 1 ms per user; docs/fidelity.md), off, or BASE_MS[+PER_USER_MS] for "
+                        "every row")
     p.add_argument("--start", choices=["cold", "staggered", "burst"], default="cold",
                    help="cold (default): the benchmark as run, --rounds requests per user, the first wave sent at "
                         "once to an idle engine, the later ones as the engine leaves them (docs/fidelity.md); "
@@ -69,6 +74,21 @@ def _overlap(text: str) -> str | int:
     if text.isdigit() and int(text) > 0:
         return int(text)
     raise argparse.ArgumentTypeError(f"expected engine, off, decode or a positive token count, got {text!r}")
+
+
+def _frontend(text: str):
+    """--frontend: engine, off, or BASE_MS[+PER_USER_MS] (non-negative numbers)."""
+    if text in ("engine", "off"):
+        return text
+    parts = text.split("+")
+    try:
+        values = tuple(float(x) for x in parts)
+    except ValueError:
+        values = ()
+    if len(parts) > 2 or len(values) != len(parts) or any(not v >= 0 or v == float("inf") for v in values):
+        raise argparse.ArgumentTypeError(f"expected engine, off or BASE_MS[+PER_USER_MS] (numbers >= 0, e.g. 30+0.5), "
+                                         f"got {text!r}")
+    return (values[0], values[1] if len(values) > 1 else 0.0)
 
 
 def run(args) -> int:
@@ -91,7 +111,7 @@ def run(args) -> int:
                                 moe_routing=args.moe_routing, all_reduce=args.all_reduce,
                                 engine_config=args.engine_config.replace("-", "_"),
                                 host_overhead_s=None if args.host_overhead_ms is None else args.host_overhead_ms / 1e3,
-                                shared_experts_overlap=args.shared_experts_overlap)
+                                shared_experts_overlap=args.shared_experts_overlap, frontend=args.frontend)
     if args.out:
         for path in write_report(report, args.out):
             print(f"wrote {path}", file=sys.stderr)

@@ -71,6 +71,14 @@ class EngineDefaults:
     silicon sample's agg rows by median |TTFT error| (the token budget acts on TTFT first; docs/fidelity.md
     "Engine limits"): vLLM and TensorRT-LLM the benchmark rules, SGLang its defaults."""
 
+    frontend_ms: tuple[float, float] = (0.0, 0.0)
+    """The front end's time before a request reaches the engine (client, HTTP, API server, tokenizer), which the
+    engine model does not produce: (base, per user) in ms, base + per_user x the row's concurrency, set as the
+    replay's cluster.frontend_latency_s. Fitted per engine on the even lines of the silicon sample's agg rows by
+    median |TTFT error| (`python benchmarks/published_peer.py REPORT --frontend-fit`, REPORT a `--frontend off` run;
+    docs/fidelity.md "The engines' front end"), reported on the odd lines: vLLM 30 + 0.5, SGLang 100 + 0,
+    TensorRT-LLM 100 + 1. Agg rows only: disaggregated pools sit behind another front end."""
+
     def describe(self, config: str | None = None) -> str:
         """One line: the scheduler, KV admission, KV memory rule and graph padding this engine is simulated with
         (under `config`, default its own)."""
@@ -97,7 +105,8 @@ class EngineDefaults:
         return (f"{self.backend} ({self.versions}): {sched}; KV admission {self.kv_admission}; {mem}; {graphs}; "
                 f"after a cold first wave: {self.later_waves}; MoE experts: {moe}; shared experts {shared}; "
                 f"q / k norms {'fused with RoPE' if self.qk_norm_kernels == 'fused_with_rope' else 'as kernels of their own'}; "
-                f"all-reduce: {ar}")
+                f"all-reduce: {ar}; front end {self.frontend_ms[0]:g} ms + {self.frontend_ms[1]:g} ms per user "
+                f"(fitted, agg rows)")
 
 
 AIC_SLACK_TOKENS = 1500
@@ -114,7 +123,7 @@ ENGINES: dict[str, EngineDefaults] = {
         "on_demand", "card", 0.9, VLLM_GRAPH_SIZES,
         ("chunked prefill always on; running requests first, then waiting ones, FCFS",
          "gpu_memory_utilization 0.9, 16-token blocks, prefix caching on (random prompts: no hits)"),
-        moe=("vllm", "power_law_1.2"), config="aic_benchmark", all_reduce="vllm"),
+        moe=("vllm", "power_law_1.2"), config="aic_benchmark", all_reduce="vllm", frontend_ms=(30.0, 0.5)),
     "sglang": EngineDefaults(
         "sglang", "0.5.x: `sglang.launch_server` on an 80 GB-class card",
         {"kind": "chunked", "max_num_seqs": 1024, "max_num_batched_tokens": 8192, "chunk_tokens": 8192},
@@ -122,7 +131,8 @@ ENGINES: dict[str, EngineDefaults] = {
         ("chunked_prefill_size 8192; mem_fraction_static ~0.88",
          "not modelled: SGLang runs prefill batches and decode batches separately (no mixed chunk by default); "
          "capsim mixes them in one iteration"),
-        later_waves="cohort", moe=("sglang", "balanced"), all_reduce="sglang", shared_experts_overlap="off"),
+        later_waves="cohort", moe=("sglang", "balanced"), all_reduce="sglang", shared_experts_overlap="off",
+        frontend_ms=(100.0, 0.0)),
     "trtllm": EngineDefaults(
         "trtllm", "1.x PyTorch backend: `trtllm-serve` defaults",
         {"kind": "continuous", "max_num_seqs": 2048, "max_num_batched_tokens": 8192},
@@ -130,7 +140,7 @@ ENGINES: dict[str, EngineDefaults] = {
         ("max_batch_size 2048, max_num_tokens 8192, chunked prefill off, GUARANTEED_NO_EVICT (reserve KV for "
          "prompt + all outputs at admission)", "kv_cache free_gpu_memory_fraction 0.9 of the memory left after weights"),
         config="aic_benchmark", all_reduce="trtllm", host_overhead_s=0.4654e-3, shared_experts_overlap="decode",
-        qk_norm_kernels="fused_with_rope"),
+        qk_norm_kernels="fused_with_rope", frontend_ms=(100.0, 1.0)),
 }
 
 

@@ -155,23 +155,36 @@ def _engine_step_time(engine, backend: str, mixed: str, moe_kernels: str, moe_ro
                          engine.qk_norm_kernels)
 
 
+def frontend_latency_s(frontend, backend: str, users: int) -> float:
+    """The replay's cluster.frontend_latency_s: `frontend` is `engine` (the engine's fitted (base, per user) ms,
+    sim.published.engines), `off`, or a (base_ms, per_user_ms) pair; the time is base + per_user x users."""
+    if frontend == "off":
+        return 0.0
+    base, per_user = ENGINES[backend].frontend_ms if frontend == "engine" else frontend
+    return (base + per_user * users) / 1e3
+
+
 def build_case(row: PublishedRow, per_user: int | None = None, start: str = "cold",
                mixed: str = "one_pass", rounds: int = ROUNDS, moe_kernels: str = "engine",
                moe_routing: str = "engine", all_reduce: str = "engine", engine_config: str = "engine",
-               host_overhead_s: float | None = None, shared_experts_overlap: str | int = "engine") -> Case:
+               host_overhead_s: float | None = None, shared_experts_overlap: str | int = "engine",
+               frontend="engine") -> Case:
     """Translate one published row into a closed-loop scenario for one replica, or say why not.
     `moe_kernels`: `engine` (the engine's default, sim.published.engines: its own fused-MoE kernels or the
     composition), `own` (the row's engine's kernels), vllm / sglang / trtllm, or composed; `moe_routing`: `engine` (its default), balanced or
     power_law_1.2; `all_reduce`: `engine` (its default), `own` (the row's engine's measured all-reduce), nccl,
     vllm, sglang or trtllm; `engine_config`: `engine` (its choice), `defaults` (each engine's launch defaults) or
     `aic_benchmark` (AIConfigurator's benchmark deployment limits, sim.published.engines.aic_benchmark_limits);
-    `shared_experts_overlap`: `engine` (its default) or off, decode, a token count (step_time.model's)."""
+    `shared_experts_overlap`: `engine` (its default) or off, decode, a token count (step_time.model's);
+    `frontend`: the client-to-engine time (frontend_latency_s; disaggregated pools: `engine` means none)."""
     if engine_config not in ENGINE_CONFIGS:
         raise ConfigError(f"engine_config: expected one of {', '.join(ENGINE_CONFIGS)}, got {engine_config!r}")
     if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
         pool = partial(build_case, mixed=mixed, moe_kernels=moe_kernels, moe_routing=moe_routing,
                        all_reduce=all_reduce, host_overhead_s=host_overhead_s,
                        shared_experts_overlap=shared_experts_overlap,
+                       # the front end was fitted on agg rows; disaggregated rows have another (their router)
+                       frontend="off" if frontend == "engine" else frontend,
                        # pools keep the launch defaults unless asked: the choice was made on agg rows only
                        engine_config="defaults" if engine_config == "engine" else engine_config)
         return replace(build_disagg_case(row, per_user, start, pool, Case), rounds=rounds)
@@ -224,6 +237,9 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                      "prompt_tokens": {"kind": "fixed", "value": row.isl},
                      "output_tokens": {"kind": "fixed", "value": row.osl}},
     }
+    latency = frontend_latency_s(frontend, row.backend, users)
+    if latency > 0:
+        scenario["cluster"] = {"frontend_latency_s": latency}
     if dp > 1:
         # the routed experts see every rank's tokens, up to dp x the engine's token budget: beyond the fused-MoE
         # tables' largest measured count (16,384 tokens), where every expert is busy and the kernel's time grows

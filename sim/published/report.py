@@ -71,7 +71,7 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
                        stream=None, rounds: int = ROUNDS, moe_kernels: str = "engine",
                        moe_routing: str = "engine", all_reduce: str = "engine",
                        engine_config: str = "engine", host_overhead_s: float | None = None,
-                       shared_experts_overlap: str | int = "engine") -> dict:
+                       shared_experts_overlap: str | int = "engine", frontend="engine") -> dict:
     """Simulate the selected rows (fanned out over Dask workers when workers > 1) and build the report.
     A file with a `total_output_tokens_per_s` column is TensorRT-LLM's max-throughput table."""
     from sim.published.throughput import is_throughput_file
@@ -79,7 +79,7 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
         return _validate_throughput(path, backend, system, mode, workers, progress, stream)
     rows = select_rows(read_published(path), backend, system, mode)
     cases = [build_case(r, per_user, start, mixed, rounds, moe_kernels, moe_routing, all_reduce, engine_config,
-                        host_overhead_s, shared_experts_overlap) for r in rows]
+                        host_overhead_s, shared_experts_overlap, frontend) for r in rows]
     results = _fan_out(simulate_case, [c if c.scenario is not None else None for c in cases], workers, progress,
                        stream)
     records = [_record(r, results[i] if cases[i].scenario is not None else {"skipped": cases[i].skipped})
@@ -90,6 +90,7 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
             "moe_kernels": moe_kernels, "moe_routing": moe_routing, "all_reduce": all_reduce,
             "engine_config": engine_config, "host_overhead_s": host_overhead_s,
             "shared_experts_overlap": shared_experts_overlap,
+            "frontend_ms": frontend if isinstance(frontend, str) else list(frontend),
             "engines": {b: ENGINES[b].describe(_described_config(engine_config, [r for r in rows if r.backend == b]))
                         for b in used},
             "rows": records, "summary": error_summary(records)}
@@ -148,7 +149,7 @@ def print_report(report: dict, file=None) -> None:
         print(f"\n{sum(reasons.values())} of {len(report['rows'])} rows skipped:", file=file)
         for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
             print(f"  {n:>5}  {why}", file=file)
-    print("\nengine settings simulated (defaults, not fitted):", file=file)
+    print("\nengine settings simulated (each choice and fit: docs/fidelity.md):", file=file)
     for text in report["engines"].values():
         print(f"  {text}", file=file)
     print(f"\n{'system':<38}{'backend':<9}{'mode':<16}{'metric':<14}{'n':>6}{'median |err|':>14}{'p90 |err|':>11}",

@@ -119,3 +119,26 @@ def test_before_after_figure(tmp_path):
     assert peer.main([str(tmp_path / "now" / "report.json"), "--before", str(tmp_path / "before" / "report.json"),
                       "--fig", str(tmp_path / "fig.png")]) == 0
     assert (tmp_path / "fig.png").stat().st_size > 10_000
+
+
+def test_frontend_fit_chooses_base_and_per_user_on_even_lines(tmp_path):
+    """Rows whose measured TTFT is the prediction + 40 ms + 0.5 ms per user (one odd row far off): the fit on the
+    even lines finds (40, 0.5) and the held-out odd rows' median error falls to zero."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("published_peer4", Path(__file__).parents[2] / "benchmarks"
+                                                  / "published_peer.py")
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    rows = []
+    for line in range(2, 14):
+        users = (4, 8, 16, 64, 128, 256)[line % 6]
+        measured = 100.0 * line + 40.0 + 0.5 * users + (500.0 if line == 13 else 0.0)
+        rows.append({"id": f"r{line}", "line": line, "backend": "vllm", "mode": "agg", "system": "h100_sxm",
+                     "concurrency": users, "measured": {"ttft_ms": measured, "tpot_ms": 10.0},
+                     "predicted": {"ttft_ms": 100.0 * line, "tpot_ms": 10.0}})
+    rows.append(dict(rows[0], id="d", line=15, mode="disagg"))   # disaggregated rows take no part
+    (tmp_path / "report.json").write_text(json.dumps({"rows": rows}))
+    out = peer.frontend_fit(str(tmp_path / "report.json"))
+    assert (out[0]["backend"], out[0]["system"], out[0]["base_ms"], out[0]["per_user_ms"]) == ("vllm", "all", 40, 0.5)
+    assert (out[0]["n_fit"], out[0]["n_test"]) == (6, 6)
+    assert out[0]["after"] == pytest.approx(0.0) and out[0]["before"] > 0.05

@@ -305,3 +305,48 @@ def test_shared_experts_overlap_follows_each_engine_unless_asked(capsys):
         main(["validate-published", str(FIXTURE), "--shared-experts-overlap", "always"])
     assert stop.value.code == 2
     assert "expected engine, off, decode or a positive token count, got 'always'" in capsys.readouterr().err
+
+
+def test_frontend_is_each_engines_fit_on_agg_rows_unless_asked(capsys):
+    """Each engine's fitted front end (sim.published.engines: base + per user x concurrency, ms) becomes the agg
+    replay's cluster.frontend_latency_s; `off` and a stated pair override it; disaggregated rows get none unless
+    a pair is stated; the flag refuses anything else."""
+    from sim.published.predict import build_case
+    from sim.published.rows import read_published
+    rows = read_published(FIXTURE)
+    fitted = {"vllm": (30.0, 0.5), "sglang": (100.0, 0.0), "trtllm": (100.0, 1.0)}
+    seen = set()
+    for row in rows:
+        case = build_case(row, per_user=3)
+        if case.scenario is None:
+            continue
+        if row.mode == "disagg":
+            assert "cluster" not in case.scenario
+            asked = build_case(row, per_user=3, frontend=(20.0, 0.0))
+            assert asked.scenario["cluster"]["frontend_latency_s"] == pytest.approx(0.020)
+            continue
+        base, per_user = fitted[row.backend]
+        want = (base + per_user * row.concurrency) / 1e3
+        assert case.scenario["cluster"]["frontend_latency_s"] == pytest.approx(want)
+        assert "cluster" not in build_case(row, per_user=3, frontend="off").scenario
+        stated = build_case(row, per_user=3, frontend=(12.0, 1.0)).scenario["cluster"]["frontend_latency_s"]
+        assert stated == pytest.approx((12.0 + row.concurrency) / 1e3)
+        seen.add(row.backend)
+    assert seen == set(fitted)
+    for bad in ("fast", "-5", "1+2+3", "nan"):
+        with pytest.raises(SystemExit) as stop:
+            main(["validate-published", str(FIXTURE), "--frontend", bad])
+        assert stop.value.code == 2
+        assert f"expected engine, off or BASE_MS[+PER_USER_MS]" in capsys.readouterr().err
+
+
+def test_frontend_time_reaches_the_replayed_ttft_not_tpot():
+    """A stated front end of 80 ms moves a replayed row's TTFT by about that (the engine sees its users a little
+    later, so slightly less than 80 ms in the steady state), and its TPOT hardly."""
+    from sim.published.predict import build_case, simulate_case
+    from sim.published.rows import read_published
+    row = next(r for r in read_published(FIXTURE) if r.mode == "agg" and r.backend == "vllm")
+    off = simulate_case(None, build_case(row, per_user=3, frontend="off"))
+    on = simulate_case(None, build_case(row, per_user=3, frontend=(80.0, 0.0)))
+    assert 70.0 <= on["ttft_ms"] - off["ttft_ms"] <= 80.5
+    assert on["tpot_ms"] == pytest.approx(off["tpot_ms"], rel=0.05)
