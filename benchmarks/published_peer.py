@@ -224,6 +224,7 @@ def rounds_held_out(report: str, sample: str, aic_path: str) -> list[dict]:
     def err(i, choice, metric):
         n, regime = choice
         pred = combine_cold(rows[i]["components"]["first_wave"], rows[i]["components"]["steady"], n, regime)
+        pred["ttft_ms"] += rows[i].get("frontend_ms", 0.0)   # the components are the simulated engine's
         return abs(pred[metric] / rows[i]["measured"][metric] - 1)
 
     out, every = [], {"ttft_ms": [], "tpot_ms": [], "aic_ttft_ms": [], "aic_tpot_ms": []}
@@ -286,13 +287,14 @@ def frontend_fit(report: str) -> list[dict]:
     """The engines' front-end time (client, HTTP, API server, tokenizer) that the engine model does not produce:
     per engine, the (base, per-user) pair among FRONTEND_BASE_MS x FRONTEND_PER_USER_MS whose base + per_user x
     concurrency, added to every predicted TTFT, gives the lowest median |TTFT error| on the agg rows with an even
-    line number of REPORT (a run with `--frontend off`); reported on the odd rows, per card, without and with it.
+    line number of REPORT (any run: the front end it added, each row's frontend_ms, is taken off first); reported on
+    the odd rows, per card, without and with it.
     What sim.published.engines' `frontend_ms` holds."""
     rows = [r for r in json.loads(Path(report).read_text())["rows"] if "predicted" in r and r["mode"] == "agg"]
 
-    def err(r, pair):
+    def err(r, pair):  # on the simulated TTFT: without the front end REPORT's run added (its rows' frontend_ms)
         added = pair[0] + pair[1] * r["concurrency"]
-        return abs((r["predicted"]["ttft_ms"] + added) / r["measured"]["ttft_ms"] - 1)
+        return abs((r["predicted"]["ttft_ms"] - r.get("frontend_ms", 0.0) + added) / r["measured"]["ttft_ms"] - 1)
 
     out = []
     for backend in sorted({r["backend"] for r in rows}):
@@ -369,8 +371,8 @@ def main(argv=None) -> int:
                     help="choose a constant TTFT offset per collection and engine on even lines, report odd lines "
                          "without and with it: how much of the TTFT error is one constant per setup (needs --sample)")
     ap.add_argument("--frontend-fit", action="store_true",
-                    help="REPORT is a --frontend off run: choose each engine's front-end time (base + per user x "
-                         "concurrency) on even agg lines, report odd lines without and with it")
+                    help="choose each engine's front-end time (base + per user x concurrency) on even agg lines of "
+                         "REPORT, report odd lines without and with it")
     ap.add_argument("--sample", help="the silicon sample CSV (its silicon_data_source names the collection)")
     args = ap.parse_args(argv)
     if args.frontend_fit:

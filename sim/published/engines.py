@@ -72,10 +72,10 @@ class EngineDefaults:
     "Engine limits"): vLLM and TensorRT-LLM the benchmark rules, SGLang its defaults."""
 
     frontend_ms: tuple[float, float] = (0.0, 0.0)
-    """The front end's time before a request reaches the engine (client, HTTP, API server, tokenizer), which the
-    engine model does not produce: (base, per user) in ms, base + per_user x the row's concurrency, set as the
-    replay's cluster.frontend_latency_s. Fitted per engine on the even lines of the silicon sample's agg rows by
-    median |TTFT error| (`python benchmarks/published_peer.py REPORT --frontend-fit`, REPORT a `--frontend off` run;
+    """The front end's time in a request's TTFT (client, HTTP, API server, tokenizer), which the engine model does
+    not produce: (base, per user) in ms, base + per_user x the row's concurrency, added to the replay's simulated
+    TTFT (sim.published.predict.frontend_latency_s). Fitted per engine on the even lines of the silicon sample's agg rows by
+    median |TTFT error| (`python benchmarks/published_peer.py REPORT --frontend-fit`, REPORT any agg run;
     docs/fidelity.md "The engines' front end"), reported on the odd lines: vLLM 30 + 0.5, SGLang 100 + 0,
     TensorRT-LLM 100 + 1. Agg rows only: disaggregated pools sit behind another front end."""
 

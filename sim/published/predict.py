@@ -73,6 +73,8 @@ class Case:
     request counts (the simulator keeps a cohort in lock-step)."""
     rounds: int = 10
     """`cold`: requests per user in the replayed benchmark (N); see ROUNDS."""
+    frontend_s: float = 0.0
+    """Added to the simulated TTFT: the front end's time the engine model does not produce (frontend_latency_s)."""
 
 
 def model_for(model_path: str) -> str | None:
@@ -156,8 +158,11 @@ def _engine_step_time(engine, backend: str, mixed: str, moe_kernels: str, moe_ro
 
 
 def frontend_latency_s(frontend, backend: str, users: int) -> float:
-    """The replay's cluster.frontend_latency_s: `frontend` is `engine` (the engine's fitted (base, per user) ms,
-    sim.published.engines), `off`, or a (base_ms, per_user_ms) pair; the time is base + per_user x users."""
+    """The time added to a replay's simulated TTFT: `frontend` is `engine` (the engine's fitted (base, per user)
+    ms, sim.published.engines), `off`, or a (base_ms, per_user_ms) pair; the time is base + per_user x users.
+    Added after the simulation, not simulated as cluster.frontend_latency_s (time the users spend outside the
+    engine): fitted so, it leaves TPOT as it was; simulated, it lowered TensorRT-LLM's predicted TPOT where it
+    was already low (docs/fidelity.md, "The engines' front end")."""
     if frontend == "off":
         return 0.0
     base, per_user = ENGINES[backend].frontend_ms if frontend == "engine" else frontend
@@ -176,18 +181,18 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     vllm, sglang or trtllm; `engine_config`: `engine` (its choice), `defaults` (each engine's launch defaults) or
     `aic_benchmark` (AIConfigurator's benchmark deployment limits, sim.published.engines.aic_benchmark_limits);
     `shared_experts_overlap`: `engine` (its default) or off, decode, a token count (step_time.model's);
-    `frontend`: the client-to-engine time (frontend_latency_s; disaggregated pools: `engine` means none)."""
+    `frontend`: the front end's time added to TTFT (frontend_latency_s; disaggregated rows: `engine` means none)."""
     if engine_config not in ENGINE_CONFIGS:
         raise ConfigError(f"engine_config: expected one of {', '.join(ENGINE_CONFIGS)}, got {engine_config!r}")
     if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
         pool = partial(build_case, mixed=mixed, moe_kernels=moe_kernels, moe_routing=moe_routing,
                        all_reduce=all_reduce, host_overhead_s=host_overhead_s,
                        shared_experts_overlap=shared_experts_overlap,
-                       # the front end was fitted on agg rows; disaggregated rows have another (their router)
-                       frontend="off" if frontend == "engine" else frontend,
                        # pools keep the launch defaults unless asked: the choice was made on agg rows only
                        engine_config="defaults" if engine_config == "engine" else engine_config)
-        return replace(build_disagg_case(row, per_user, start, pool, Case), rounds=rounds)
+        case = build_disagg_case(row, per_user, start, pool, Case)
+        return replace(case, rounds=rounds, frontend_s=0.0 if frontend == "engine" or case.scenario is None
+                       else frontend_latency_s(frontend, row.backend, row.concurrency))
     why = _unsupported_layout(row)
     if why:
         return Case(row, skipped=why)
@@ -237,9 +242,6 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                      "prompt_tokens": {"kind": "fixed", "value": row.isl},
                      "output_tokens": {"kind": "fixed", "value": row.osl}},
     }
-    latency = frontend_latency_s(frontend, row.backend, users)
-    if latency > 0:
-        scenario["cluster"] = {"frontend_latency_s": latency}
     if dp > 1:
         # the routed experts see every rank's tokens, up to dp x the engine's token budget: beyond the fused-MoE
         # tables' largest measured count (16,384 tokens), where every expert is busy and the kernel's time grows
@@ -248,7 +250,8 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     graphs = limits[1] if limits else engine.graph_sizes
     if graphs:  # per rank: dp evenly loaded ranks pad together to dp x each size
         scenario["step_time"]["graph_sizes"] = [g * dp for g in graphs]
-    return Case(row, scenario=scenario, start=start, rounds=rounds)
+    return Case(row, scenario=scenario, start=start, rounds=rounds,
+                frontend_s=frontend_latency_s(frontend, row.backend, users))
 
 
 def request_lifetime_s(sim, isl: int, osl: int, users: int) -> float:
@@ -361,6 +364,9 @@ def simulate_case(_shared, case: Case) -> dict:
         out["skipped"] = str(exc)
         return out
     out.update({m: res[m] for m in ("ttft_ms", "tpot_ms", "throughput_tok_s")})
+    if case.frontend_s > 0:  # the front end's fitted time (frontend_latency_s), outside the simulated engine
+        out["ttft_ms"] += case.frontend_s * 1e3
+        out["frontend_ms"] = case.frontend_s * 1e3
     return out
 
 

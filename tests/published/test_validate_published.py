@@ -308,9 +308,9 @@ def test_shared_experts_overlap_follows_each_engine_unless_asked(capsys):
 
 
 def test_frontend_is_each_engines_fit_on_agg_rows_unless_asked(capsys):
-    """Each engine's fitted front end (sim.published.engines: base + per user x concurrency, ms) becomes the agg
-    replay's cluster.frontend_latency_s; `off` and a stated pair override it; disaggregated rows get none unless
-    a pair is stated; the flag refuses anything else."""
+    """Each engine's fitted front end (sim.published.engines: base + per user x concurrency, ms) is the time an agg
+    replay adds to its TTFT; `off` and a stated pair override it; disaggregated rows get none unless a pair is
+    stated; the flag refuses anything else."""
     from sim.published.predict import build_case
     from sim.published.rows import read_published
     rows = read_published(FIXTURE)
@@ -320,16 +320,15 @@ def test_frontend_is_each_engines_fit_on_agg_rows_unless_asked(capsys):
         case = build_case(row, per_user=3)
         if case.scenario is None:
             continue
+        assert "cluster" not in case.scenario   # added to TTFT, not simulated as time outside the engine
         if row.mode == "disagg":
-            assert "cluster" not in case.scenario
-            asked = build_case(row, per_user=3, frontend=(20.0, 0.0))
-            assert asked.scenario["cluster"]["frontend_latency_s"] == pytest.approx(0.020)
+            assert case.frontend_s == 0.0
+            assert build_case(row, per_user=3, frontend=(20.0, 0.0)).frontend_s == pytest.approx(0.020)
             continue
         base, per_user = fitted[row.backend]
-        want = (base + per_user * row.concurrency) / 1e3
-        assert case.scenario["cluster"]["frontend_latency_s"] == pytest.approx(want)
-        assert "cluster" not in build_case(row, per_user=3, frontend="off").scenario
-        stated = build_case(row, per_user=3, frontend=(12.0, 1.0)).scenario["cluster"]["frontend_latency_s"]
+        assert case.frontend_s == pytest.approx((base + per_user * row.concurrency) / 1e3)
+        assert build_case(row, per_user=3, frontend="off").frontend_s == 0.0
+        stated = build_case(row, per_user=3, frontend=(12.0, 1.0)).frontend_s
         assert stated == pytest.approx((12.0 + row.concurrency) / 1e3)
         seen.add(row.backend)
     assert seen == set(fitted)
@@ -337,16 +336,21 @@ def test_frontend_is_each_engines_fit_on_agg_rows_unless_asked(capsys):
         with pytest.raises(SystemExit) as stop:
             main(["validate-published", str(FIXTURE), "--frontend", bad])
         assert stop.value.code == 2
-        assert f"expected engine, off or BASE_MS[+PER_USER_MS]" in capsys.readouterr().err
+        assert "expected engine, off or BASE_MS[+PER_USER_MS]" in capsys.readouterr().err
 
 
-def test_frontend_time_reaches_the_replayed_ttft_not_tpot():
-    """A stated front end of 80 ms moves a replayed row's TTFT by about that (the engine sees its users a little
-    later, so slightly less than 80 ms in the steady state), and its TPOT hardly."""
+def test_frontend_time_is_added_to_ttft_and_reported_per_row(report):
+    """A stated front end of 80 ms adds exactly that to a replayed row's TTFT and nothing to its TPOT; the JSON
+    report gives each predicted row's front-end time beside its prediction."""
     from sim.published.predict import build_case, simulate_case
     from sim.published.rows import read_published
     row = next(r for r in read_published(FIXTURE) if r.mode == "agg" and r.backend == "vllm")
     off = simulate_case(None, build_case(row, per_user=3, frontend="off"))
     on = simulate_case(None, build_case(row, per_user=3, frontend=(80.0, 0.0)))
-    assert 70.0 <= on["ttft_ms"] - off["ttft_ms"] <= 80.5
-    assert on["tpot_ms"] == pytest.approx(off["tpot_ms"], rel=0.05)
+    assert "frontend_ms" not in off and on["frontend_ms"] == pytest.approx(80.0)
+    assert on["ttft_ms"] - off["ttft_ms"] == pytest.approx(80.0)
+    assert on["tpot_ms"] == off["tpot_ms"]
+    predicted = [r for r in report["rows"] if "predicted" in r]
+    assert predicted and all(r["frontend_ms"] == pytest.approx(
+        {"vllm": 30 + 0.5 * r["concurrency"], "sglang": 100, "trtllm": 100 + r["concurrency"]}[r["backend"]])
+        for r in predicted)
