@@ -322,6 +322,50 @@ def _print_frontend(report: str) -> None:
               f"{r['n_test']} | {r['before']:.1%} | {r['after']:.1%} |")
 
 
+def groups(report: str, aic_path: str | None) -> list[dict]:
+    """Per (card, engine, model, precision) of REPORT's agg rows: capsim's median |TTFT| and |TPOT error| over all
+    its rows and, with the peer's CSV, both tools' over the rows both predict; then the totals over all rows and
+    over the odd lines alone (held out from every choice made on even lines)."""
+    rows = [r for r in json.loads(Path(report).read_text())["rows"] if "predicted" in r and r["mode"] == "agg"]
+    aic = {}
+    if aic_path:
+        with open(aic_path, newline="") as fh:
+            aic = {r["id"]: r for r in csv.DictReader(fh) if r["aic_ttft_ms"]}
+
+    def med(part, who, m):
+        if not part:
+            return None
+        if who == "aic":
+            return float(np.median([abs(float(aic[r["id"]]["aic_" + m]) / r["measured"][m] - 1) for r in part]))
+        return float(np.median([abs(r["predicted"][m] / r["measured"][m] - 1) for r in part]))
+
+    keyed: dict[tuple, list[dict]] = {}
+    for r in sorted(rows, key=lambda r: (r["system"], r["backend"], r["model"].split("/")[-1], r["precision"] or "")):
+        keyed.setdefault((r["system"], r["backend"], r["model"].split("/")[-1], r["precision"] or "bf16"), []).append(r)
+    keyed[("all", "", "", "")] = rows
+    keyed[("odd lines", "", "", "")] = [r for r in rows if r["line"] % 2 == 1]
+    out = []
+    for key, part in keyed.items():
+        both = [r for r in part if r["id"] in aic]
+        out.append(dict(zip(("system", "backend", "model", "precision"), key), n=len(part), n_both=len(both),
+                        **{f"{who}_{m}{'_both' if who == 'capsim' else ''}": med(sel, who, m)
+                           for who, sel in (("capsim", both), ("aic", both)) for m in ("ttft_ms", "tpot_ms")},
+                        capsim_ttft_ms=med(part, "capsim", "ttft_ms"), capsim_tpot_ms=med(part, "capsim", "tpot_ms")))
+    return out
+
+
+def _print_groups(report: str, aic_path: str | None) -> None:
+    def pct(x):
+        return "-" if x is None else f"{x:.1%}"
+    print("\n| system | engine | model | precision | rows | capsim TTFT | capsim TPOT | rows both | capsim TTFT / TPOT "
+          "on them | AIConfigurator TTFT / TPOT |\n|---|---|---|---|---:|---:|---:|---:|---|---|")
+    for g in groups(report, aic_path):
+        print(f"| {g['system']} | {g['backend']} | {g['model']} | {g['precision']} | {g['n']} | "
+              f"{pct(g['capsim_ttft_ms'])} | {pct(g['capsim_tpot_ms'])} | {g['n_both']} | "
+              f"{pct(g['capsim_ttft_ms_both'])} / {pct(g['capsim_tpot_ms_both'])} | "
+              f"{pct(g['aic_ttft_ms'])} / {pct(g['aic_tpot_ms'])} |")
+
+
 def _print_offsets(report: str, sample: str, aic: str | None) -> None:
     _print_held_out("| collection | engine | TTFT offset chosen on even lines (ms) | fit rows | held-out rows | "
                     "capsim TTFT | with the offset | AIConfigurator TTFT |\n|---|---|---:|---:|---:|---:|---:|---:|",
@@ -373,12 +417,17 @@ def main(argv=None) -> int:
     ap.add_argument("--frontend-fit", action="store_true",
                     help="choose each engine's front-end time (base + per user x concurrency) on even agg lines of "
                          "REPORT, report odd lines without and with it")
+    ap.add_argument("--groups", action="store_true",
+                    help="per card, engine, model and precision: capsim's median errors and, with the peer's CSV, "
+                         "both tools' on the rows both predict; totals over all rows and the odd lines")
     ap.add_argument("--sample", help="the silicon sample CSV (its silicon_data_source names the collection)")
     args = ap.parse_args(argv)
     if args.frontend_fit:
         _print_frontend(args.report)
+    if args.groups:
+        _print_groups(args.report, args.aic)
     if args.aic is None:
-        if args.frontend_fit:
+        if args.frontend_fit or args.groups:
             return 0
         if not (((args.rounds_held_out or args.offset_held_out) and args.sample) or (args.before and args.fig)):
             print("without the peer's CSV: --rounds-held-out or --offset-held-out with --sample, or --before REPORT "

@@ -143,3 +143,29 @@ def test_frontend_fit_chooses_base_and_per_user_on_even_lines(tmp_path):
     assert (out[0]["backend"], out[0]["system"], out[0]["base_ms"], out[0]["per_user_ms"]) == ("vllm", "all", 40, 0.5)
     assert (out[0]["n_fit"], out[0]["n_test"]) == (6, 6)
     assert out[0]["after"] == pytest.approx(0.0) and out[0]["before"] > 0.05
+
+
+def test_groups_table_per_model_and_the_odd_lines(tmp_path):
+    """--groups: per (card, engine, model, precision) capsim's median errors over all its rows and both tools' on
+    the rows the peer predicts too; totals over all rows and over the odd lines."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("published_peer5", Path(__file__).parents[2] / "benchmarks"
+                                                  / "published_peer.py")
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    rows, aic = [], ["id,aic_ttft_ms,aic_tpot_ms"]
+    for line, (model, over) in enumerate([("org/A", 1.1), ("org/A", 1.3), ("org/B", 0.5), ("org/A", 1.2)], start=2):
+        rows.append({"id": f"r{line}", "line": line, "system": "h100_sxm", "backend": "vllm", "mode": "agg",
+                     "model": model, "precision": None, "measured": {"ttft_ms": 100.0, "tpot_ms": 10.0},
+                     "predicted": {"ttft_ms": 100.0 * over, "tpot_ms": 10.0}})
+        if line != 3:
+            aic.append(f"r{line},150.0,12.0")
+    (tmp_path / "report.json").write_text(json.dumps({"rows": rows}))
+    (tmp_path / "aic.csv").write_text("\n".join(aic) + "\n")
+    out = {(g["system"], g["model"]): g for g in peer.groups(str(tmp_path / "report.json"), str(tmp_path / "aic.csv"))}
+    a = out[("h100_sxm", "A")]
+    assert (a["n"], a["n_both"], a["precision"]) == (3, 2, "bf16")
+    assert a["capsim_ttft_ms"] == pytest.approx(0.2) and a["capsim_ttft_ms_both"] == pytest.approx(0.15)
+    assert a["aic_ttft_ms"] == pytest.approx(0.5) and a["aic_tpot_ms"] == pytest.approx(0.2)
+    assert out[("all", "")]["n"] == 4 and out[("odd lines", "")]["n"] == 2   # lines 3 and 5
+    assert out[("odd lines", "")]["capsim_ttft_ms"] == pytest.approx(0.25)    # 30% and 20%

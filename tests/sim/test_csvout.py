@@ -44,3 +44,30 @@ def test_a_run_writes_what_pandas_would(tmp_path):
     res.write(tmp_path / "out")
     assert (tmp_path / "out" / "requests.csv").read_text() == res.requests.to_csv(index=False)
     assert (tmp_path / "out" / "iterations.csv").read_text() == res.iterations.to_csv(index=False)
+
+
+def test_orjson_float_cells_are_reprs_text():
+    """The orjson path (sim.core.csvout._float_cells_orjson) writes what repr writes, for the magnitudes it formats
+    itself and for those it hands back to repr: zeros of both signs, NaN, inf, subnormals, both sides of 1e-4 and
+    1e16, and random values over 30 decades."""
+    import pytest
+    from sim.core import csvout
+    if csvout._orjson is None:
+        pytest.skip("orjson is not installed: the repr path is the only one")
+    rng = np.random.default_rng(7)
+    v = np.concatenate([10 ** rng.uniform(-10, 20, 200_000) * rng.choice([1, -1], 200_000),
+                        np.round(rng.random(50_000) * 1e4, 3),
+                        [0.0, -0.0, np.nan, np.inf, -np.inf, 5e-324, 1e-4, np.nextafter(1e-4, 0), 1e16,
+                         np.nextafter(1e16, 0), -1e16, 1.0, 123456789.0, 0.1, 1 / 3]])
+    want = ["" if x != x else repr(x) for x in v.tolist()]
+    assert csvout._float_cells_orjson(v) == want
+    assert csvout.cells(v) == want
+
+
+def test_without_orjson_the_cells_are_the_same(monkeypatch):
+    """Where orjson is not importable, floats go through repr: the same text."""
+    from sim.core import csvout
+    v = np.random.default_rng(3).random(5_000) * 100
+    with_it = csvout.cells(v)
+    monkeypatch.setattr(csvout, "_orjson", None)
+    assert csvout.cells(v) == with_it == [repr(x) for x in v.tolist()]
