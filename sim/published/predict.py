@@ -174,14 +174,11 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                moe_routing: str = "engine", all_reduce: str = "engine", engine_config: str = "engine",
                host_overhead_s: float | None = None, shared_experts_overlap: str | int = "engine",
                frontend="engine") -> Case:
-    """Translate one published row into a closed-loop scenario for one replica, or say why not.
-    `moe_kernels`: `engine` (the engine's default, sim.published.engines: its own fused-MoE kernels or the
-    composition), `own` (the row's engine's kernels), vllm / sglang / trtllm, or composed; `moe_routing`: `engine` (its default), balanced or
-    power_law_1.2; `all_reduce`: `engine` (its default), `own` (the row's engine's measured all-reduce), nccl,
-    vllm, sglang or trtllm; `engine_config`: `engine` (its choice), `defaults` (each engine's launch defaults) or
-    `aic_benchmark` (AIConfigurator's benchmark deployment limits, sim.published.engines.aic_benchmark_limits);
-    `shared_experts_overlap`: `engine` (its default) or off, decode, a token count (step_time.model's);
-    `frontend`: the front end's time added to TTFT (frontend_latency_s; disaggregated rows: `engine` means none)."""
+    """Translate one published row into a closed-loop scenario for one replica, or say why not. `engine` means
+    the row's engine's default (sim.published.engines) for each of: `moe_kernels` (or `own`: the row's engine's
+    kernels, vllm / sglang / trtllm, composed), `moe_routing` (balanced, power_law_1.2), `all_reduce` (`own`, nccl,
+    vllm, sglang, trtllm), `engine_config` (`defaults`: launch defaults, `aic_benchmark`: aic_benchmark_limits),
+    `shared_experts_overlap` (off, decode, a token count), `frontend` (frontend_latency_s; disaggregated: none)."""
     if engine_config not in ENGINE_CONFIGS:
         raise ConfigError(f"engine_config: expected one of {', '.join(ENGINE_CONFIGS)}, got {engine_config!r}")
     if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
@@ -190,9 +187,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                        shared_experts_overlap=shared_experts_overlap,
                        # pools keep the launch defaults unless asked: the choice was made on agg rows only
                        engine_config="defaults" if engine_config == "engine" else engine_config)
-        case = build_disagg_case(row, per_user, start, pool, Case)
-        return replace(case, rounds=rounds, frontend_s=0.0 if frontend == "engine" or case.scenario is None
-                       else frontend_latency_s(frontend, row.backend, row.concurrency))
+        return _disagg_case(row, per_user, start, pool, rounds, frontend)
     why = _unsupported_layout(row)
     if why:
         return Case(row, skipped=why)
@@ -252,6 +247,15 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
         scenario["step_time"]["graph_sizes"] = [g * dp for g in graphs]
     return Case(row, scenario=scenario, start=start, rounds=rounds,
                 frontend_s=frontend_latency_s(frontend, row.backend, users))
+
+
+def _disagg_case(row: PublishedRow, per_user, start: str, pool, rounds: int, frontend) -> Case:
+    """A disaggregated row's case: its pools built by `pool`; a front end only when one is stated (the engines'
+    were fitted on agg rows, and disaggregated deployments sit behind another front end)."""
+    case = build_disagg_case(row, per_user, start, pool, Case)
+    stated = frontend != "engine" and case.scenario is not None
+    return replace(case, rounds=rounds,
+                   frontend_s=frontend_latency_s(frontend, row.backend, row.concurrency) if stated else 0.0)
 
 
 def request_lifetime_s(sim, isl: int, osl: int, users: int) -> float:
