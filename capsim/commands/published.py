@@ -51,10 +51,10 @@ def add_parsers(sub) -> None:
                         "engine's (default: vLLM at most 256 tokens a pass, TensorRT-LLM decode-only passes, SGLang "
                         "off), or off, decode, or a token count for every row (step_time.model.shared_experts_overlap)")
     p.add_argument("--frontend", default="engine", type=_frontend,
-                   help="front-end time (client, HTTP, API server, tokenizer) added to every agg row's simulated "
+                   help="front-end time (client, HTTP, API server, tokenizer) added to every row's simulated "
                         "TTFT: each engine's, fitted on half the silicon sample (default: vLLM 30 ms + 0.5 ms per "
                         "user, SGLang 100 ms, TensorRT-LLM 100 ms + 1 ms per user; docs/fidelity.md), off, or "
-                        "BASE_MS[+PER_USER_MS] for every row (disaggregated rows too)")
+                        "BASE_MS[+PER_USER_MS] for every row")
     p.add_argument("--start", choices=["cold", "staggered", "burst"], default="cold",
                    help="cold (default): the benchmark as run, --rounds requests per user, the first wave sent at "
                         "once to an idle engine, the later ones as the engine leaves them (docs/fidelity.md); "

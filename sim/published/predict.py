@@ -178,7 +178,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     the row's engine's default (sim.published.engines) for each of: `moe_kernels` (or `own`: the row's engine's
     kernels, vllm / sglang / trtllm, composed), `moe_routing` (balanced, power_law_1.2), `all_reduce` (`own`, nccl,
     vllm, sglang, trtllm), `engine_config` (`defaults`: launch defaults, `aic_benchmark`: aic_benchmark_limits),
-    `shared_experts_overlap` (off, decode, a token count), `frontend` (frontend_latency_s; disaggregated: none)."""
+    `shared_experts_overlap` (off, decode, a token count), `frontend` (frontend_latency_s)."""
     if engine_config not in ENGINE_CONFIGS:
         raise ConfigError(f"engine_config: expected one of {', '.join(ENGINE_CONFIGS)}, got {engine_config!r}")
     if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
@@ -250,12 +250,11 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
 
 
 def _disagg_case(row: PublishedRow, per_user, start: str, pool, rounds: int, frontend) -> Case:
-    """A disaggregated row's case: its pools built by `pool`; a front end only when one is stated (the engines'
-    were fitted on agg rows, and disaggregated deployments sit behind another front end)."""
+    """A disaggregated row's case: its pools built by `pool`, and the engine's front end as on agg rows (chosen on
+    the even disaggregated lines over none: docs/fidelity.md, "The engines' front end")."""
     case = build_disagg_case(row, per_user, start, pool, Case)
-    stated = frontend != "engine" and case.scenario is not None
-    return replace(case, rounds=rounds,
-                   frontend_s=frontend_latency_s(frontend, row.backend, row.concurrency) if stated else 0.0)
+    return replace(case, rounds=rounds, frontend_s=0.0 if case.scenario is None
+                   else frontend_latency_s(frontend, row.backend, row.concurrency))
 
 
 def request_lifetime_s(sim, isl: int, osl: int, users: int) -> float:

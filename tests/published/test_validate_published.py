@@ -307,10 +307,11 @@ def test_shared_experts_overlap_follows_each_engine_unless_asked(capsys):
     assert "expected engine, off, decode or a positive token count, got 'always'" in capsys.readouterr().err
 
 
-def test_frontend_is_each_engines_fit_on_agg_rows_unless_asked(capsys):
+def test_frontend_is_each_engines_fit_unless_asked(capsys):
     """Each engine's fitted front end (sim.published.engines: base + per user x concurrency, ms) is the time an agg
-    replay adds to its TTFT; `off` and a stated pair override it; disaggregated rows get none unless a pair is
-    stated; the flag refuses anything else."""
+    replay adds to its TTFT, disaggregated ones too; `off` and a stated pair override it; the flag refuses anything
+    else."""
+    from dataclasses import replace
     from sim.published.predict import build_case
     from sim.published.rows import read_published
     rows = read_published(FIXTURE)
@@ -319,12 +320,9 @@ def test_frontend_is_each_engines_fit_on_agg_rows_unless_asked(capsys):
     for row in rows:
         case = build_case(row, per_user=3)
         if case.scenario is None:
+            assert case.frontend_s == 0.0
             continue
         assert "cluster" not in case.scenario   # added to TTFT, not simulated as time outside the engine
-        if row.mode == "disagg":
-            assert case.frontend_s == 0.0
-            assert build_case(row, per_user=3, frontend=(20.0, 0.0)).frontend_s == pytest.approx(0.020)
-            continue
         base, per_user = fitted[row.backend]
         assert case.frontend_s == pytest.approx((base + per_user * row.concurrency) / 1e3)
         assert build_case(row, per_user=3, frontend="off").frontend_s == 0.0
@@ -332,6 +330,12 @@ def test_frontend_is_each_engines_fit_on_agg_rows_unless_asked(capsys):
         assert stated == pytest.approx((12.0 + row.concurrency) / 1e3)
         seen.add(row.backend)
     assert seen == set(fitted)
+    # a disaggregated row (test_disagg_rows' Qwen3-32B row, with a concurrency it does not state) gets its engine's
+    disagg = Path(__file__).with_name("silicon_sample_disagg_3rows.csv")
+    row = replace(read_published(disagg)[1], concurrency=4)
+    assert row.mode == "disagg" and row.backend == "vllm"
+    assert build_case(row, per_user=3).frontend_s == pytest.approx((30.0 + 4 * 0.5) / 1e3)
+    assert build_case(row, per_user=3, frontend="off").frontend_s == 0.0
     for bad in ("fast", "-5", "1+2+3", "nan"):
         with pytest.raises(SystemExit) as stop:
             main(["validate-published", str(FIXTURE), "--frontend", bad])
