@@ -60,6 +60,10 @@ class HardwareProfile(StrictModel):
     vendor: str
     description: str
     memory_gb: Sourced = Field(description="Device memory, GB (1e9 B)")
+    memory_reported_gb: OptionalSourced | None = Field(
+        None, description="Total memory the driver reports (nvidia-smi, cudaMemGetInfo), GB (1e9 B), where it differs "
+                          "from memory_gb (the 80 GB of an H100 are 80 GiB): what an engine's memory fraction "
+                          "multiplies. Used by the published replays (sim/published); absent: memory_gb")
     memory_bandwidth_gbs: Sourced = Field(description="Peak DRAM bandwidth, GB/s")
     bf16_dense_tflops: Sourced = Field(description="Dense BF16/FP16 peak, TFLOP/s, no sparsity")
     fp8_dense_tflops: OptionalSourced | None = None
@@ -75,8 +79,8 @@ class HardwareProfile(StrictModel):
 
     @model_validator(mode="after")
     def _positive(self):
-        for field in ("memory_gb", "memory_bandwidth_gbs", "bf16_dense_tflops", "fp8_dense_tflops", "fp4_dense_tflops",
-                      "tdp_w", "idle_w"):
+        for field in ("memory_gb", "memory_reported_gb", "memory_bandwidth_gbs", "bf16_dense_tflops",
+                      "fp8_dense_tflops", "fp4_dense_tflops", "tdp_w", "idle_w"):
             v = getattr(self, field)
             if v is not None and v.value is not None and not v.value > 0 and not (field == "idle_w" and v.value == 0):
                 raise ValueError(f"{field}.value must be > 0, got {v.value}")
@@ -88,6 +92,14 @@ class HardwareProfile(StrictModel):
     @property
     def memory_bytes(self) -> int:
         return int(round(self.memory_gb.value * 1e9))
+
+    @property
+    def reported_memory_bytes(self) -> int:
+        """The total an engine sizes its memory from: memory_reported_gb where given, else memory_gb."""
+        reported = self.memory_reported_gb
+        if reported is None or reported.value is None:
+            return self.memory_bytes
+        return int(round(reported.value * 1e9))
 
     @property
     def bandwidth_bytes_per_s(self) -> float:

@@ -217,7 +217,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     limits = aic_benchmark_limits(engine, -(-row.concurrency // dp), row.isl) if config == "aic_benchmark" else None
     hw = load_hardware(hardware)
     weights = weights_per_gpu(spec, layout, fmt).total
-    budget = kv_budget_bytes(engine, hw.memory_bytes, weights, layout.gpus)
+    budget = kv_budget_bytes(engine, hw.reported_memory_bytes, weights, layout.gpus)
     block_tokens = 16
     need = (math.ceil((row.isl + row.osl) / block_tokens) * block_tokens
             * kv_bytes_per_token_per_gpu(spec, layout, "bf16") * layout.rank_gpus)

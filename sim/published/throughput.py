@@ -98,7 +98,7 @@ def throughput_case(row: ThroughputRow, num_requests: int = NUM_REQUESTS) -> tup
         return None, f"precision 'fp4': the {hardware} tables have no NVFP4 GEMMs (Blackwell cards only)"
     engine = ENGINES["trtllm"]
     spec, hw = ModelSpec(load_model(model)), load_hardware(hardware)
-    budget = kv_budget_bytes(engine, hw.memory_bytes, spec.weight_bytes(weight_format) / row.tp, row.tp)
+    budget = kv_budget_bytes(engine, hw.reported_memory_bytes, spec.weight_bytes(weight_format) / row.tp, row.tp)
     # NVIDIA's FP8 and FP4 checkpoints store the KV cache in FP8 (hf_quant_config kv_cache_quant_algo FP8): half
     # the bytes per token in the pool and half read by decode attention (sim.models.ops.KV_READ_SCALE)
     kv_format = "fp8" if row.precision in ("fp8", "fp4") and row.checkpoint.startswith("nvidia/") else "bf16"

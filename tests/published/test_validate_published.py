@@ -358,3 +358,23 @@ def test_frontend_time_is_added_to_ttft_and_reported_per_row(report):
     assert predicted and all(r["frontend_ms"] == pytest.approx(
         {"vllm": 30 + 0.5 * r["concurrency"], "sglang": 100, "trtllm": 100 + r["concurrency"]}[r["backend"]])
         for r in predicted)
+
+
+def test_kv_budget_comes_from_the_memory_the_card_reports():
+    """Engines size KV from the total the driver reports (an H100's 80 GB are 80 GiB): a vLLM row's replay gets
+    0.9 x 85,899,345,920 B - weights - 2 GiB per GPU, by hand from the profiles; a card without the field keeps
+    memory_gb."""
+    from sim.io.profiles import load_hardware, load_model
+    from sim.models.parallel import Layout, weights_per_gpu
+    from sim.models.spec import ModelSpec
+    from sim.published.predict import PRECISIONS, build_case, model_for
+    from sim.published.rows import read_published
+    h100 = load_hardware("h100-sxm")
+    assert h100.memory_bytes == 80_000_000_000 and h100.reported_memory_bytes == 85_899_000_000
+    assert load_hardware("b300").reported_memory_bytes == load_hardware("b300").memory_bytes  # nvidia-smi's already
+    row = next(r for r in read_published(FIXTURE) if r.mode == "agg" and r.backend == "vllm" and r.system == "h100_sxm")
+    case = build_case(row, per_user=3)
+    spec = ModelSpec(load_model(model_for(row.model_path)))
+    weights = weights_per_gpu(spec, Layout(tp=row.tp), PRECISIONS[row.precision]).total
+    want = int((0.9 * 85_899_000_000 - weights - 2 * 2**30) * row.tp)
+    assert case.scenario["kv"]["budget"] == want
