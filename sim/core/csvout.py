@@ -58,7 +58,8 @@ def _float_cells_orjson(v: np.ndarray) -> list[str]:
     values = v.tolist()
     text = _orjson.dumps(values)[1:-1].decode().split(",")
     a = np.abs(v)
-    odd = np.flatnonzero(~(((a >= 1e-4) & (a < 1e16)) | (v == 0)))
+    zero = (v.view(np.uint64) << np.uint64(1)) == 0   # +-0.0 by their bits: a subnormal is no zero here, even
+    odd = np.flatnonzero(~(((a >= 1e-4) & (a < 1e16)) | zero))  # where the FPU treats it as one (torch's flush)
     for i in odd.tolist():
         x = values[i]
         text[i] = "" if x != x else repr(x)
