@@ -52,8 +52,8 @@ def add_parsers(sub) -> None:
                         "off), or off, decode, or a token count for every row (step_time.model.shared_experts_overlap)")
     p.add_argument("--frontend", default="engine", type=_frontend,
                    help="front-end time (client, HTTP, API server, tokenizer) added to every row's simulated "
-                        "TTFT: each engine's, fitted on half the silicon sample (default: vLLM 30 ms + 0.5 ms per "
-                        "user, SGLang 100 ms, TensorRT-LLM 100 ms + 1 ms per user; docs/fidelity.md), off, or "
+                        "TTFT: each engine's, fitted on half the silicon sample (default: vLLM 25 ms + 0.4 ms per "
+                        "user, SGLang 100 ms, TensorRT-LLM 90 ms + 1.5 ms per user; docs/fidelity.md), off, or "
                         "BASE_MS[+PER_USER_MS] for every row")
     p.add_argument("--start", choices=["cold", "staggered", "burst"], default="cold",
                    help="cold (default): the benchmark as run, --rounds requests per user, the first wave sent at "

@@ -76,8 +76,8 @@ class EngineDefaults:
     not produce: (base, per user) in ms, base + per_user x the row's concurrency, added to the replay's simulated
     TTFT (sim.published.predict.frontend_latency_s). Fitted per engine on the even lines of the silicon sample's agg rows by
     median |TTFT error| (`python benchmarks/published_peer.py REPORT --frontend-fit`, REPORT any agg run;
-    docs/fidelity.md "The engines' front end"), reported on the odd lines: vLLM 30 + 0.5, SGLang 100 + 0,
-    TensorRT-LLM 100 + 1. Disaggregated rows too: on their even lines that beat none (44.2% against 63.1%)."""
+    docs/fidelity.md "The engines' front end"), reported on the odd lines: vLLM 25 + 0.4, SGLang 100 + 0,
+    TensorRT-LLM 90 + 1.5. Disaggregated rows too: on their even lines that beat none (44.2% against 63.1%)."""
 
     def describe(self, config: str | None = None) -> str:
         """One line: the scheduler, KV admission, KV memory rule and graph padding this engine is simulated with
@@ -123,7 +123,7 @@ ENGINES: dict[str, EngineDefaults] = {
         "on_demand", "card", 0.9, VLLM_GRAPH_SIZES,
         ("chunked prefill always on; running requests first, then waiting ones, FCFS",
          "gpu_memory_utilization 0.9, 16-token blocks, prefix caching on (random prompts: no hits)"),
-        moe=("vllm", "power_law_1.2"), config="aic_benchmark", all_reduce="vllm", frontend_ms=(30.0, 0.5)),
+        moe=("vllm", "power_law_1.2"), config="aic_benchmark", all_reduce="vllm", frontend_ms=(25.0, 0.4)),
     "sglang": EngineDefaults(
         "sglang", "0.5.x: `sglang.launch_server` on an 80 GB-class card",
         {"kind": "chunked", "max_num_seqs": 1024, "max_num_batched_tokens": 8192, "chunk_tokens": 8192},
@@ -140,7 +140,7 @@ ENGINES: dict[str, EngineDefaults] = {
         ("max_batch_size 2048, max_num_tokens 8192, chunked prefill off, GUARANTEED_NO_EVICT (reserve KV for "
          "prompt + all outputs at admission)", "kv_cache free_gpu_memory_fraction 0.9 of the memory left after weights"),
         config="aic_benchmark", all_reduce="trtllm", host_overhead_s=0.4654e-3, shared_experts_overlap="decode",
-        qk_norm_kernels="fused_with_rope", frontend_ms=(100.0, 1.0)),
+        qk_norm_kernels="fused_with_rope", frontend_ms=(90.0, 1.5)),
 }
 
 

@@ -315,7 +315,7 @@ def test_frontend_is_each_engines_fit_unless_asked(capsys):
     from sim.published.predict import build_case
     from sim.published.rows import read_published
     rows = read_published(FIXTURE)
-    fitted = {"vllm": (30.0, 0.5), "sglang": (100.0, 0.0), "trtllm": (100.0, 1.0)}
+    fitted = {"vllm": (25.0, 0.4), "sglang": (100.0, 0.0), "trtllm": (90.0, 1.5)}
     seen = set()
     for row in rows:
         case = build_case(row, per_user=3)
@@ -334,7 +334,7 @@ def test_frontend_is_each_engines_fit_unless_asked(capsys):
     disagg = Path(__file__).with_name("silicon_sample_disagg_3rows.csv")
     row = replace(read_published(disagg)[1], concurrency=4)
     assert row.mode == "disagg" and row.backend == "vllm"
-    assert build_case(row, per_user=3).frontend_s == pytest.approx((30.0 + 4 * 0.5) / 1e3)
+    assert build_case(row, per_user=3).frontend_s == pytest.approx((25.0 + 4 * 0.4) / 1e3)
     assert build_case(row, per_user=3, frontend="off").frontend_s == 0.0
     for bad in ("fast", "-5", "1+2+3", "nan"):
         with pytest.raises(SystemExit) as stop:
@@ -356,7 +356,7 @@ def test_frontend_time_is_added_to_ttft_and_reported_per_row(report):
     assert on["tpot_ms"] == off["tpot_ms"]
     predicted = [r for r in report["rows"] if "predicted" in r]
     assert predicted and all(r["frontend_ms"] == pytest.approx(
-        {"vllm": 30 + 0.5 * r["concurrency"], "sglang": 100, "trtllm": 100 + r["concurrency"]}[r["backend"]])
+        {"vllm": 25 + 0.4 * r["concurrency"], "sglang": 100, "trtllm": 90 + 1.5 * r["concurrency"]}[r["backend"]])
         for r in predicted)
 
 
