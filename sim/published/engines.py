@@ -77,7 +77,7 @@ class EngineDefaults:
     TTFT (sim.published.predict.frontend_latency_s). Fitted per engine on the even lines of the silicon sample's agg rows by
     median |TTFT error| (`python benchmarks/published_peer.py REPORT --frontend-fit`, REPORT any agg run;
     docs/fidelity.md "The engines' front end"), reported on the odd lines: vLLM 25 + 0.4, SGLang 100 + 0,
-    TensorRT-LLM 90 + 1.5. Disaggregated rows too: on their even lines that beat none (44.2% against 63.1%)."""
+    TensorRT-LLM 90 + 1.5. Disaggregated rows too: on their even lines that beat none (42.9% against 63.1%)."""
 
     def describe(self, config: str | None = None) -> str:
         """One line: the scheduler, KV admission, KV memory rule and graph padding this engine is simulated with
