@@ -397,6 +397,19 @@ def _print_rounds(report: str, sample: str, aic: str | None) -> None:
                                f"{r['aic_ttft_ms']:.1%}", f"{r['tpot_ms']:.1%}", f"{r['aic_tpot_ms']:.1%}"])
 
 
+ANALYSES = (
+    ("--rounds-held-out", "REPORT is a --start cold run: choose the benchmark length and cohort regime per collection "
+                          "on even lines, report on odd lines (needs --sample)"),
+    ("--offset-held-out", "choose a constant TTFT offset per collection and engine on even lines, report odd lines "
+                          "without and with it: how much of the TTFT error is one constant per setup (needs --sample)"),
+    ("--frontend-fit", "choose each engine's front-end time (base + per user x concurrency) on even agg lines of "
+                       "REPORT, report odd lines without and with it"),
+    ("--groups", "per card, engine, model and precision: capsim's median errors and, with the peer's CSV, both tools' "
+                 "on the rows both predict; totals over all rows and the odd lines"),
+)
+"""The analyses main() runs on request (on / off flags), each with its help text."""
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("report", help="capsim validate-published --out DIR: DIR/report.json")
@@ -408,18 +421,8 @@ def main(argv=None) -> int:
                                     "collection on even lines, report on odd lines")
     ap.add_argument("--before", help="without the peer: another capsim report.json; --fig then plots it beside "
                                      "REPORT (before / now)")
-    ap.add_argument("--rounds-held-out", action="store_true",
-                    help="REPORT is a --start cold run: choose the benchmark length and cohort regime per collection "
-                         "on even lines, report on odd lines (needs --sample)")
-    ap.add_argument("--offset-held-out", action="store_true",
-                    help="choose a constant TTFT offset per collection and engine on even lines, report odd lines "
-                         "without and with it: how much of the TTFT error is one constant per setup (needs --sample)")
-    ap.add_argument("--frontend-fit", action="store_true",
-                    help="choose each engine's front-end time (base + per user x concurrency) on even agg lines of "
-                         "REPORT, report odd lines without and with it")
-    ap.add_argument("--groups", action="store_true",
-                    help="per card, engine, model and precision: capsim's median errors and, with the peer's CSV, "
-                         "both tools' on the rows both predict; totals over all rows and the odd lines")
+    for flag, text in ANALYSES:
+        ap.add_argument(flag, action="store_true", help=text)
     ap.add_argument("--sample", help="the silicon sample CSV (its silicon_data_source names the collection)")
     args = ap.parse_args(argv)
     if args.frontend_fit:
