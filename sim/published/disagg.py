@@ -4,7 +4,8 @@ decode_* columns, and their replay as a disaggregated scenario (sim.core.pools).
 A disaggregated row's client concurrency is not in batch_size (empty for these rows) but in
 silicon_data_source ("...; silicon_concurrency=6; ..."). Each pool is built as the aggregated replay
 builds one replica (the engine's defaults, the pool's layout, its KV budget by the engine's memory
-rule): `build_case` of a one-pool copy of the row, so that both replays share every assumption.
+rule, its scheduler's limits for its own attention-DP ranks): `build_case` of a one-pool copy of the row, so
+that both replays share every assumption.
 The KV link is the card's (hardware profile kv_transfer_link); a row that leaves the pools' worker
 counts or the concurrency empty is skipped with the reason.
 """
@@ -74,11 +75,13 @@ def build_disagg_case(row, per_user, start, build_case, case_cls):
     scenario = dict(pools["decode"][1], name=row.id)
     st = scenario["step_time"]  # the layout is each pool's `parallel`, not the ops model's tp
     scenario["step_time"] = {**st, "model": {k: v for k, v in st["model"].items() if k != "tp"}}
+    if any(sc["step_time"].get("allow_extrapolation") for _, sc in pools.values()):
+        scenario["step_time"]["allow_extrapolation"] = True  # one step-time model serves both pools
     hw = load_hardware(scenario["hardware"])
     if hw.kv_transfer_link is None or hw.kv_transfer_link.bandwidth_gbs_per_direction.value is None:
         return case_cls(row, skipped=f"{hw.name}: no kv_transfer_link in its profile to send KV between the pools")
     scenario["disaggregation"] = {
-        name: {"replicas": shape.workers, "kv_budget": sc["kv"]["budget"],
+        name: {"replicas": shape.workers, "kv_budget": sc["kv"]["budget"], "scheduler": sc["scheduler"],
                "parallel": sc.get("parallel", {"tp": shape.tp, "pp": shape.pp, "ep": shape.moe_ep})}
         for name, (shape, sc) in pools.items()}
     return case_cls(row, scenario=scenario, start=start)

@@ -60,3 +60,22 @@ def test_every_disagg_row_of_the_fixture_gets_a_reason_or_a_prediction():
     for row in read_published(FIXTURE):
         case = build_case(row)
         assert case.scenario is not None or case.skipped
+
+
+def test_each_pool_schedules_with_its_own_attention_dp_limits():
+    # TensorRT-LLM's disaggregated rows often prefill on one attention-DP worker (tp 1, dp 8) and decode on tp 8:
+    # each DP rank schedules its own token budget, so the prefill pool takes 8 x the engine's budget per
+    # iteration, the decode pool 1 x (before, both pools ran the decode pool's scheduler: one 8,192-token
+    # prompt per prefill iteration on eight GPUs)
+    from sim.published.disagg import PoolShape
+    ds, _ = read_published(FIXTURE)
+    row = dataclasses.replace(ds, concurrency=2, prefill=PoolShape(1, 1, 1, 8, 1, 8))
+    case = build_case(row, per_user=2)
+    d = case.scenario["disaggregation"]
+    assert d["prefill"]["parallel"]["attention_dp"] == 8 and "attention_dp" not in d["decode"]["parallel"]
+    pre, dec = d["prefill"]["scheduler"], d["decode"]["scheduler"]
+    assert pre["max_num_batched_tokens"] == 8 * dec["max_num_batched_tokens"]
+    assert pre["max_num_seqs"] == 8 * dec["max_num_seqs"]
+    assert case.scenario["step_time"]["allow_extrapolation"] is True  # the DP pool's MoE beyond the tables
+    out = simulate_case(None, case)
+    assert "skipped" not in out, out.get("skipped")
