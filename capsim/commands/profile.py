@@ -126,7 +126,7 @@ def cmd_step(args) -> int:
         from sim.io.errors import ConfigError
         raise ConfigError("give --batch (decodes) and/or --prefill (prompt tokens)")
     parts = model.breakdown_s(plan.new_tokens, plan.prefill_seqs, plan.prefill_pairs, plan.decode_seqs,
-                              plan.decode_kv_tokens, plan.decode_logits + plan.prefill_logits)
+                              plan.decode_kv_tokens, plan.decode_logits + plan.prefill_logits, plan.decode_positions)
     out = {"step_ms": model.step_s(plan) * 1e3, "one_pass_ms": sum(parts.values()) * 1e3,
            "components_ms": {k: v * 1e3 for k, v in parts.items()}, "tables": model.tables.name,
            "dtype": model.dtype, "tp": model.tp, "pp": args.pp, "ep": args.ep}

@@ -41,7 +41,9 @@ class ParallelConfig(StrictModel):
                                                 "with its own requests, KV cache and copy of everything but the "
                                                 "routed experts, which spread over all ranks' GPUs (ep divides "
                                                 "attention_dp x tp); the scheduler's limits are the replica's, "
-                                                "over all ranks, and ranks are taken as evenly loaded")
+                                                "over all ranks; a sequence runs on one rank and an iteration "
+                                                "waits for the busiest (ceil(n / attention_dp) of its prompts "
+                                                "and of its decodes)")
     routing_skew: NonNegativeFloat = Field(
         0.0, le=8.0, description="Zipf exponent of expert popularity (0 = uniform routing): skewed routing "
                                  "touches fewer distinct experts, so fewer expert weights are read")

@@ -198,8 +198,10 @@ class OpsModel:
             t += self._look(self.nccl.at, "all_gather", self.tp, logits * self.spec.profile.vocab_size * 2)
         return t
 
-    def pass_s(self, tokens: int, pre_seqs: int, pre_pairs: int, dec_seqs: int, dec_kv: int, logits: int) -> float:
-        """One forward pass: host overhead, every layer, lm_head."""
+    def pass_s(self, tokens: int, pre_seqs: int, pre_pairs: int, dec_seqs: int, dec_kv: int, logits: int,
+               dec_tokens: int | None = None) -> float:
+        """One forward pass: host overhead, every layer, lm_head (`dec_tokens`, the decodes' positions among
+        `tokens`, matters only to attention data parallelism: ParallelOpsModel)."""
         if tokens == 0:
             return 0.0
         layer = (self.layer_linear_s(tokens) + self.context_attention_s(pre_seqs, pre_pairs)
@@ -207,8 +209,8 @@ class OpsModel:
         return self.host_s + self.layers * layer + self.head_s(logits)
 
     def breakdown_s(self, tokens: int, pre_seqs: int, pre_pairs: int, dec_seqs: int, dec_kv: int,
-                    logits: int) -> dict[str, float]:
-        """One pass's time by component (seconds, all layers): what `pass_s` adds up."""
+                    logits: int, dec_tokens: int | None = None) -> dict[str, float]:
+        """One pass's time by component (seconds, all layers): what `pass_s` adds up (`dec_tokens` as there)."""
         L = self.layers
         gemms = {f"gemm_{name}": L * self._look(c.at, tokens) for name, c in self.gemms.items()}
         ar = 0.0
@@ -222,7 +224,8 @@ class OpsModel:
     # ---- the step-time model interface ----------------------------------------------------------
     def decode_part_s(self, plan) -> float:
         """The decode (and speculative verify) sequences alone, as their own iteration."""
-        return self.pass_s(plan.decode_positions, 0, 0, plan.decode_seqs, plan.decode_kv_tokens, plan.decode_logits)
+        return self.pass_s(plan.decode_positions, 0, 0, plan.decode_seqs, plan.decode_kv_tokens, plan.decode_logits,
+                           plan.decode_positions)
 
     def prefill_part_s(self, plan) -> float:
         """The prefill chunks alone, as their own iteration."""
@@ -237,7 +240,8 @@ class OpsModel:
                 return self.prefill_part_s(plan)
             return self.decode_part_s(plan) + self.prefill_part_s(plan)
         one = self.pass_s(plan.decode_positions + plan.prefill_tokens, plan.prefill_seqs, plan.prefill_pairs,
-                          plan.decode_seqs, plan.decode_kv_tokens, plan.decode_logits + plan.prefill_logits)
+                          plan.decode_seqs, plan.decode_kv_tokens, plan.decode_logits + plan.prefill_logits,
+                          plan.decode_positions)
         # an engine could always run the two parts apart: interpolation never makes one pass dearer
         return min(one, self.decode_part_s(plan) + self.prefill_part_s(plan))
 

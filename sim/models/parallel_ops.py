@@ -39,7 +39,9 @@ shows in the iteration times. One host overhead per iteration.
 
 from __future__ import annotations
 
+import math
 import sys
+from typing import NamedTuple
 
 from sim.io.errors import ConfigError
 from sim.io.ops_schema import DEFAULT_HOST_OVERHEAD_S, OpsStepTime
@@ -58,6 +60,17 @@ MLA_CONTEXT_SCALE = (192 + 128) / 256
 """MLA prefill per head: QK over 192 dims and PV over 128, against the 128 + 128 of the measured MHA kernel."""
 MLA_GENERATION_SCALE = (512 + 64) / (2 * 128)
 """MLA decode reads the latent (512 + 64 values) per token per layer, against one KV head's 2 x 128."""
+
+
+class RankLoad(NamedTuple):
+    """One attention data-parallel rank's part of a pass (ParallelOpsModel.busiest_rank)."""
+
+    tokens: float
+    pre_seqs: float
+    pre_pairs: float
+    dec_seqs: float
+    dec_kv: float
+    logits: float
 
 
 class ParallelOpsModel(OpsModel):
@@ -223,12 +236,13 @@ class ParallelOpsModel(OpsModel):
             return False
         return decode_only if mode == "decode" else rank_tokens <= mode
 
-    def _moe_ffn_s(self, tokens: float, decode_only: bool = False) -> float:
+    def _moe_ffn_s(self, tokens: float, decode_only: bool = False, rank: float | None = None) -> float:
         """Router, routed and shared experts and their communication for one MoE layer; the shared experts on a
-        second stream (the longer path counts) when `_shared_overlaps`."""
+        second stream (the longer path counts) when `_shared_overlaps`. `rank`: the busiest attention
+        data-parallel rank's tokens (default: an even share; all of them without data parallelism)."""
         e, lay, h = self.moe, self.layout, self.spec.profile.hidden_size
         g = self.moe_gemms
-        rank = tokens / self.dp  # the tokens of one attention data-parallel rank (all of them without one)
+        rank = tokens / self.dp if rank is None else rank
         t = self._look(g["router"].at, rank)
         if self.moe_kernel is not None:  # measured: the activation is inside the fused kernel
             t += self._look(self.moe_kernel.at, tokens)
@@ -254,17 +268,18 @@ class ParallelOpsModel(OpsModel):
         width = routed_width + e.num_shared_experts * e.expert_intermediate_size / lay.tp
         return t + self._small_s(rank, width)
 
-    def layer_linear_s(self, tokens: float, moe: bool = False, decode_only: bool = False) -> float:
+    def layer_linear_s(self, tokens: float, moe: bool = False, decode_only: bool = False,
+                       rank: float | None = None) -> float:
         """One layer's GEMMs, collectives and small ops for a pass over `tokens` tokens (`decode_only`: the pass
-        has no prefill chunk)."""
-        key = (tokens, moe, decode_only and moe)
+        has no prefill chunk; `rank`: the busiest attention data-parallel rank's tokens, default an even share)."""
+        r = tokens / self.dp if rank is None else rank  # attention and dense FFNs run on each rank's own tokens
+        key = (tokens, r, moe, decode_only and moe)
         t = self._layer_cache.get(key)
         if t is None:
-            r = tokens / self.dp  # attention and dense FFNs run on each data-parallel rank's own tokens
             t = (sum(self._look(c.at, r) for c in self.att_gemms.values()) + self._all_reduce(self.tp, r)
                  + self._qk_norm_s(r))
             if moe:
-                t += self._moe_ffn_s(tokens, decode_only)
+                t += self._moe_ffn_s(tokens, decode_only, r)
             else:
                 t += sum(self._look(c.at, r) for c in self.dense_gemms.values()) + self._all_reduce(self.tp, r)
                 t += self._small_s(r, self.spec.profile.intermediate_size / self.tp)
@@ -281,50 +296,71 @@ class ParallelOpsModel(OpsModel):
         return self.generation_scale * super().generation_attention_s(seqs, kv_tokens)
 
     # ---- a pass -------------------------------------------------------------------------------
-    def stage_s(self, stage: int, tokens: float, pre_seqs: float, pre_pairs: float, dec_seqs: float,
-                dec_kv: float, logits: float) -> float:
-        """One pipeline stage's time for (a micro-batch of) the pass."""
+    def busiest_rank(self, tokens: float, pre_seqs: float, pre_pairs: float, dec_seqs: float, dec_kv: float,
+                     logits: float, dec_tokens: float | None = None) -> RankLoad:
+        """The busiest attention data-parallel rank's part of a pass. A sequence runs on one rank (a prompt's
+        attention is never split over ranks), so the busiest rank holds ceil(n / dp) of the pass's prefill
+        sequences and ceil(n / dp) of its decodes, each with the mean sequence's tokens, pairs and KV; the pass
+        waits for it. Without data parallelism: the whole pass. `dec_tokens`: the decodes' positions (default:
+        one each, or every token of a pass without prefill)."""
+        dp = self.dp
+        if dp == 1:
+            return RankLoad(tokens, pre_seqs, pre_pairs, dec_seqs, dec_kv, logits)
+        if dec_tokens is None:
+            dec_tokens = tokens if pre_seqs == 0 else min(dec_seqs, tokens)
+        kp, kd = math.ceil(pre_seqs / dp - 1e-9), math.ceil(dec_seqs / dp - 1e-9)
+        fp = kp / pre_seqs if pre_seqs else 0.0
+        fd = kd / dec_seqs if dec_seqs else 0.0
+        return RankLoad((tokens - dec_tokens) * fp + dec_tokens * fd, kp, pre_pairs * fp, kd, dec_kv * fd,
+                        math.ceil(logits / dp - 1e-9))
+
+    def stage_s(self, stage: int, tokens: float, rank: RankLoad) -> float:
+        """One pipeline stage's time for (a micro-batch of) the pass: `tokens` in all, `rank` the busiest
+        attention data-parallel rank's part (busiest_rank)."""
         dense, moe = self.stage_kinds[stage]
-        dp = self.dp  # attention data-parallel ranks, taken as evenly loaded
-        att = self.context_attention_s(pre_seqs / dp, pre_pairs / dp) + self.generation_attention_s(dec_seqs / dp,
-                                                                                                      dec_kv / dp)
-        t = dense * (self.layer_linear_s(tokens) + att) if dense else 0.0
+        att = (self.context_attention_s(rank.pre_seqs, rank.pre_pairs)
+               + self.generation_attention_s(rank.dec_seqs, rank.dec_kv))
+        t = dense * (self.layer_linear_s(tokens, rank=rank.tokens) + att) if dense else 0.0
         if moe:
-            t += moe * (self.layer_linear_s(tokens, True, pre_seqs == 0) + att)
+            t += moe * (self.layer_linear_s(tokens, True, rank.pre_seqs == 0, rank.tokens) + att)
         if stage == len(self.stages) - 1:
-            t += self.head_s(logits / dp)
+            t += self.head_s(rank.logits)
         return t
 
-    def pass_s(self, tokens: int, pre_seqs: int, pre_pairs: int, dec_seqs: int, dec_kv: int, logits: int) -> float:
+    def pass_s(self, tokens: int, pre_seqs: int, pre_pairs: int, dec_seqs: int, dec_kv: int, logits: int,
+               dec_tokens: int | None = None) -> float:
         """One forward pass: host overhead, the stages (pipelined over micro-batches), lm_head."""
         if tokens == 0:
             return 0.0
         pp = self.layout.pp
         if pp == 1:
-            return self.host_s + self.stage_s(0, tokens, pre_seqs, pre_pairs, dec_seqs, dec_kv, logits)
+            rank = self.busiest_rank(tokens, pre_seqs, pre_pairs, dec_seqs, dec_kv, logits, dec_tokens)
+            return self.host_s + self.stage_s(0, tokens, rank)
         m = max(1, min(self.layout.micro_batches, pre_seqs + dec_seqs))
         f = 1.0 / m
-        ts = [self.stage_s(s, tokens * f, pre_seqs * f, pre_pairs * f, dec_seqs * f, dec_kv * f, logits * f)
-              for s in range(pp)]
+        dec_f = None if dec_tokens is None else dec_tokens * f
+        rank = self.busiest_rank(tokens * f, pre_seqs * f, pre_pairs * f, dec_seqs * f, dec_kv * f, logits * f, dec_f)
+        ts = [self.stage_s(s, tokens * f, rank) for s in range(pp)]
         hop = self._look(self.net.at, "send_recv", 2, tokens * f * self.spec.profile.hidden_size * 2)
         return self.host_s + sum(ts) + (m - 1) * max(ts) + (pp - 1) * hop
 
     def breakdown_s(self, tokens: int, pre_seqs: int, pre_pairs: int, dec_seqs: int, dec_kv: int,
-                    logits: int) -> dict[str, float]:
+                    logits: int, dec_tokens: int | None = None) -> dict[str, float]:
         """One pass by component (seconds, whole pass; pipeline waits and send/recv in `pipeline`)."""
         dense = sum(d for d, _ in self.stage_kinds)
         moe = sum(m for _, m in self.stage_kinds)
-        dp = self.dp
-        per_layer = sum(self._look(c.at, tokens / dp) for c in self.att_gemms.values())
+        rank = self.busiest_rank(tokens, pre_seqs, pre_pairs, dec_seqs, dec_kv, logits, dec_tokens)
+        per_layer = sum(self._look(c.at, rank.tokens) for c in self.att_gemms.values())
         att_g = (dense + moe) * per_layer
-        ffn = (dense * (self.layer_linear_s(tokens) - per_layer)
-               + moe * (self.layer_linear_s(tokens, True, pre_seqs == 0) - per_layer))
+        ffn = (dense * (self.layer_linear_s(tokens, rank=rank.tokens) - per_layer)
+               + moe * (self.layer_linear_s(tokens, True, pre_seqs == 0, rank.tokens) - per_layer))
         L = dense + moe
         out = {"attention_gemms": att_g, "ffn_and_collectives": ffn,
-               "context_attention": L * self.context_attention_s(pre_seqs / dp, pre_pairs / dp),
-               "generation_attention": L * self.generation_attention_s(dec_seqs / dp, dec_kv / dp),
-               "lm_head": self.head_s(logits / dp), "host": self.host_s}
-        out["pipeline"] = self.pass_s(tokens, pre_seqs, pre_pairs, dec_seqs, dec_kv, logits) - sum(out.values())
+               "context_attention": L * self.context_attention_s(rank.pre_seqs, rank.pre_pairs),
+               "generation_attention": L * self.generation_attention_s(rank.dec_seqs, rank.dec_kv),
+               "lm_head": self.head_s(rank.logits), "host": self.host_s}
+        out["pipeline"] = (self.pass_s(tokens, pre_seqs, pre_pairs, dec_seqs, dec_kv, logits, dec_tokens)
+                           - sum(out.values()))
         return out
 
 

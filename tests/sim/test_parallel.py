@@ -218,11 +218,11 @@ def test_pipeline_bubble_shows_in_iteration_time(tmp_path):
     plan = decode_plan(64, 2048)
     # one micro-batch: the stages run one after the other (no gain, plus the hand-over)
     hop = pp1.net.at("send_recv", 2, 64 * 8192 * 2)
-    stages = [pp1.stage_s(s, 64, 0, 0, 64, 64 * 2048, 64) for s in range(2)]
+    stages = [pp1.stage_s(s, 64, pp1.busiest_rank(64, 0, 0, 64, 64 * 2048, 64)) for s in range(2)]
     assert pp1.step_s(plan) == pytest.approx(pp1.host_s + sum(stages) + hop)
     assert pp1.step_s(plan) > one.step_s(plan) * 0.95
     # four micro-batches: sum of the stages' micro-batch times plus three more of the slowest
-    m = [pp4.stage_s(s, 16, 0, 0, 16, 16 * 2048, 16) for s in range(2)]
+    m = [pp4.stage_s(s, 16, pp4.busiest_rank(16, 0, 0, 16, 16 * 2048, 16)) for s in range(2)]
     hop4 = pp4.net.at("send_recv", 2, 16 * 8192 * 2)
     assert pp4.step_s(plan) == pytest.approx(pp4.host_s + sum(m) + 3 * max(m) + hop4)
     # a weight-bound decode pays for reading the weights once per micro-batch; a compute-bound prefill
@@ -390,9 +390,30 @@ def test_attention_data_parallel_step(tmp_path):
     att = sum(c.at(8) for c in m.att_gemms.values())
     assert m.layer_linear_s(64, True) == pytest.approx(att + m._moe_ffn_s(64))
     # a decode of 64 sequences: per rank 8 sequences' attention
-    stage = m.stage_s(0, 64, 0, 0, 64, 64 * 1024, 64)
+    stage = m.stage_s(0, 64, m.busiest_rank(64, 0, 0, 64, 64 * 1024, 64))
     per_layer = m.layer_linear_s(64, True) + m.generation_attention_s(8, 8 * 1024)
     assert stage == pytest.approx(94 * per_layer + m.head_s(8))
+
+
+def test_attention_data_parallel_waits_for_its_busiest_rank(tmp_path):
+    """A sequence runs on one rank: one 4,096-token prompt on dp8 is one rank's whole prompt (its attention and
+    GEMMs on all 4,096 tokens, not an eighth of them), while the routed experts still see the pass's tokens;
+    9 decodes over 8 ranks put 2 on the busiest one; 16 split evenly as before."""
+    m = _run(_scenario(tmp_path, "parallel: {tp: 1, ep: 8, attention_dp: 8}", model="qwen3-235b-a22b",
+                       extra="weight_format: fp8\n")).step_time
+    one = m.busiest_rank(4096, 1, 4096 * 4097 // 2, 0, 0, 1)
+    assert (one.tokens, one.pre_seqs, one.pre_pairs, one.logits) == (4096, 1, 4096 * 4097 // 2, 1)
+    stage = m.stage_s(0, 4096, one)
+    per_layer = m.layer_linear_s(4096, True, False, 4096) + m.context_attention_s(1, 4096 * 4097 // 2)
+    assert stage == pytest.approx(94 * per_layer + m.head_s(1))
+    assert m.pass_s(4096, 1, 4096 * 4097 // 2, 0, 0, 1) > m.pass_s(4096, 8, 8 * 512 * 513 // 2, 0, 0, 8)
+    nine = m.busiest_rank(9, 0, 0, 9, 9 * 1000, 9)
+    assert (nine.tokens, nine.dec_seqs, nine.dec_kv, nine.logits) == (2, 2, 2000, 2)
+    even = m.busiest_rank(16, 0, 0, 16, 16 * 1000, 16)
+    assert (even.tokens, even.dec_seqs, even.dec_kv) == (2, 2, 2000)
+    # a mixed pass: 3 prompts of 1,000 tokens and 8 decodes over 8 ranks: one prompt and one decode
+    mixed = m.busiest_rank(3008, 3, 3 * 500_500, 8, 8 * 2000, 11, dec_tokens=8)
+    assert (mixed.tokens, mixed.pre_seqs, mixed.pre_pairs, mixed.dec_seqs) == (1001, 1, 500_500, 1)
 
 
 def test_a_layer_wide_qk_norm_adds_one_small_all_reduce_per_layer(tmp_path):
