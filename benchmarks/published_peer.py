@@ -283,6 +283,24 @@ FRONTEND_PER_USER_MS = (0, 0.1, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1, 1.5, 2)
 """What `frontend_fit` chooses among: a front-end time of base + per_user x concurrency (ms) per engine."""
 
 
+def _frontend_err(r: dict, pair) -> float:
+    """|TTFT error| of row `r` with the front end `pair` (base, per user ms) in place of the one its run added (the
+    row's frontend_ms)."""
+    added = pair[0] + pair[1] * r["concurrency"]
+    return abs((r["predicted"]["ttft_ms"] - r.get("frontend_ms", 0.0) + added) / r["measured"]["ttft_ms"] - 1)
+
+
+def _best_frontend(rows: list[dict]) -> tuple:
+    """The (base, per user) pair of FRONTEND_BASE_MS x FRONTEND_PER_USER_MS with the lowest median |TTFT error| on
+    `rows` (ties: the smaller pair)."""
+    pairs = [(a, b) for a in FRONTEND_BASE_MS for b in FRONTEND_PER_USER_MS]
+    return min(pairs, key=lambda p: (np.median([_frontend_err(r, p) for r in rows]), p))
+
+
+def _median_err(rows: list[dict], pair) -> float:
+    return float(np.median([_frontend_err(r, pair) for r in rows]))
+
+
 def frontend_fit(report: str) -> list[dict]:
     """The engines' front-end time (client, HTTP, API server, tokenizer) that the engine model does not produce:
     per engine, the (base, per-user) pair among FRONTEND_BASE_MS x FRONTEND_PER_USER_MS whose base + per_user x
@@ -291,11 +309,6 @@ def frontend_fit(report: str) -> list[dict]:
     the odd rows, per card, without and with it.
     What sim.published.engines' `frontend_ms` holds."""
     rows = [r for r in json.loads(Path(report).read_text())["rows"] if "predicted" in r and r["mode"] == "agg"]
-
-    def err(r, pair):  # on the simulated TTFT: without the front end REPORT's run added (its rows' frontend_ms)
-        added = pair[0] + pair[1] * r["concurrency"]
-        return abs((r["predicted"]["ttft_ms"] - r.get("frontend_ms", 0.0) + added) / r["measured"]["ttft_ms"] - 1)
-
     out = []
     for backend in sorted({r["backend"] for r in rows}):
         mine = [r for r in rows if r["backend"] == backend]
@@ -303,15 +316,59 @@ def frontend_fit(report: str) -> list[dict]:
         test = [r for r in mine if r["line"] % 2 == 1]
         if not fit or not test:
             continue
-        pairs = [(a, b) for a in FRONTEND_BASE_MS for b in FRONTEND_PER_USER_MS]
-        best = min(pairs, key=lambda p: (np.median([err(r, p) for r in fit]), p))
+        best = _best_frontend(fit)
         for system in [None, *sorted({r["system"] for r in test})]:
             part = [r for r in test if system in (None, r["system"])]
             out.append({"backend": backend, "system": system or "all", "base_ms": best[0], "per_user_ms": best[1],
                         "n_fit": len(fit), "n_test": len(part),
-                        "before": float(np.median([err(r, (0, 0)) for r in part])),
-                        "after": float(np.median([err(r, best) for r in part]))})
+                        "before": _median_err(part, (0, 0)), "after": _median_err(part, best)})
     return out
+
+
+def frontend_by_version(report: str, sample: str) -> list[dict]:
+    """Would a front end per engine *version* (a planner knows it) beat one per engine? Per engine and released
+    version (major.minor of the sample's backend_version; empty and nightly versions are left out), two tests of
+    the pair `_best_frontend` chooses:
+    - even / odd lines: chosen on the version's even agg lines, reported on its odd ones, against the engine's pair
+      (`frontend_fit` on all of the engine's even lines);
+    - leave one collection out (versions measured in two or more collections): chosen on the version's other
+      collections, reported on the one left out. A benchmark collection has a front end of its own (its client,
+      its server), so only this test says whether the pair carries over to a setup it has not seen."""
+    import re
+    rows = [r for r in json.loads(Path(report).read_text())["rows"] if "predicted" in r and r["mode"] == "agg"]
+    with open(sample, newline="") as fh:
+        src = {r["id"]: r for r in csv.DictReader(fh)}
+    engine_pair = {r["backend"]: (r["base_ms"], r["per_user_ms"]) for r in frontend_fit(report) if r["system"] == "all"}
+    for r in rows:
+        m = re.match(r"\d+\.\d+", src[r["id"]].get("backend_version") or "")
+        r["_version"], r["_collection"] = m and m.group(0), collection(src[r["id"]]["silicon_data_source"])
+    out = []
+    for backend, version in sorted({(r["backend"], r["_version"]) for r in rows if r["_version"]}):
+        mine = [r for r in rows if (r["backend"], r["_version"]) == (backend, version)]
+        fit, test = [r for r in mine if r["line"] % 2 == 0], [r for r in mine if r["line"] % 2 == 1]
+        if not fit or not test or backend not in engine_pair:
+            continue
+        engine, best = engine_pair[backend], _best_frontend(fit)
+        row = {"backend": backend, "version": version, "pair": best, "n_fit": len(fit), "n_test": len(test),
+               "engine": _median_err(test, engine), "version_pair": _median_err(test, best), "left_out": []}
+        for coll in sorted({r["_collection"] for r in mine}) if len({r["_collection"] for r in mine}) > 1 else []:
+            held = [r for r in mine if r["_collection"] == coll]
+            chosen = _best_frontend([r for r in mine if r["_collection"] != coll])
+            row["left_out"].append({"collection": coll, "n": len(held), "pair": chosen,
+                                    "engine": _median_err(held, engine), "version_pair": _median_err(held, chosen)})
+        out.append(row)
+    return out
+
+
+def _print_frontend_by_version(report: str, sample: str) -> None:
+    print("\n| engine | version | test | rows | pair chosen (ms, ms per user) | engine's pair | version's pair |\n"
+          "|---|---|---|---:|---|---:|---:|")
+    for v in frontend_by_version(report, sample):
+        print(f"| {v['backend']} | {v['version']} | odd lines | {v['n_test']} | {v['pair']} | {v['engine']:.1%} | "
+              f"{v['version_pair']:.1%} |")
+        for c in v["left_out"]:
+            print(f"| | | left out: {c['collection']} | {c['n']} | {c['pair']} | {c['engine']:.1%} | "
+                  f"{c['version_pair']:.1%} |")
 
 
 def _print_frontend(report: str) -> None:
@@ -404,6 +461,8 @@ ANALYSES = (
                           "without and with it: how much of the TTFT error is one constant per setup (needs --sample)"),
     ("--frontend-fit", "choose each engine's front-end time (base + per user x concurrency) on even agg lines of "
                        "REPORT, report odd lines without and with it"),
+    ("--frontend-by-version", "a front end per engine version instead of per engine: chosen on even lines / on the "
+                              "other collections, reported on odd lines / the collection left out (needs --sample)"),
     ("--groups", "per card, engine, model and precision: capsim's median errors and, with the peer's CSV, both tools' "
                  "on the rows both predict; totals over all rows and the odd lines"),
 )
@@ -427,10 +486,16 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if args.frontend_fit:
         _print_frontend(args.report)
+    if args.frontend_by_version:
+        if not args.sample:
+            print("--frontend-by-version needs --sample (the silicon sample CSV: versions and collections)",
+                  file=sys.stderr)
+            return 2
+        _print_frontend_by_version(args.report, args.sample)
     if args.groups:
         _print_groups(args.report, args.aic)
     if args.aic is None:
-        if args.frontend_fit or args.groups:
+        if args.frontend_fit or args.groups or args.frontend_by_version:
             return 0
         if not (((args.rounds_held_out or args.offset_held_out) and args.sample) or (args.before and args.fig)):
             print("without the peer's CSV: --rounds-held-out or --offset-held-out with --sample, or --before REPORT "

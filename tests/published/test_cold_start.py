@@ -145,6 +145,35 @@ def test_frontend_fit_chooses_base_and_per_user_on_even_lines(tmp_path):
     assert out[0]["after"] == pytest.approx(0.0) and out[0]["before"] > 0.05
 
 
+def test_frontend_by_version_tests_on_odd_lines_and_on_a_collection_left_out(tmp_path):
+    """Version 0.19 rows measured 20 ms over their prediction in both collections, version 0.17 rows 120 ms over:
+    each version's pair is found on its even lines and carries over to the collection left out, where the engine's
+    one pair (chosen over both versions) does not; a nightly build has no released version and takes no part."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("published_peer6", Path(__file__).parents[2] / "benchmarks"
+                                                  / "published_peer.py")
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    rows, sample = [], ["id,backend_version,silicon_data_source"]
+    for line in range(2, 26):
+        version = ("0.19.0", "0.17.0", "nightly-abc")[line % 3]
+        over = {"0.19.0": 20.0, "0.17.0": 120.0, "nightly-abc": 500.0}[version]
+        rows.append({"id": f"r{line}", "line": line, "backend": "vllm", "mode": "agg", "system": "b200_sxm",
+                     "concurrency": 8, "measured": {"ttft_ms": 100.0 + over, "tpot_ms": 10.0},
+                     "predicted": {"ttft_ms": 100.0, "tpot_ms": 10.0}})
+        sample.append(f"r{line},{version},source_file={'a' if line < 14 else 'b'}.csv; silicon_concurrency=8")
+    (tmp_path / "report.json").write_text(json.dumps({"rows": rows}))
+    (tmp_path / "sample.csv").write_text("\n".join(sample) + "\n")
+    out = {v["version"]: v for v in peer.frontend_by_version(str(tmp_path / "report.json"), str(tmp_path / "sample.csv"))}
+    assert sorted(out) == ["0.17", "0.19"]
+    for version, over in (("0.17", 120), ("0.19", 20)):
+        v = out[version]
+        assert v["pair"][0] + 8 * v["pair"][1] == pytest.approx(over) and v["version_pair"] == pytest.approx(0.0)
+        assert v["engine"] > 0.05 and [c["collection"] for c in v["left_out"]] == ["a.csv", "b.csv"]
+        assert all(c["version_pair"] == pytest.approx(0.0) for c in v["left_out"])
+    assert peer.main([str(tmp_path / "report.json"), "--frontend-by-version"]) == 2  # needs --sample
+
+
 def test_groups_table_per_model_and_the_odd_lines(tmp_path):
     """--groups: per (card, engine, model, precision) capsim's median errors over all its rows and both tools' on
     the rows the peer predicts too; totals over all rows and over the odd lines."""
