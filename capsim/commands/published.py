@@ -63,6 +63,10 @@ def add_parsers(sub) -> None:
     p.add_argument("--rounds", type=int, default=None,
                    help="--start cold: requests per user in the replayed benchmark (default 10, AIConfigurator's "
                         "N x concurrency)")
+    p.add_argument("--pool-batch", choices=["engine", "stated", "defaults"], default="engine",
+                   help="disaggregated rows: how many requests a pool's worker runs at once: the default rule "
+                        "(docs/disaggregation.md), the row's prefill_batch_size / decode_batch_size per attention-DP "
+                        "rank, or the engine's launch default")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
 
@@ -111,7 +115,8 @@ def run(args) -> int:
                                 moe_routing=args.moe_routing, all_reduce=args.all_reduce,
                                 engine_config=args.engine_config.replace("-", "_"),
                                 host_overhead_s=None if args.host_overhead_ms is None else args.host_overhead_ms / 1e3,
-                                shared_experts_overlap=args.shared_experts_overlap, frontend=args.frontend)
+                                shared_experts_overlap=args.shared_experts_overlap, frontend=args.frontend,
+                                pool_batch=args.pool_batch)
     if args.out:
         for path in write_report(report, args.out):
             print(f"wrote {path}", file=sys.stderr)

@@ -32,6 +32,8 @@ class PoolShape:
     attention_dp: int
     moe_tp: int
     moe_ep: int
+    batch: int | None = None
+    """The pool's batch size column (a worker's most running requests per attention-DP rank), None if empty."""
 
 
 def pool_shape(row: dict, prefix: str, where: str, integer_field, text) -> PoolShape:
@@ -42,7 +44,8 @@ def pool_shape(row: dict, prefix: str, where: str, integer_field, text) -> PoolS
     workers = get("num_workers", 0, 0) or None
     tp = get("tp_size", 0, 0) or None
     return PoolShape(workers, tp, max(get("pp_size", 1, 0), 1), max(get("attention_dp_size", 1, 0), 1),
-                     max(get("moe_tp_size", 1, 0), 1), max(get("moe_ep_size", 1, 0), 1))
+                     max(get("moe_tp_size", 1, 0), 1), max(get("moe_ep_size", 1, 0), 1),
+                     get("batch_size", 0, 0) or None)
 
 
 def concurrency_from_source(source: str, where: str) -> int:
@@ -57,8 +60,14 @@ def concurrency_from_source(source: str, where: str) -> int:
     return int(whole.group(1))
 
 
-def build_disagg_case(row, per_user, start, build_case, case_cls):
-    """A disaggregated row as a closed loop of its concurrency against two pools, or why not."""
+POOL_BATCH = ("stated", "defaults")
+"""How many requests a pool's worker runs at once: `stated`, the row's prefill_batch_size / decode_batch_size per
+attention-DP rank (the engine's other limits kept); `defaults`, the engine's launch default."""
+
+
+def build_disagg_case(row, per_user, start, build_case, case_cls, pool_batch: str = "defaults"):
+    """A disaggregated row as a closed loop of its concurrency against two pools, or why not (`pool_batch`: one of
+    POOL_BATCH)."""
     if row.concurrency < 1:
         return case_cls(row, skipped="disaggregated row without a client concurrency (silicon_concurrency)")
     pools = {}
@@ -70,7 +79,10 @@ def build_disagg_case(row, per_user, start, build_case, case_cls):
         case = build_case(one, per_user, start)
         if case.scenario is None:
             return case_cls(row, skipped=f"{name} pool: {case.skipped}")
-        pools[name] = (shape, case.scenario)
+        sc = case.scenario
+        if pool_batch == "stated" and shape.batch:
+            sc = dict(sc, scheduler=dict(sc["scheduler"], max_num_seqs=shape.batch * shape.attention_dp))
+        pools[name] = (shape, sc)
     from sim.io.profiles import load_hardware
     scenario = dict(pools["decode"][1], name=row.id)
     st = scenario["step_time"]  # the layout is each pool's `parallel`, not the ops model's tp

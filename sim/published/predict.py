@@ -24,7 +24,7 @@ from sim.io.profiles import load_hardware, load_model, profiles_dir
 from sim.models.ops_tables import find_table, load_table_set
 from sim.models.parallel import Layout, kv_bytes_per_token_per_gpu, layout_problems, weights_per_gpu
 from sim.models.spec import ModelSpec
-from sim.published.disagg import build_disagg_case
+from sim.published.disagg import POOL_BATCH, build_disagg_case
 from sim.published.engines import ENGINE_CONFIGS, ENGINES, aic_benchmark_limits, kv_budget_bytes
 from sim.published.rows import PublishedRow
 
@@ -51,6 +51,10 @@ ROUNDS = 10
 in all). The file does not say; AIConfigurator, whose database the rows come from, describes its serving
 benchmarks as N x concurrency requests with N = 10 (aiconfigurator 0.12.0, sdk/inference_session.py, the
 TTFT correction of its disaggregated search). Stated, not fitted."""
+
+DISAGG_POOL_BATCH = "defaults"
+"""`--pool-batch engine`: how many requests a disaggregated pool's worker runs at once (sim.published.disagg.POOL_BATCH;
+docs/disaggregation.md)."""
 
 
 def requests_per_user(osl: int) -> int:
@@ -173,12 +177,13 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                mixed: str = "one_pass", rounds: int = ROUNDS, moe_kernels: str = "engine",
                moe_routing: str = "engine", all_reduce: str = "engine", engine_config: str = "engine",
                host_overhead_s: float | None = None, shared_experts_overlap: str | int = "engine",
-               frontend="engine") -> Case:
+               frontend="engine", pool_batch: str = "engine") -> Case:
     """Translate one published row into a closed-loop scenario for one replica, or say why not. `engine` means
     the row's engine's default (sim.published.engines) for each of: `moe_kernels` (or `own`: the row's engine's
     kernels, vllm / sglang / trtllm, composed), `moe_routing` (balanced, power_law_1.2), `all_reduce` (`own`, nccl,
     vllm, sglang, trtllm), `engine_config` (`defaults`: launch defaults, `aic_benchmark`: aic_benchmark_limits),
-    `shared_experts_overlap` (off, decode, a token count), `frontend` (frontend_latency_s)."""
+    `shared_experts_overlap` (off, decode, a token count), `frontend` (frontend_latency_s); disaggregated rows:
+    `pool_batch` (sim.published.disagg.POOL_BATCH; `engine`: DISAGG_POOL_BATCH)."""
     if engine_config not in ENGINE_CONFIGS:
         raise ConfigError(f"engine_config: expected one of {', '.join(ENGINE_CONFIGS)}, got {engine_config!r}")
     if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
@@ -187,7 +192,10 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                        shared_experts_overlap=shared_experts_overlap,
                        # pools keep the launch defaults unless asked: the choice was made on agg rows only
                        engine_config="defaults" if engine_config == "engine" else engine_config)
-        return _disagg_case(row, per_user, start, pool, rounds, frontend)
+        if pool_batch not in ("engine", *POOL_BATCH):
+            raise ConfigError(f"pool_batch: expected one of engine, {', '.join(POOL_BATCH)}, got {pool_batch!r}")
+        return _disagg_case(row, per_user, start, pool, rounds, frontend,
+                            DISAGG_POOL_BATCH if pool_batch == "engine" else pool_batch)
     why = _unsupported_layout(row)
     if why:
         return Case(row, skipped=why)
@@ -249,10 +257,10 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                 frontend_s=frontend_latency_s(frontend, row.backend, users))
 
 
-def _disagg_case(row: PublishedRow, per_user, start: str, pool, rounds: int, frontend) -> Case:
+def _disagg_case(row: PublishedRow, per_user, start: str, pool, rounds: int, frontend, pool_batch: str) -> Case:
     """A disaggregated row's case: its pools built by `pool`, and the engine's front end as on agg rows (chosen on
     the even disaggregated lines over none: docs/fidelity.md, "The engines' front end")."""
-    case = build_disagg_case(row, per_user, start, pool, Case)
+    case = build_disagg_case(row, per_user, start, pool, Case, pool_batch)
     return replace(case, rounds=rounds, frontend_s=0.0 if case.scenario is None
                    else frontend_latency_s(frontend, row.backend, row.concurrency))
 
