@@ -187,15 +187,11 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     if engine_config not in ENGINE_CONFIGS:
         raise ConfigError(f"engine_config: expected one of {', '.join(ENGINE_CONFIGS)}, got {engine_config!r}")
     if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
-        pool = partial(build_case, mixed=mixed, moe_kernels=moe_kernels, moe_routing=moe_routing,
-                       all_reduce=all_reduce, host_overhead_s=host_overhead_s,
-                       shared_experts_overlap=shared_experts_overlap,
-                       # pools keep the launch defaults unless asked: the choice was made on agg rows only
-                       engine_config="defaults" if engine_config == "engine" else engine_config)
-        if pool_batch not in ("engine", *POOL_BATCH):
-            raise ConfigError(f"pool_batch: expected one of engine, {', '.join(POOL_BATCH)}, got {pool_batch!r}")
-        return _disagg_case(row, per_user, start, pool, rounds, frontend,
-                            DISAGG_POOL_BATCH if pool_batch == "engine" else pool_batch)
+        return _disagg_case(row, per_user, start, rounds, frontend, pool_batch, dict(
+            mixed=mixed, moe_kernels=moe_kernels, moe_routing=moe_routing, all_reduce=all_reduce,
+            host_overhead_s=host_overhead_s, shared_experts_overlap=shared_experts_overlap,
+            # pools keep the launch defaults unless asked: the choice was made on agg rows only
+            engine_config="defaults" if engine_config == "engine" else engine_config))
     why = _unsupported_layout(row)
     if why:
         return Case(row, skipped=why)
@@ -257,10 +253,15 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                 frontend_s=frontend_latency_s(frontend, row.backend, users))
 
 
-def _disagg_case(row: PublishedRow, per_user, start: str, pool, rounds: int, frontend, pool_batch: str) -> Case:
-    """A disaggregated row's case: its pools built by `pool`, and the engine's front end as on agg rows (chosen on
-    the even disaggregated lines over none: docs/fidelity.md, "The engines' front end")."""
-    case = build_disagg_case(row, per_user, start, pool, Case, pool_batch)
+def _disagg_case(row: PublishedRow, per_user, start: str, rounds: int, frontend, pool_batch: str,
+                 pool_options: dict) -> Case:
+    """A disaggregated row's case: its pools built by build_case with `pool_options`, each worker's batch by
+    `pool_batch`, and the engine's front end as on agg rows (chosen on the even disaggregated lines over none:
+    docs/fidelity.md, "The engines' front end")."""
+    if pool_batch not in ("engine", *POOL_BATCH):
+        raise ConfigError(f"pool_batch: expected one of engine, {', '.join(POOL_BATCH)}, got {pool_batch!r}")
+    case = build_disagg_case(row, per_user, start, partial(build_case, **pool_options), Case,
+                             DISAGG_POOL_BATCH if pool_batch == "engine" else pool_batch)
     return replace(case, rounds=rounds, frontend_s=0.0 if case.scenario is None
                    else frontend_latency_s(frontend, row.backend, row.concurrency))
 
