@@ -48,8 +48,9 @@ def _float_cells(v: np.ndarray) -> list[str]:
 
 try:  # optional: formats floats several times faster than repr, with the same text in the range below
     import orjson as _orjson
+    _NUMPY = _orjson.OPT_SERIALIZE_NUMPY
 except ImportError:  # pragma: no cover - exercised where orjson is absent
-    _orjson = None
+    _orjson = _NUMPY = None
 
 
 def _float_cells_orjson(v: np.ndarray) -> list[str]:
@@ -100,6 +101,79 @@ def cells(v: np.ndarray) -> list[str]:
     raise TypeError(f"cannot write a column of dtype {v.dtype} as CSV")
 
 
+_SEP = 0x1F  # the unit separator: between a text column's cells while its rows are assembled (never in a cell)
+
+
+def _column_blob(v: np.ndarray) -> tuple[bytes, int] | None:
+    """One column's cells as one bytes string and the byte between them: numbers through orjson's numpy
+    serializer (no Python object per cell) where its text is repr's, anything else through `cells`; None
+    where no separator byte is free (a text cell holding the unit separator)."""
+    v = np.asarray(v)
+    if v.dtype.kind in "iu" and not (v.dtype.kind == "u" and v.dtype.itemsize == 8 and len(v) and v.max() >= 2 ** 63):
+        return _orjson.dumps(np.ascontiguousarray(v, dtype=np.int64), option=_NUMPY)[1:-1], 44
+    if v.dtype.kind == "f":
+        f = np.ascontiguousarray(v, dtype=np.float64)
+        a = np.abs(f)
+        zero = (f.view(np.uint64) << np.uint64(1)) == 0   # as in _float_cells_orjson
+        if (((a >= 1e-4) & (a < 1e16)) | zero).all():
+            return _orjson.dumps(f, option=_NUMPY)[1:-1], 44
+    text = cells(v)
+    if v.dtype.kind in "fiub":
+        return ",".join(text).encode(), 44
+    if any("\x1f" in t for t in text):
+        return None
+    return "\x1f".join(text).encode(), _SEP
+
+
+def _rows_bytes(columns: list[np.ndarray], n: int) -> bytes | None:
+    """n >= 1 rows of `columns` as CSV bytes: each column's cells in one string (`_column_blob`), their bytes
+    scattered into the rows by numpy; None where a column has no free separator."""
+    blobs = [_column_blob(c) for c in columns]
+    if any(b is None for b in blobs):
+        return None
+    parts = []
+    for blob, sep in blobs:
+        arr = np.frombuffer(blob, dtype=np.uint8)
+        cuts = np.flatnonzero(arr == sep)
+        starts = np.empty(n, dtype=np.int64)
+        starts[0], starts[1:] = 0, cuts + 1
+        lengths = np.empty(n, dtype=np.int64)
+        lengths[:-1], lengths[-1] = cuts, len(arr)
+        lengths -= starts
+        parts.append((arr, sep, starts, lengths))
+    row_len = sum(p[3] for p in parts) + len(parts)
+    offset = np.zeros(n, dtype=np.int64)
+    np.cumsum(row_len[:-1], out=offset[1:])
+    out = np.empty(int(offset[-1] + row_len[-1]), dtype=np.uint8)
+    for j, (arr, sep, starts, lengths) in enumerate(parts):
+        src = np.flatnonzero(arr != sep)
+        out[src + np.repeat(offset - starts, lengths)] = arr[src]
+        offset += lengths
+        out[offset] = 10 if j == len(parts) - 1 else 44
+        offset += 1
+    return out.tobytes()
+
+
+def csv_bytes(columns: dict[str, np.ndarray], start: int = 0, stop: int | None = None, header: bool = True) -> bytes:
+    """Rows start..stop of `columns` (all the same length) as UTF-8 CSV, header first when asked: `csv_text`'s
+    text, assembled by numpy where orjson is there."""
+    names = list(columns)
+    stop = len(columns[names[0]]) if (stop is None and names) else (stop or 0)
+    head = (",".join(_quote(n) for n in names) + "\n" if header else "").encode()
+    if stop <= start:
+        return head
+    if _orjson is not None and names:
+        body = _rows_bytes([columns[n][start:stop] for n in names], stop - start)
+        if body is not None:
+            return head + body
+    return head + _rows_text(columns, names, start, stop).encode()
+
+
+def _rows_text(columns, names, start: int, stop: int) -> str:
+    cols = [cells(columns[n][start:stop]) for n in names]
+    return "\n".join(map(",".join, zip(*cols))) + "\n"
+
+
 def csv_text(columns: dict[str, np.ndarray], start: int = 0, stop: int | None = None, header: bool = True) -> str:
     """Rows start..stop of `columns` (all the same length) as CSV text, header first when asked."""
     names = list(columns)
@@ -107,26 +181,25 @@ def csv_text(columns: dict[str, np.ndarray], start: int = 0, stop: int | None = 
     head = ",".join(_quote(n) for n in names) + "\n" if header else ""
     if stop <= start:
         return head
-    cols = [cells(columns[n][start:stop]) for n in names]
-    return head + "\n".join(map(",".join, zip(*cols))) + "\n"
+    return head + _rows_text(columns, names, start, stop)
 
 
 def write_csv(path: str | Path, columns: dict[str, np.ndarray]) -> None:
     """Write `columns` (name -> equal-length numpy array) as `path`, in chunks of rows."""
     names = list(columns)
     n = len(columns[names[0]]) if names else 0
-    with open(path, "w", newline="") as fh:
-        fh.write(csv_text(columns, 0, min(n, _CHUNK)))
+    with open(path, "wb") as fh:
+        fh.write(csv_bytes(columns, 0, min(n, _CHUNK)))
         for a in range(_CHUNK, n, _CHUNK):
-            fh.write(csv_text(columns, a, min(n, a + _CHUNK), header=False))
+            fh.write(csv_bytes(columns, a, min(n, a + _CHUNK), header=False))
 
 
 def write_csv_chunks(path: str | Path, names, blocks) -> None:
     """Write the column dicts `blocks` (each name -> equal-length arrays, `names` in order) one after
     another as one CSV file `path`: the same text as write_csv of their concatenation."""
-    with open(path, "w", newline="") as fh:
-        fh.write(csv_text({n: np.empty(0) for n in names}))  # the header
+    with open(path, "wb") as fh:
+        fh.write(csv_bytes({n: np.empty(0) for n in names}))  # the header
         for block in blocks:
             n = len(block[names[0]]) if names else 0
             for a in range(0, n, _CHUNK):
-                fh.write(csv_text(block, a, min(n, a + _CHUNK), header=False))
+                fh.write(csv_bytes(block, a, min(n, a + _CHUNK), header=False))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.core.csvout import csv_text, write_csv, write_csv_chunks
+from sim.core.csvout import csv_bytes, write_csv, write_csv_chunks
 from sim.core.metrics import Recorder, Timeline, stats, weighted_stats
 from sim.core.tables import IterationTable, RequestTable
 
@@ -66,11 +66,11 @@ class Result:
         h = hashlib.sha256(json.dumps(self.summary, sort_keys=True).encode())
         for table in (self._requests, self._iterations):
             if isinstance(table, (RequestTable, IterationTable)):
-                h.update(csv_text({c: np.empty(0) for c in table.names}).encode())  # the header
+                h.update(csv_bytes({c: np.empty(0) for c in table.names}))  # the header
                 for block in table.chunks():
-                    h.update(csv_text(block, header=False).encode())
+                    h.update(csv_bytes(block, header=False))
             else:
-                h.update(csv_text(_columns(table)).encode())
+                h.update(csv_bytes(_columns(table)))
         return h.hexdigest()
 
 
