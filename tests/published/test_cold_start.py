@@ -12,6 +12,15 @@ from sim.published.rows import read_published
 from tests.published.test_validate_published import FIXTURE, capsim
 
 
+def _peer(name: str):
+    """benchmarks/published_peer.py loaded as a module of its own (a benchmark script, not a package)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(name, Path(__file__).parents[2] / "benchmarks" / "published_peer.py")
+    peer = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(peer)
+    return peer
+
+
 def _row(backend: str):
     return next(r for r in read_published(FIXTURE) if r.backend == backend and r.mode == "agg"
                 and r.system == "h100_sxm")
@@ -64,11 +73,7 @@ def test_rounds_flag():
 
 
 def test_rounds_held_out_chooses_on_even_lines_and_reports_odd(tmp_path):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("published_peer", Path(__file__).parents[2] / "benchmarks"
-                                                  / "published_peer.py")
-    peer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(peer)
+    peer = _peer("published_peer")
     first, steady = {"ttft_ms": 900.0, "tpot_ms": 30.0}, {"ttft_ms": 100.0, "tpot_ms": 10.0}
     truth = combine_cold(first, steady, 5, "spread")  # rows measured as a 5-round cold benchmark
     rows, sample = [], ["id,silicon_data_source"]
@@ -85,11 +90,7 @@ def test_rounds_held_out_chooses_on_even_lines_and_reports_odd(tmp_path):
 
 
 def test_offset_held_out_chooses_on_even_lines_and_reports_odd(tmp_path):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("published_peer3", Path(__file__).parents[2] / "benchmarks"
-                                                  / "published_peer.py")
-    peer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(peer)
+    peer = _peer("published_peer3")
     rows, sample = [], ["id,silicon_data_source"]
     for line in range(2, 10):
         measured = 100.0 * line + 60.0   # every row 60 ms over its prediction, but line 9 (off by 300 ms more)
@@ -106,11 +107,7 @@ def test_offset_held_out_chooses_on_even_lines_and_reports_odd(tmp_path):
 
 
 def test_before_after_figure(tmp_path):
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("published_peer2", Path(__file__).parents[2] / "benchmarks"
-                                                  / "published_peer.py")
-    peer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(peer)
+    peer = _peer("published_peer2")
     for name, factor in (("before", 0.5), ("now", 1.1)):
         rows = [{"id": f"r{i}", "backend": b, "measured": {"ttft_ms": 100.0 * (i + 1), "tpot_ms": 10.0},
                  "predicted": {"ttft_ms": factor * 100.0 * (i + 1), "tpot_ms": 10.0},
@@ -125,11 +122,7 @@ def test_before_after_figure(tmp_path):
 def test_frontend_fit_chooses_base_and_per_user_on_even_lines(tmp_path):
     """Rows whose measured TTFT is the prediction + 40 ms + 0.5 ms per user (one odd row far off): the fit on the
     even lines finds (40, 0.5) and the held-out odd rows' median error falls to zero."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("published_peer4", Path(__file__).parents[2] / "benchmarks"
-                                                  / "published_peer.py")
-    peer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(peer)
+    peer = _peer("published_peer4")
     rows = []
     for line in range(2, 14):
         users = (4, 8, 16, 64, 128, 256)[line % 6]
@@ -149,11 +142,7 @@ def test_frontend_by_version_tests_on_odd_lines_and_on_a_collection_left_out(tmp
     """Version 0.19 rows measured 20 ms over their prediction in both collections, version 0.17 rows 120 ms over:
     each version's pair is found on its even lines and carries over to the collection left out, where the engine's
     one pair (chosen over both versions) does not; a nightly build has no released version and takes no part."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("published_peer6", Path(__file__).parents[2] / "benchmarks"
-                                                  / "published_peer.py")
-    peer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(peer)
+    peer = _peer("published_peer6")
     rows, sample = [], ["id,backend_version,silicon_data_source"]
     for line in range(2, 26):
         version = ("0.19.0", "0.17.0", "nightly-abc")[line % 3]
@@ -177,11 +166,7 @@ def test_frontend_by_version_tests_on_odd_lines_and_on_a_collection_left_out(tmp
 def test_groups_table_per_model_and_the_odd_lines(tmp_path):
     """--groups: per (card, engine, model, precision) capsim's median errors over all its rows and both tools' on
     the rows the peer predicts too; totals over all rows and over the odd lines."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("published_peer5", Path(__file__).parents[2] / "benchmarks"
-                                                  / "published_peer.py")
-    peer = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(peer)
+    peer = _peer("published_peer5")
     rows, aic = [], ["id,aic_ttft_ms,aic_tpot_ms"]
     for line, (model, over) in enumerate([("org/A", 1.1), ("org/A", 1.3), ("org/B", 0.5), ("org/A", 1.2)], start=2):
         rows.append({"id": f"r{line}", "line": line, "system": "h100_sxm", "backend": "vllm", "mode": "agg",
