@@ -360,6 +360,59 @@ def frontend_by_version(report: str, sample: str) -> list[dict]:
     return out
 
 
+JOINT_ROUNDS = (4, 5, 6, 8, 10, 12, 15, 20)
+"""What `rounds_with_frontend` chooses N among (requests per user, the first wave a burst)."""
+
+
+def _joint_best(first, steady, users, meas, mask, rounds) -> tuple:
+    """(N, base, per user) of `rounds` x the front-end grids with the lowest median |TTFT error| on `mask`."""
+    best = None
+    for n in rounds:
+        engine = (first + (n - 1) * steady) / n
+        for base in FRONTEND_BASE_MS:
+            for per_user in FRONTEND_PER_USER_MS:
+                err = float(np.median(np.abs((engine + base + per_user * users)[mask] / meas[mask] - 1)))
+                if best is None or err < best[0]:
+                    best = (err, n, base, per_user)
+    return best[1:]
+
+
+def rounds_with_frontend(report: str, sample: str, backend: str = "vllm") -> list[dict]:
+    """Would choosing the benchmark's length N (requests per user; ROUNDS = 10 is stated from AIConfigurator's
+    description) together with the front end beat N = 10 with the front end alone? On the engine's cold-start agg
+    rows (`components`), for N fixed at 10 and for N among JOINT_ROUNDS: chosen on the even lines, reported on the
+    odd ones; and chosen on all collections but one, reported on the one left out (each collection in turn)."""
+    rows = [r for r in json.loads(Path(report).read_text())["rows"]
+            if r.get("components") and r["mode"] == "agg" and r["backend"] == backend]
+    with open(sample, newline="") as fh:
+        coll = {r["id"]: collection(r["silicon_data_source"]) for r in csv.DictReader(fh)}
+    first, steady, users, meas, line = (np.array(v, dtype=float) for v in zip(*[
+        (r["components"]["first_wave"]["ttft_ms"], r["components"]["steady"]["ttft_ms"], r["concurrency"],
+         r["measured"]["ttft_ms"], r["line"]) for r in rows]))
+    colls = np.array([coll[r["id"]] for r in rows])
+    out = []
+    tests = [("odd lines", line % 2 == 0, line % 2 == 1)]
+    tests += [(f"left out: {c}", colls != c, colls == c) for c in sorted(set(colls))]
+    for label, rounds in (("N = 10", (10,)), ("N chosen", JOINT_ROUNDS)):
+        held = np.zeros(len(rows))
+        for name, fit, test in tests:
+            n, base, per_user = _joint_best(first, steady, users, meas, fit, rounds)
+            err = np.abs(((first + (n - 1) * steady) / n + base + per_user * users) / meas - 1)
+            if name != "odd lines":
+                held[test] = err[test]
+            out.append({"rule": label, "test": name, "n": int(test.sum()), "chosen": (n, base, per_user),
+                        "median": float(np.median(err[test]))})
+        out.append({"rule": label, "test": "every collection left out in turn", "n": len(rows), "chosen": None,
+                    "median": float(np.median(held))})
+    return out
+
+
+def _print_rounds_with_frontend(report: str, sample: str) -> None:
+    print("\n| rule | test | rows | chosen (N, base ms, ms per user) | median TTFT error |\n|---|---|---:|---|---:|")
+    for r in rounds_with_frontend(report, sample):
+        print(f"| {r['rule']} | {r['test']} | {r['n']} | {r['chosen'] or ''} | {r['median']:.1%} |")
+
+
 def _print_frontend_by_version(report: str, sample: str) -> None:
     print("\n| engine | version | test | rows | pair chosen (ms, ms per user) | engine's pair | version's pair |\n"
           "|---|---|---|---:|---|---:|---:|")
@@ -463,6 +516,8 @@ ANALYSES = (
                        "REPORT, report odd lines without and with it"),
     ("--frontend-by-version", "a front end per engine version instead of per engine: chosen on even lines / on the "
                               "other collections, reported on odd lines / the collection left out (needs --sample)"),
+    ("--rounds-with-frontend", "vLLM: the benchmark's length N chosen with the front end against N = 10, on odd lines "
+                               "and each collection left out (needs --sample)"),
     ("--groups", "per card, engine, model and precision: capsim's median errors and, with the peer's CSV, both tools' "
                  "on the rows both predict; totals over all rows and the odd lines"),
 )
@@ -492,10 +547,15 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 2
         _print_frontend_by_version(args.report, args.sample)
+    if args.rounds_with_frontend:
+        if not args.sample:
+            print("--rounds-with-frontend needs --sample (the silicon sample CSV: collections)", file=sys.stderr)
+            return 2
+        _print_rounds_with_frontend(args.report, args.sample)
     if args.groups:
         _print_groups(args.report, args.aic)
     if args.aic is None:
-        if args.frontend_fit or args.groups or args.frontend_by_version:
+        if args.frontend_fit or args.groups or args.frontend_by_version or args.rounds_with_frontend:
             return 0
         if not (((args.rounds_held_out or args.offset_held_out) and args.sample) or (args.before and args.fig)):
             print("without the peer's CSV: --rounds-held-out or --offset-held-out with --sample, or --before REPORT "

@@ -183,3 +183,25 @@ def test_groups_table_per_model_and_the_odd_lines(tmp_path):
     assert a["aic_ttft_ms"] == pytest.approx(0.5) and a["aic_tpot_ms"] == pytest.approx(0.2)
     assert out[("all", "")]["n"] == 4 and out[("odd lines", "")]["n"] == 2   # lines 3 and 5
     assert out[("odd lines", "")]["capsim_ttft_ms"] == pytest.approx(0.25)    # 30% and 20%
+
+
+def test_rounds_with_frontend_finds_the_benchmark_length_it_was_built_with(tmp_path):
+    """Rows measured as a benchmark of N = 5 requests per user behind a 40 ms front end: chosen jointly, (5, 40, 0)
+    predicts the odd lines and every collection left out exactly; N fixed at 10 cannot, whatever its front end."""
+    peer = _peer("published_peer7")
+    rows, sample = [], ["id,silicon_data_source"]
+    for line in range(2, 30):
+        first, steady, users = 100.0 + 37.0 * line, 20.0 + 3.0 * (line % 5), 4 + line
+        rows.append({"id": f"r{line}", "line": line, "backend": "vllm", "mode": "agg", "concurrency": users,
+                     "components": {"first_wave": {"ttft_ms": first}, "steady": {"ttft_ms": steady}},
+                     "measured": {"ttft_ms": (first + 4 * steady) / 5 + 40.0}})
+        sample.append(f"r{line},source_file={'ab'[line % 2]}{line % 3}.csv; silicon_concurrency={users}")
+    (tmp_path / "report.json").write_text(json.dumps({"rows": rows}))
+    (tmp_path / "sample.csv").write_text("\n".join(sample) + "\n")
+    out = peer.rounds_with_frontend(str(tmp_path / "report.json"), str(tmp_path / "sample.csv"))
+    chosen = [r for r in out if r["rule"] == "N chosen"]
+    assert [r["test"] for r in chosen][:2] == ["odd lines", "left out: a0.csv"] and len(chosen) == 8
+    assert all(r["median"] == pytest.approx(0.0, abs=1e-12) for r in chosen)
+    assert all(r["chosen"] == (5, 40, 0) for r in chosen if r["chosen"])
+    assert all(r["median"] > 0.01 for r in out if r["rule"] == "N = 10")
+    assert peer.main([str(tmp_path / "report.json"), "--rounds-with-frontend"]) == 2  # needs --sample

@@ -111,3 +111,26 @@ def test_pool_batch_flag_reaches_the_report_and_refuses_other_values(tmp_path):
     assert code == 0, err
     import json
     assert json.loads((tmp_path / "report.json").read_text())["pool_batch"] == "stated"
+
+
+def test_frontend_hops_counts_the_front_end_per_engine_rule(tmp_path):
+    """benchmarks/disagg_frontend_hops.py: a TensorRT-LLM row whose measured TTFT holds its front end twice is exact
+    under `twice_sequential` and `twice`; an SGLang row holding it once is exact under `once` and the rule, and
+    `twice` counts it again; agg rows take no part."""
+    import importlib.util
+    import json
+    spec = importlib.util.spec_from_file_location(
+        "disagg_frontend_hops", Path(__file__).parents[2] / "benchmarks" / "disagg_frontend_hops.py")
+    hops = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hops)
+    rows = [{"line": 2, "mode": "disagg", "backend": "trtllm", "frontend_ms": 100.0,
+             "predicted": {"ttft_ms": 500.0}, "measured": {"ttft_ms": 600.0}},
+            {"line": 3, "mode": "disagg", "backend": "sglang", "frontend_ms": 100.0,
+             "predicted": {"ttft_ms": 500.0}, "measured": {"ttft_ms": 500.0}},
+            {"line": 4, "mode": "agg", "backend": "trtllm", "predicted": {"ttft_ms": 1.0}, "measured": {"ttft_ms": 9.0}}]
+    (tmp_path / "report.json").write_text(json.dumps({"rows": rows}))
+    out = {(r["rule"], r["part"]): (r["n"], r["median"]) for r in hops.hops_table(str(tmp_path / "report.json"))}
+    assert out[("once", "trtllm")] == (1, pytest.approx(1 / 6)) and out[("once", "sglang")] == (1, 0.0)
+    assert out[("twice_sequential", "trtllm")] == (1, 0.0) and out[("twice_sequential", "sglang")] == (1, 0.0)
+    assert out[("twice", "sglang")] == (1, pytest.approx(0.2)) and out[("none", "sglang")] == (1, pytest.approx(0.2))
+    assert out[("once", "even lines")] == (1, pytest.approx(1 / 6)) and out[("once", "odd lines")] == (1, 0.0)

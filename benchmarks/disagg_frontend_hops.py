@@ -1,0 +1,64 @@
+#!/usr/bin/env python
+"""Does a disaggregated request pass through its engine's front end once or twice? (a benchmark, not a test)
+
+    capsim validate-published ../shared/data/benchmarks/aiconfigurator_silicon_sample.csv --mode disagg --out vp
+    python benchmarks/disagg_frontend_hops.py vp/report.json
+
+A disaggregated deployment puts a proxy in front of the two pools. TensorRT-LLM's disaggregated server (its default
+`context_first` schedule) and vLLM's prefill / decode proxies send the request to a prefill server, wait for its
+whole (one-token, non-streamed) response, then send it to a decode server: two HTTP requests in series, each through
+an engine's API server and tokenizer. SGLang's router sends it to both servers at once (asyncio tasks) and the
+decode server waits for the KV. So a rule read in the engines' code: the engine's front end (sim.published.engines,
+fitted on agg rows) counted twice for TensorRT-LLM and vLLM, once for SGLang. Every row of REPORT (any run: its
+`frontend_ms`, added once, is reused) is scored under `none`, `once` (what validate-published does), that rule
+(`twice_sequential`) and `twice` (every engine), on the even lines (where a choice would be made), the odd ones and
+per engine. Nothing is fitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+SEQUENTIAL = ("trtllm", "vllm")
+"""Engines whose disaggregated proxy sends the prefill request, waits for its response, then the decode request."""
+
+RULES = {"none": lambda backend: 0, "once": lambda backend: 1,
+         "twice_sequential": lambda backend: 2 if backend in SEQUENTIAL else 1, "twice": lambda backend: 2}
+"""How many times each rule counts the engine's front end in a disaggregated row's TTFT."""
+
+
+def hops_table(report: str) -> list[dict]:
+    """Per rule and part (even lines, odd lines, each engine): rows and median |TTFT error|."""
+    rows = [r for r in json.loads(Path(report).read_text())["rows"] if "predicted" in r and r["mode"] == "disagg"]
+    parts = [("even lines", lambda r: r["line"] % 2 == 0), ("odd lines", lambda r: r["line"] % 2 == 1)]
+    parts += [(b, lambda r, b=b: r["backend"] == b) for b in sorted({r["backend"] for r in rows})]
+    out = []
+    for rule, times in RULES.items():
+        for name, keep in parts:
+            errs = [abs((r["predicted"]["ttft_ms"] + (times(r["backend"]) - 1) * r.get("frontend_ms", 0.0))
+                        / r["measured"]["ttft_ms"] - 1) for r in rows if keep(r)]
+            out.append({"rule": rule, "part": name, "n": len(errs), "median": float(np.median(errs))})
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("report", help="capsim validate-published --mode disagg --out DIR: DIR/report.json")
+    args = ap.parse_args(argv)
+    table = hops_table(args.report)
+    if not table:
+        print(f"{args.report}: no predicted disaggregated row", file=sys.stderr)
+        return 1
+    print("| rule | part | rows | median TTFT error |\n|---|---|---:|---:|")
+    for r in table:
+        print(f"| {r['rule']} | {r['part']} | {r['n']} | {r['median']:.1%} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
