@@ -22,7 +22,7 @@ class StrictModel(BaseModel):
     integers either, so a typo never turns into a silent 1 or a string parsed behind the user's back.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False, defer_build=True)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -1,0 +1,47 @@
+"""capsim.cli loads only the module of the command it is given (COMMANDS); the full parser still lists every one."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from capsim.cli import COMMAND_MODULES, COMMANDS, build_parser, main
+
+
+def _registered(parser) -> set[str]:
+    return set(next(a for a in parser._actions if a.dest == "command").choices)
+
+
+def test_every_registered_command_is_mapped_to_the_module_that_registers_it():
+    assert _registered(build_parser()) == set(COMMANDS)
+    for command, module in COMMANDS.items():
+        assert module in COMMAND_MODULES
+        assert command in _registered(build_parser(command))
+
+
+def test_a_command_loads_only_its_own_module():
+    code = ("import sys; from capsim.cli import build_parser; build_parser('memory'); "
+            "print(sorted(m for m in sys.modules if m.startswith(('capsim.commands.', 'sim.figures'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "['capsim.commands.memory', 'capsim.commands.memory_parallel']"   # no other command's
+
+
+def test_help_version_and_unknown_commands_still_see_every_command(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["no-such-command"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'no-such-command'" in err and "validate-published" in err and "memory" in err
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0 and capsys.readouterr().out.startswith("capsim ")
+
+
+def test_a_command_parses_as_before(capsys):
+    assert main(["memory", "--model", "qwen3-8b", "--prompt", "128", "--output", "16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["model"], out["tokens_stored_per_request"], out["blocks_per_request"]) == ("qwen3-8b", 143, 9)
+    with pytest.raises(SystemExit) as exc:   # the command's own argument errors, from its own parser
+        main(["memory", "--model", "qwen3-8b", "--prompt", "many"])
+    assert exc.value.code == 2 and "--prompt" in capsys.readouterr().err
