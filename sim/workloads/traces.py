@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import re
 from datetime import datetime
 from pathlib import Path
@@ -25,7 +26,7 @@ def _positive_int(value, path: Path, line: int, field: str) -> int:
         f = float(value) if not isinstance(value, bool) else None
     except (TypeError, ValueError, OverflowError):
         f = None
-    if f is None or not np.isfinite(f) or f != int(f) or f < 1 or f > MAX_TOKENS:
+    if f is None or not math.isfinite(f) or f != int(f) or f < 1 or f > MAX_TOKENS:
         raise ConfigError(f"{path}: line {line}: {field}: expected a whole number of tokens in 1..{MAX_TOKENS:,}, "
                           f"got {value!r}")
     return int(f)
@@ -36,7 +37,7 @@ def _number(value, path: Path, line: int, field: str) -> float:
         f = float(value) if not isinstance(value, bool) else None
     except (TypeError, ValueError, OverflowError):
         f = None
-    if f is None or not np.isfinite(f) or f < 0 or f > 1e12:
+    if f is None or not math.isfinite(f) or f < 0 or f > 1e12:
         raise ConfigError(f"{path}: line {line}: {field}: expected a finite number of seconds in 0..1e12, "
                           f"got {value!r}")
     return f
@@ -60,6 +61,7 @@ def _lines(fh, path: Path):
 
 
 _AZURE_STAMP = re.compile(r"\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}")
+_EPOCH = datetime(1970, 1, 1)
 
 
 def _azure_time(text: str, path: Path, line: int, field: str = "TIMESTAMP") -> float:
@@ -71,7 +73,7 @@ def _azure_time(text: str, path: Path, line: int, field: str = "TIMESTAMP") -> f
         f = float("0." + frac) if frac else 0.0
     except ValueError:
         raise ConfigError(f"{path}: line {line}: {field}: expected 'YYYY-MM-DD HH:MM:SS.fffffff', got {text!r}") from None
-    return (t - datetime(1970, 1, 1)).total_seconds() + f
+    return (t - _EPOCH).total_seconds() + f
 
 
 def _read_csv(path: Path, columns: tuple[str, str, str], time_parser) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -89,15 +91,16 @@ def _read_csv(path: Path, columns: tuple[str, str, str], time_parser) -> tuple[n
             rows = list(reader)
         except csv.Error as exc:
             raise ConfigError(f"{path}: line {reader.line_num}: malformed CSV ({exc})") from None
+        at = [header.index(c) for c in columns]
+        width = len(header)
         for i, cells in enumerate(rows, start=2):
             if not cells:
                 continue
-            if len(cells) != len(header):
-                raise ConfigError(f"{path}: line {i}: {len(cells)} cells, but the header has {len(header)} columns")
-            row = dict(zip(header, cells))
-            t.append(time_parser(row[columns[0]], path, i, columns[0]))
-            p.append(_positive_int(row[columns[1]], path, i, columns[1]))
-            o.append(_positive_int(row[columns[2]], path, i, columns[2]))
+            if len(cells) != width:
+                raise ConfigError(f"{path}: line {i}: {len(cells)} cells, but the header has {width} columns")
+            t.append(time_parser(cells[at[0]], path, i, columns[0]))
+            p.append(_positive_int(cells[at[1]], path, i, columns[1]))
+            o.append(_positive_int(cells[at[2]], path, i, columns[2]))
     return np.array(t, dtype=float), np.array(p, dtype=np.int64), np.array(o, dtype=np.int64)
 
 
