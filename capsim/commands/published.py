@@ -67,6 +67,10 @@ def add_parsers(sub) -> None:
                    help="disaggregated rows: how many requests a pool's worker runs at once: the default rule "
                         "(docs/disaggregation.md), the row's prefill_batch_size / decode_batch_size per attention-DP "
                         "rank, or the engine's launch default")
+    p.add_argument("--async-scheduling", choices=["engine", "on", "off"], default="engine",
+                   help="whether each row's engine plans an iteration while the one before runs, so a request that "
+                        "arrives meanwhile joins one iteration later (scheduler.async_scheduling): each engine's "
+                        "choice (default, docs/fidelity.md), or on / off for every row")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
 
@@ -116,7 +120,7 @@ def run(args) -> int:
                                 engine_config=args.engine_config.replace("-", "_"),
                                 host_overhead_s=None if args.host_overhead_ms is None else args.host_overhead_ms / 1e3,
                                 shared_experts_overlap=args.shared_experts_overlap, frontend=args.frontend,
-                                pool_batch=args.pool_batch)
+                                pool_batch=args.pool_batch, async_scheduling=args.async_scheduling)
     if args.out:
         for path in write_report(report, args.out):
             print(f"wrote {path}", file=sys.stderr)

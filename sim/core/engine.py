@@ -110,13 +110,19 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
     arrived, pool = inbox.items, scheduler.pool
     # a modelled step: skip steady decode stretches (a replay's executor runs every iteration)
     fast_forward = scheduler.fast_forward if getattr(executor, "fast_forward", False) else None
+    ahead = scheduler.config.async_scheduling  # the next iteration was planned while the last one ran
+    stepped = False
     try:
         while True:
             now = env.now
             executor.begin(now)
-            while arrived:
-                scheduler.admit(arrived.pop(0), now)
-            plan = scheduler.plan(now)
+            if ahead and stepped and arrived:
+                plan = _plan_ahead(scheduler, arrived, now)
+            else:
+                while arrived:
+                    scheduler.admit(arrived.pop(0), now)
+                plan = scheduler.plan(now)
+            stepped = False
             if scheduler.dropped:
                 on_dropped(now)
             if plan is None:
@@ -143,7 +149,20 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
             timeline.on_tokens(index, start, now, outcome)
             executor.committed(plan, outcome, now)
             on_outcome(outcome, now)
+            stepped = True
             if scheduler.dropped:
                 on_dropped(now)
     except simpy.Interrupt:
         return
+
+
+def _plan_ahead(scheduler, arrived: list, now: float):
+    """Async scheduling, an iteration just ended: the next one was planned while it ran, before the requests that
+    arrived meanwhile (`arrived`) were seen; they are queued after the plan and join the iteration after it. With
+    nothing planned the engine was about to go idle: it plans again at once, with them."""
+    held = arrived[:]
+    arrived.clear()
+    plan = scheduler.plan(now)
+    for req in held:
+        scheduler.admit(req, now)
+    return plan if plan is not None or not held else scheduler.plan(now)

@@ -123,13 +123,19 @@ def _collectives_missing(hardware: str, layout: Layout) -> str | None:
     return None
 
 
-def _scheduler(engine, dp: int, per_rank: dict | None = None) -> dict:
+ASYNC_SCHEDULING = ("engine", "on", "off")
+"""`async_scheduling` of build_case: each engine's choice (EngineDefaults.async_scheduling), or on / off for every row."""
+
+
+def _scheduler(engine, dp: int, per_rank: dict | None = None, async_scheduling: str = "engine") -> dict:
     """The engine's scheduler mapping (or `per_rank`) for a replica of `dp` attention data-parallel ranks: each
     rank schedules its own requests within the engine's limits, so the replica's limits are dp times them
-    (chunks stay a rank's)."""
+    (chunks stay a rank's); scheduler.async_scheduling as `async_scheduling` (ASYNC_SCHEDULING) says."""
     out = dict(per_rank or engine.scheduler)
     for key in ("max_num_seqs", "max_num_batched_tokens"):
         out[key] = out[key] * dp
+    if (engine.async_scheduling if async_scheduling == "engine" else async_scheduling == "on"):
+        out["async_scheduling"] = True
     return out
 
 
@@ -177,19 +183,23 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                mixed: str = "one_pass", rounds: int = ROUNDS, moe_kernels: str = "engine",
                moe_routing: str = "engine", all_reduce: str = "engine", engine_config: str = "engine",
                host_overhead_s: float | None = None, shared_experts_overlap: str | int = "engine",
-               frontend="engine", pool_batch: str = "engine") -> Case:
+               frontend="engine", pool_batch: str = "engine", async_scheduling: str = "engine") -> Case:
     """Translate one published row into a closed-loop scenario for one replica, or say why not. `engine` means
     the row's engine's default (sim.published.engines) for each of: `moe_kernels` (or `own`: the row's engine's
     kernels, vllm / sglang / trtllm, composed), `moe_routing` (balanced, power_law_1.2), `all_reduce` (`own`, nccl,
     vllm, sglang, trtllm), `engine_config` (`defaults`: launch defaults, `aic_benchmark`: aic_benchmark_limits),
     `shared_experts_overlap` (off, decode, a token count), `frontend` (frontend_latency_s); disaggregated rows:
-    `pool_batch` (sim.published.disagg.POOL_BATCH; `engine`: DISAGG_POOL_BATCH)."""
+    `pool_batch` (sim.published.disagg.POOL_BATCH; `engine`: DISAGG_POOL_BATCH); `async_scheduling` (engine, on,
+    off: scheduler.async_scheduling)."""
     if engine_config not in ENGINE_CONFIGS:
         raise ConfigError(f"engine_config: expected one of {', '.join(ENGINE_CONFIGS)}, got {engine_config!r}")
+    if async_scheduling not in ASYNC_SCHEDULING:
+        raise ConfigError(f"async_scheduling: expected one of {', '.join(ASYNC_SCHEDULING)}, got {async_scheduling!r}")
     if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
         return _disagg_case(row, per_user, start, rounds, frontend, pool_batch, dict(
             mixed=mixed, moe_kernels=moe_kernels, moe_routing=moe_routing, all_reduce=all_reduce,
             host_overhead_s=host_overhead_s, shared_experts_overlap=shared_experts_overlap,
+            async_scheduling=async_scheduling,
             # pools keep the launch defaults unless asked: the choice was made on agg rows only
             engine_config="defaults" if engine_config == "engine" else engine_config))
     why = _unsupported_layout(row)
@@ -232,7 +242,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     scenario = {
         "name": row.id, "seed": 0, "model": model, "hardware": hardware, "weight_format": fmt,
         "kv": {"block_tokens": block_tokens, "format": "bf16", "budget": budget, "admission": engine.kv_admission},
-        "scheduler": _scheduler(engine, dp, limits[0] if limits else None),
+        "scheduler": _scheduler(engine, dp, limits[0] if limits else None, async_scheduling),
         "step_time": _engine_step_time(engine, row.backend, mixed, moe_kernels, moe_routing, all_reduce,
                                        host_overhead_s, shared_experts_overlap),
         "parallel": {"tp": row.tp, "pp": row.pp, "ep": row.moe_ep, **({"attention_dp": dp} if dp > 1 else {})},

@@ -205,3 +205,31 @@ def test_rounds_with_frontend_finds_the_benchmark_length_it_was_built_with(tmp_p
     assert all(r["chosen"] == (5, 40, 0) for r in chosen if r["chosen"])
     assert all(r["median"] > 0.01 for r in out if r["rule"] == "N = 10")
     assert peer.main([str(tmp_path / "report.json"), "--rounds-with-frontend"]) == 2  # needs --sample
+
+
+def test_async_scheduling_choice_refits_the_front_end_per_side(tmp_path):
+    """benchmarks/async_scheduling_choice.py: the `on` run's rows sit exactly 30 ms under their measurement, the `off`
+    run's 30 ms under in one collection and 130 ms in the other: `on` gets (30, 0) and no error on any test, `off`
+    cannot be exact with one front end; a row only one report predicted takes no part."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "async_scheduling_choice", Path(__file__).parents[2] / "benchmarks" / "async_scheduling_choice.py")
+    choice = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(choice)
+    sample, off, on = ["id,silicon_data_source"], [], []
+    for line in range(2, 22):
+        row = {"id": f"r{line}", "line": line, "backend": "trtllm", "mode": "agg", "concurrency": 8,
+               "measured": {"ttft_ms": 200.0, "tpot_ms": 10.0}}
+        on.append(dict(row, predicted={"ttft_ms": 170.0, "tpot_ms": 11.0}))
+        off.append(dict(row, predicted={"ttft_ms": 170.0 if line < 12 else 70.0, "tpot_ms": 10.0}))
+        sample.append(f"r{line},source_file={'a' if line < 12 else 'b'}.csv; silicon_concurrency=8")
+    on.append(dict(on[0], id="only_on", line=40))
+    for name, rows in (("off.json", off), ("on.json", on)):
+        (tmp_path / name).write_text(json.dumps({"rows": rows}))
+    (tmp_path / "s.csv").write_text("\n".join(sample) + "\n")
+    out = {r["side"]: r for r in choice.choice_table(str(tmp_path / "off.json"), str(tmp_path / "on.json"),
+                                                     str(tmp_path / "s.csv"))}
+    assert out["on"]["pair"] == (30, 0) and out["on"]["n"] == 20
+    assert out["on"]["even"] == out["on"]["odd"] == out["on"]["left_out"] == 0.0
+    assert out["on"]["tpot_odd"] == pytest.approx(0.1) and out["off"]["tpot_odd"] == 0.0
+    assert out["off"]["left_out"] > 0.1 and max(out["off"]["even"], out["off"]["odd"]) > 0.0

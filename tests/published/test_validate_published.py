@@ -378,3 +378,26 @@ def test_kv_budget_comes_from_the_memory_the_card_reports():
     weights = weights_per_gpu(spec, Layout(tp=row.tp), PRECISIONS[row.precision]).total
     want = int((0.9 * 85_899_000_000 - weights - 2 * 2**30) * row.tp)
     assert case.scenario["kv"]["budget"] == want
+
+
+def test_async_scheduling_follows_each_engine_unless_asked(capsys):
+    """scheduler.async_scheduling of a replayed row: the engine's choice (sim.published.engines), `on` or `off` for
+    every row; anything else is refused by build_case and by the flag."""
+    from sim.io.errors import ConfigError
+    from sim.published.engines import ENGINES
+    from sim.published.predict import build_case
+    from sim.published.rows import read_published
+    seen = 0
+    for row in read_published(FIXTURE):
+        if row.mode != "agg" or build_case(row, per_user=3).scenario is None:
+            continue
+        seen += 1
+        scheduler = lambda how: build_case(row, per_user=3, async_scheduling=how).scenario["scheduler"]  # noqa: E731
+        assert scheduler("engine").get("async_scheduling", False) is ENGINES[row.backend].async_scheduling
+        assert scheduler("on")["async_scheduling"] is True and "async_scheduling" not in scheduler("off")
+        with pytest.raises(ConfigError, match="async_scheduling: expected one of engine, on, off"):
+            build_case(row, async_scheduling="sometimes")
+    assert seen >= 2
+    with pytest.raises(SystemExit) as stop:
+        main(["validate-published", str(FIXTURE), "--async-scheduling", "sometimes"])
+    assert stop.value.code == 2 and "invalid choice: 'sometimes'" in capsys.readouterr().err

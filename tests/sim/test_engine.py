@@ -187,3 +187,24 @@ def test_fitted_profile_range_is_enforced_or_warned_once(tmp_path, capsys):
     assert res.summary["completed"] == 6
     err = capsys.readouterr().err
     assert err.count("warning:") == 1 and "extrapolating beyond valid_range (batch 6 > max_batch 4)" in err
+
+
+@pytest.mark.parametrize("kind", ["continuous", "chunked"])
+def test_async_scheduling_holds_a_request_that_arrives_mid_iteration_back_one_iteration(kind, tmp_path):
+    """Iterations of 0.1 s. A arrives on an idle engine at 0; B at 0.15, while iteration 2 runs: without async
+    scheduling it joins iteration 3 (first token at 0.3); with it, iteration 3 was planned while 2 ran, so B joins
+    iteration 4 (0.4). C arrives at 0.45, during the last iteration with work: nothing else is planned after it, the
+    engine plans again at once and C runs in the next iteration either way; D finds the engine idle."""
+    trace = tmp_path / "t.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n0,16,5\n0.15,16,2\n0.45,16,1\n2.0,16,1\n")
+    ttft = {}
+    for ahead in (False, True):
+        sched = dict(POLICIES[kind], async_scheduling=ahead)
+        sc = scenario(scheduler=sched, workload={"kind": "trace", "path": str(trace), "format": "csv"},
+                      step_time={"model": {"kind": "linear", "constant_s": 0.1, "per_new_token_s": 0.0,
+                                           "per_pair_s": 0.0}})
+        req = run(sc).requests.sort_values("arrival_s")
+        assert (req["status"] == "finished").all()
+        ttft[ahead] = [round(x, 9) for x in req["ttft_s"]]
+    assert ttft[False] == [0.1, 0.15, 0.15, 0.1]
+    assert ttft[True] == [0.1, 0.25, 0.15, 0.1]

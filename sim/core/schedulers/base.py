@@ -49,6 +49,10 @@ class SchedulerConfig(StrictModel):
     """Settings every policy has."""
 
     max_num_seqs: PositiveInt = Field(256, description="Most requests running at once")
+    async_scheduling: bool = Field(
+        False, description="Plan the next iteration while this one runs (vLLM's async scheduling, TensorRT-LLM's and "
+                           "SGLang's overlap scheduler): a request that arrives while an iteration runs misses the "
+                           "iteration already planned and joins the one after; an idle engine plans at once")
 
 
 @dataclass(slots=True)
