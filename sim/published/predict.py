@@ -124,7 +124,7 @@ def _collectives_missing(hardware: str, layout: Layout) -> str | None:
 
 
 ASYNC_SCHEDULING = ("engine", "on", "off")
-"""`async_scheduling` of build_case: each engine's choice (EngineDefaults.async_scheduling), or on / off for every row."""
+"""build_case's `async_scheduling`: each engine's choice (EngineDefaults.async_scheduling), or on / off for all rows."""
 
 
 def _scheduler(engine, dp: int, per_rank: dict | None = None, async_scheduling: str = "engine") -> dict:
@@ -184,17 +184,16 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                moe_routing: str = "engine", all_reduce: str = "engine", engine_config: str = "engine",
                host_overhead_s: float | None = None, shared_experts_overlap: str | int = "engine",
                frontend="engine", pool_batch: str = "engine", async_scheduling: str = "engine") -> Case:
-    """Translate one published row into a closed-loop scenario for one replica, or say why not. `engine` means
-    the row's engine's default (sim.published.engines) for each of: `moe_kernels` (or `own`: the row's engine's
-    kernels, vllm / sglang / trtllm, composed), `moe_routing` (balanced, power_law_1.2), `all_reduce` (`own`, nccl,
-    vllm, sglang, trtllm), `engine_config` (`defaults`: launch defaults, `aic_benchmark`: aic_benchmark_limits),
-    `shared_experts_overlap` (off, decode, a token count), `frontend` (frontend_latency_s); disaggregated rows:
-    `pool_batch` (sim.published.disagg.POOL_BATCH; `engine`: DISAGG_POOL_BATCH); `async_scheduling` (engine, on,
-    off: scheduler.async_scheduling)."""
-    if engine_config not in ENGINE_CONFIGS:
-        raise ConfigError(f"engine_config: expected one of {', '.join(ENGINE_CONFIGS)}, got {engine_config!r}")
-    if async_scheduling not in ASYNC_SCHEDULING:
-        raise ConfigError(f"async_scheduling: expected one of {', '.join(ASYNC_SCHEDULING)}, got {async_scheduling!r}")
+    """Translate one published row into a closed-loop scenario for one replica, or say why not. `engine` means the
+    row's engine's default (sim.published.engines) for each of: `moe_kernels` (or `own`: the row's engine's kernels,
+    vllm / sglang / trtllm, composed), `moe_routing` (balanced, power_law_1.2), `all_reduce` (`own`, nccl, vllm,
+    sglang, trtllm), `engine_config` (`defaults`: launch defaults, `aic_benchmark`: aic_benchmark_limits),
+    `shared_experts_overlap` (off, decode, a token count), `frontend` (frontend_latency_s), `async_scheduling` (on,
+    off); disaggregated rows: `pool_batch` (sim.published.disagg.POOL_BATCH; `engine`: DISAGG_POOL_BATCH)."""
+    for name, value, allowed in (("engine_config", engine_config, ENGINE_CONFIGS),
+                                 ("async_scheduling", async_scheduling, ASYNC_SCHEDULING)):
+        if value not in allowed:
+            raise ConfigError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
     if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
         return _disagg_case(row, per_user, start, rounds, frontend, pool_batch, dict(
             mixed=mixed, moe_kernels=moe_kernels, moe_routing=moe_routing, all_reduce=all_reduce,
@@ -202,8 +201,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
             async_scheduling=async_scheduling,
             # pools keep the launch defaults unless asked: the choice was made on agg rows only
             engine_config="defaults" if engine_config == "engine" else engine_config))
-    why = _unsupported_layout(row)
-    if why:
+    if why := _unsupported_layout(row):
         return Case(row, skipped=why)
     hardware = SYSTEMS.get(row.system)
     if hardware is None:
@@ -217,8 +215,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     problems = layout_problems(spec, layout)
     if problems:
         return Case(row, skipped="; ".join(problems))
-    why = _collectives_missing(hardware, layout)
-    if why:
+    if why := _collectives_missing(hardware, layout):
         return Case(row, skipped=why)
     fmt = PRECISIONS.get(row.precision)
     if fmt is None:

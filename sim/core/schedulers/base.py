@@ -12,15 +12,13 @@ State model (read once here, not in each policy):
 - `running` is in admission order; on_demand preemption takes the most recently admitted
   request not yet scheduled in this iteration (recompute), as vLLM does.
 
-The decode set. A running request whose prompt is computed decodes exactly one token in every
-iteration until it finishes, is preempted or is cancelled (every policy schedules running decodes
-first and the token budget is at least max_num_seqs). Rather than touching each of them every
-iteration, the scheduler keeps them in a *decode set* advanced lazily: a member's counters are
-exact as of `base_iter` and move by one per iteration; batch aggregates (sequences, KV tokens
-read, pairs) are kept as running sums; heaps say when a member finishes or needs its next KV
-block. Members are materialised only when something happens to them, so an iteration costs
-O(events) instead of O(batch). `lazy_decode=False` steps every member explicitly instead; both
-give byte-identical results (tests/sim/test_fast_decode.py).
+The decode set. A running request whose prompt is computed decodes exactly one token in every iteration until it
+finishes, is preempted or is cancelled (every policy schedules running decodes first and the token budget is at least
+max_num_seqs). Rather than touching each of them every iteration, the scheduler keeps them in a *decode set* advanced
+lazily: a member's counters are exact as of `base_iter` and move by one per iteration; batch aggregates (sequences, KV
+tokens read, pairs) are kept as running sums; heaps say when a member finishes or needs its next KV block. Members are
+materialised only when something happens to them, so an iteration costs O(events) instead of O(batch). With
+`lazy_decode=False` every member is stepped explicitly; both give byte-identical results (test_fast_decode.py).
 """
 
 from __future__ import annotations
@@ -49,10 +47,8 @@ class SchedulerConfig(StrictModel):
     """Settings every policy has."""
 
     max_num_seqs: PositiveInt = Field(256, description="Most requests running at once")
-    async_scheduling: bool = Field(
-        False, description="Plan the next iteration while this one runs (vLLM's async scheduling, TensorRT-LLM's and "
-                           "SGLang's overlap scheduler): a request that arrives while an iteration runs misses the "
-                           "iteration already planned and joins the one after; an idle engine plans at once")
+    async_scheduling: bool = Field(False, description="Plan the next iteration while this one runs (async / overlap "
+                                   "scheduling): a request arriving mid-iteration joins one later; idle, at once")
 
 
 @dataclass(slots=True)
