@@ -71,6 +71,11 @@ def add_parsers(sub) -> None:
                    help="whether each row's engine plans an iteration while the one before runs, so a request that "
                         "arrives meanwhile joins one iteration later (scheduler.async_scheduling): each engine's "
                         "choice (default, docs/fidelity.md), or on / off for every row")
+    p.add_argument("--first-token", choices=["engine", "prefill", "decode_admission", "decode_step", "decode_recompute"],
+                   default="engine",
+                   help="disaggregated rows: where the client's first token comes from (disaggregation.first_token, "
+                        "docs/disaggregation.md): each engine's (default: vLLM decode_recompute and SGLang "
+                        "decode_admission as their code does, TensorRT-LLM prefill), or one for every row")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
 
@@ -120,7 +125,8 @@ def run(args) -> int:
                                 engine_config=args.engine_config.replace("-", "_"),
                                 host_overhead_s=None if args.host_overhead_ms is None else args.host_overhead_ms / 1e3,
                                 shared_experts_overlap=args.shared_experts_overlap, frontend=args.frontend,
-                                pool_batch=args.pool_batch, async_scheduling=args.async_scheduling)
+                                pool_batch=args.pool_batch, async_scheduling=args.async_scheduling,
+                                first_token=args.first_token)
     if args.out:
         for path in write_report(report, args.out):
             print(f"wrote {path}", file=sys.stderr)

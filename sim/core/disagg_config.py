@@ -11,12 +11,18 @@ pool). See docs/disaggregation.md.
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator
 
 from sim.core.schedulers import AnySchedulerConfig
 from sim.io.parallel_schema import ParallelConfig
 from sim.io.schema import StrictModel
 from sim.io.units import parse_bytes
+
+
+FIRST_TOKEN = ("prefill", "decode_admission", "decode_step", "decode_recompute")
+"""Where the client's first token comes from in disaggregated serving (DisaggregationConfig.first_token)."""
 
 
 class PoolConfig(StrictModel):
@@ -49,3 +55,9 @@ class DisaggregationConfig(StrictModel):
     prefill: PoolConfig
     decode: PoolConfig
     link: LinkConfig = Field(default_factory=LinkConfig)
+    first_token: Literal[FIRST_TOKEN] = Field(
+        "prefill", description="When the client gets the first token (docs/disaggregation.md): prefill (the prefill "
+        "pool's token at once), decode_admission (sent with the KV, streamed when a decode replica takes the request "
+        "into its batch: SGLang), decode_step (the decode replica's first response, after its first iteration with "
+        "the request: TensorRT-LLM), decode_recompute (the decode replica computes the last prompt token again and "
+        "samples the first token itself: vLLM's NIXL connector)")

@@ -81,6 +81,7 @@ class DisaggFrontend(Frontend):
         self.link = link
         self.kv_bytes_per_token = kv_bytes_per_token
         self._first_decode = decode_replicas[0].index if decode_replicas else 0
+        self.first_token = scenario.disaggregation.first_token
         self.handoffs: dict[int, Handoff] = {}   # rid -> the latest attempt's way through the pools
 
     # ---- into the prefill pool -------------------------------------------------------------
@@ -144,6 +145,12 @@ class DisaggFrontend(Frontend):
             return
         o.status, o.admitted_s, o.remote_kv_tokens = Status.WAITING, None, o.computed_tokens
         h.kv_bytes = o.computed_tokens * self.kv_bytes_per_token
+        if self.first_token != "prefill":  # the client's first token comes from the decode pool
+            o.first_token_s = o.last_token_s = None
+            o.first_token_on_admit = self.first_token == "decode_admission"
+            if self.first_token == "decode_recompute":  # the last prompt token is computed there again
+                o.output_tokens = 0
+                o.computed_tokens = o.remote_kv_tokens = o.computed_tokens - 1
         h.transfer_start_s, h.transfer_end_s = self.link.book(leg.replica, h.kv_bytes, now_s)
         self.env.process(self._deliver_after_transfer(h, self._hold_kv(leg, now_s)))
 

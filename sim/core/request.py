@@ -74,6 +74,9 @@ class Request:
     remote_kv_tokens: int = 0
     """Disaggregated serving: tokens whose KV a prefill pool computed and sent here; admission
     allocates blocks for them without computing them (0 once admitted, and in aggregated runs)."""
+    first_token_on_admit: bool = False
+    """Disaggregated serving: its first token, computed by a prefill pool, reaches the client when a decode
+    replica admits it (DisaggregationConfig.first_token decode_admission)."""
     admit_seq: int | None = None
     """Position in the running order (admission order; a re-admitted request goes to the back)."""
     planned_iter: int | None = None

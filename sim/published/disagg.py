@@ -65,9 +65,10 @@ POOL_BATCH = ("stated", "defaults")
 attention-DP rank (the engine's other limits kept); `defaults`, the engine's launch default."""
 
 
-def build_disagg_case(row, per_user, start, build_case, case_cls, pool_batch: str = "defaults"):
+def build_disagg_case(row, per_user, start, build_case, case_cls, pool_batch: str = "defaults",
+                      first_token: str = "prefill"):
     """A disaggregated row as a closed loop of its concurrency against two pools, or why not (`pool_batch`: one of
-    POOL_BATCH)."""
+    POOL_BATCH; `first_token`: disaggregation.first_token)."""
     if row.concurrency < 1:
         return case_cls(row, skipped="disaggregated row without a client concurrency (silicon_concurrency)")
     pools = {}
@@ -96,4 +97,5 @@ def build_disagg_case(row, per_user, start, build_case, case_cls, pool_batch: st
         name: {"replicas": shape.workers, "kv_budget": sc["kv"]["budget"], "scheduler": sc["scheduler"],
                "parallel": sc.get("parallel", {"tp": shape.tp, "pp": shape.pp, "ep": shape.moe_ep})}
         for name, (shape, sc) in pools.items()}
+    scenario["disaggregation"]["first_token"] = first_token
     return case_cls(row, scenario=scenario, start=start)

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from sim.core.disagg_config import FIRST_TOKEN
 from sim.io.errors import ConfigError
 from sim.io.profiles import load_hardware, load_model, profiles_dir
 from sim.models.ops_tables import find_table, load_table_set
@@ -183,19 +184,21 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                mixed: str = "one_pass", rounds: int = ROUNDS, moe_kernels: str = "engine",
                moe_routing: str = "engine", all_reduce: str = "engine", engine_config: str = "engine",
                host_overhead_s: float | None = None, shared_experts_overlap: str | int = "engine",
-               frontend="engine", pool_batch: str = "engine", async_scheduling: str = "engine") -> Case:
+               frontend="engine", pool_batch: str = "engine", async_scheduling: str = "engine",
+               first_token: str = "engine") -> Case:
     """Translate one published row into a closed-loop scenario for one replica, or say why not. `engine` means the
     row's engine's default (sim.published.engines) for each of: `moe_kernels` (or `own`: the row's engine's kernels,
     vllm / sglang / trtllm, composed), `moe_routing` (balanced, power_law_1.2), `all_reduce` (`own`, nccl, vllm,
     sglang, trtllm), `engine_config` (`defaults`: launch defaults, `aic_benchmark`: aic_benchmark_limits),
     `shared_experts_overlap` (off, decode, a token count), `frontend` (frontend_latency_s), `async_scheduling` (on,
-    off); disaggregated rows: `pool_batch` (sim.published.disagg.POOL_BATCH; `engine`: DISAGG_POOL_BATCH)."""
+    off); disaggregated rows: `pool_batch` (sim.published.disagg.POOL_BATCH; `engine`: DISAGG_POOL_BATCH),
+    `first_token` (disaggregation.first_token; `engine`: EngineDefaults.disagg_first_token)."""
     for name, value, allowed in (("engine_config", engine_config, ENGINE_CONFIGS),
                                  ("async_scheduling", async_scheduling, ASYNC_SCHEDULING)):
         if value not in allowed:
             raise ConfigError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
     if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
-        return _disagg_case(row, per_user, start, rounds, frontend, pool_batch, dict(
+        return _disagg_case(row, per_user, start, rounds, frontend, pool_batch, first_token, dict(
             mixed=mixed, moe_kernels=moe_kernels, moe_routing=moe_routing, all_reduce=all_reduce,
             host_overhead_s=host_overhead_s, shared_experts_overlap=shared_experts_overlap,
             async_scheduling=async_scheduling,
@@ -203,10 +206,9 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
             engine_config="defaults" if engine_config == "engine" else engine_config))
     if why := _unsupported_layout(row):
         return Case(row, skipped=why)
-    hardware = SYSTEMS.get(row.system)
+    hardware, model = SYSTEMS.get(row.system), model_for(row.model_path)
     if hardware is None:
         return Case(row, skipped=f"no operator tables for card {row.system!r} (have: {', '.join(SYSTEMS)})")
-    model = model_for(row.model_path)
     if model is None:
         return Case(row, skipped=f"no model profile for {row.model_path!r}")
     spec = ModelSpec(load_model(model))
@@ -260,15 +262,18 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                 frontend_s=frontend_latency_s(frontend, row.backend, users))
 
 
-def _disagg_case(row: PublishedRow, per_user, start: str, rounds: int, frontend, pool_batch: str,
+def _disagg_case(row: PublishedRow, per_user, start: str, rounds: int, frontend, pool_batch: str, first_token: str,
                  pool_options: dict) -> Case:
     """A disaggregated row's case: its pools built by build_case with `pool_options`, each worker's batch by
-    `pool_batch`, and the engine's front end as on agg rows (chosen on the even disaggregated lines over none:
-    docs/fidelity.md, "The engines' front end")."""
+    `pool_batch`, the client's first token by `first_token`, and the engine's front end as on agg rows (chosen on
+    the even disaggregated lines over none: docs/fidelity.md, "The engines' front end")."""
     if pool_batch not in ("engine", *POOL_BATCH):
         raise ConfigError(f"pool_batch: expected one of engine, {', '.join(POOL_BATCH)}, got {pool_batch!r}")
+    if first_token not in ("engine", *FIRST_TOKEN):
+        raise ConfigError(f"first_token: expected one of engine, {', '.join(FIRST_TOKEN)}, got {first_token!r}")
     case = build_disagg_case(row, per_user, start, partial(build_case, **pool_options), Case,
-                             DISAGG_POOL_BATCH if pool_batch == "engine" else pool_batch)
+                             DISAGG_POOL_BATCH if pool_batch == "engine" else pool_batch,
+                             ENGINES[row.backend].disagg_first_token if first_token == "engine" else first_token)
     return replace(case, rounds=rounds, frontend_s=0.0 if case.scenario is None
                    else frontend_latency_s(frontend, row.backend, row.concurrency))
 

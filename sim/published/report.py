@@ -74,7 +74,7 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
                        moe_routing: str = "engine", all_reduce: str = "engine",
                        engine_config: str = "engine", host_overhead_s: float | None = None,
                        shared_experts_overlap: str | int = "engine", frontend="engine",
-                       pool_batch: str = "engine", async_scheduling: str = "engine") -> dict:
+                       pool_batch: str = "engine", async_scheduling: str = "engine", first_token: str = "engine") -> dict:
     """Simulate the selected rows (fanned out over Dask workers when workers > 1) and build the report.
     A file with a `total_output_tokens_per_s` column is TensorRT-LLM's max-throughput table."""
     from sim.published.throughput import is_throughput_file
@@ -82,7 +82,8 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
         return _validate_throughput(path, backend, system, mode, workers, progress, stream)
     rows = select_rows(read_published(path), backend, system, mode)
     cases = [build_case(r, per_user, start, mixed, rounds, moe_kernels, moe_routing, all_reduce, engine_config,
-                        host_overhead_s, shared_experts_overlap, frontend, pool_batch, async_scheduling) for r in rows]
+                        host_overhead_s, shared_experts_overlap, frontend, pool_batch, async_scheduling, first_token)
+             for r in rows]
     results = _fan_out(simulate_case, [c if c.scenario is not None else None for c in cases], workers, progress,
                        stream)
     records = [_record(r, results[i] if cases[i].scenario is not None else {"skipped": cases[i].skipped})
@@ -94,7 +95,7 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
             "engine_config": engine_config, "host_overhead_s": host_overhead_s,
             "shared_experts_overlap": shared_experts_overlap,
             "frontend_ms": frontend if isinstance(frontend, str) else list(frontend), "pool_batch": pool_batch,
-            "async_scheduling": async_scheduling,
+            "async_scheduling": async_scheduling, "first_token": first_token,
             "engines": {b: ENGINES[b].describe(_described_config(engine_config, [r for r in rows if r.backend == b]))
                         for b in used},
             "rows": records, "summary": error_summary(records)}

@@ -134,3 +134,52 @@ def test_frontend_hops_counts_the_front_end_per_engine_rule(tmp_path):
     assert out[("twice_sequential", "trtllm")] == (1, 0.0) and out[("twice_sequential", "sglang")] == (1, 0.0)
     assert out[("twice", "sglang")] == (1, pytest.approx(0.2)) and out[("none", "sglang")] == (1, pytest.approx(0.2))
     assert out[("once", "even lines")] == (1, pytest.approx(1 / 6)) and out[("once", "odd lines")] == (1, 0.0)
+
+
+def test_first_token_follows_each_engines_code_unless_asked():
+    """`--first-token engine`: where the client's first token comes from is the row's engine's (vLLM decode_recompute,
+    SGLang decode_admission, TensorRT-LLM prefill); one value for every row when given; others refused by name."""
+    ds, qwen = read_published(FIXTURE)
+    row = dataclasses.replace(qwen, concurrency=4)
+    for backend, mode in (("vllm", "decode_recompute"), ("trtllm", "prefill"), ("sglang", "decode_admission")):
+        case = build_case(dataclasses.replace(row, backend=backend), per_user=2)
+        assert case.scenario["disaggregation"]["first_token"] == mode
+        assert build_case(dataclasses.replace(row, backend=backend), per_user=2,
+                          first_token="prefill").scenario["disaggregation"]["first_token"] == "prefill"
+    with pytest.raises(ConfigError, match="first_token"):
+        build_case(ds, first_token="router")
+    # the decode pool's first iteration comes after the prefill: TTFT grows, TPOT barely moves
+    at_prefill = simulate_case(None, build_case(row, per_user=2, first_token="prefill"))
+    at_decode = simulate_case(None, build_case(row, per_user=2, first_token="decode_step"))
+    assert at_decode["ttft_ms"] > at_prefill["ttft_ms"]
+    assert at_decode["tpot_ms"] == pytest.approx(at_prefill["tpot_ms"], rel=0.2)
+
+
+def test_disagg_first_token_compares_two_replays_and_chooses_on_even_lines(tmp_path):
+    """benchmarks/disagg_first_token.py: per engine the replay with the lower median |TTFT error| on the even lines is
+    chosen (a tie keeps the first, `prefill`); the totals take each row from its engine's choice; agg rows and rows one
+    replay skipped take no part."""
+    import importlib.util
+    import json
+    spec = importlib.util.spec_from_file_location(
+        "disagg_first_token", Path(__file__).parents[2] / "benchmarks" / "disagg_first_token.py")
+    ft = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ft)
+
+    def row(i, line, backend, ttft, mode="disagg"):
+        return {"id": i, "line": line, "mode": mode, "backend": backend, "system": "gb200",
+                "predicted": {"ttft_ms": ttft, "tpot_ms": 10.0}, "measured": {"ttft_ms": 100.0, "tpot_ms": 10.0}}
+    before = [row("a", 2, "vllm", 50.0), row("b", 3, "vllm", 50.0), row("c", 2, "trtllm", 90.0),
+              row("d", 3, "trtllm", 90.0), row("e", 4, "vllm", 1.0, mode="agg")]
+    after = [row("a", 2, "vllm", 80.0), row("b", 3, "vllm", 70.0), row("c", 2, "trtllm", 110.0),
+             row("d", 3, "trtllm", 100.0), row("e", 4, "vllm", 1.0, mode="agg")]
+    for name, rows in (("before", before), ("after", after)):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "report.json").write_text(json.dumps({"rows": rows}))
+    out = ft.compare(str(tmp_path / "before" / "report.json"), str(tmp_path / "after" / "report.json"))
+    assert out["chosen"] == {"trtllm": "before", "vllm": "after"}  # trtllm: 10% either way, a tie
+    groups = {g["group"]: g for g in out["groups"]}
+    assert groups["vllm"]["n"] == 2 and groups["vllm"]["before_ttft"] == (pytest.approx(0.5), pytest.approx(-0.5))
+    assert groups["odd lines"]["after_ttft"][0] == pytest.approx(0.15)  # vllm -30%, trtllm 0%
+    assert out["totals"]["odd lines"]["ttft"] == pytest.approx(0.2)   # vllm -30% (after), trtllm -10% (before)
+    assert out["totals"]["all"]["ttft"] == pytest.approx(0.15)

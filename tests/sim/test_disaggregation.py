@@ -208,3 +208,52 @@ def test_the_prefill_replica_holds_the_kv_until_it_is_sent():
     assert pre.loc[1, "start_s"] < req.loc[0, "transfer_end_s"] < pre.loc[2, "start_s"]
     assert pre.loc[1, "kv_blocks_in_use"] == 250 + 6   # held + the second prompt's own
     assert pre.loc[2, "kv_blocks_in_use"] == 6         # released once sent
+
+
+@pytest.mark.parametrize("mode", ["decode_admission", "decode_step", "decode_recompute"])
+def test_the_clients_first_token_from_the_decode_pool(mode):
+    wl = requests((0.0, 800, 5))
+    base = run(scenario(workload=wl, disaggregation=disagg(latency_s=0.002)))
+    res = run(scenario(workload=wl, disaggregation={**disagg(latency_s=0.002), "first_token": mode}))
+    b, r = base.requests.iloc[0], res.requests.iloc[0]
+    # the prefill pool and the link do the same work at the same times; only what the client sees moves
+    for col in ("prefill_done_s", "kv_transfer_bytes", "transfer_start_s", "transfer_end_s", "decode_admitted_s"):
+        assert r[col] == b[col]
+    assert b["first_token_s"] == b["prefill_done_s"]
+    dec = res.iterations[res.iterations["replica"] == 1].reset_index(drop=True)
+    assert dec.loc[0, "start_s"] == r["decode_admitted_s"] == r["transfer_end_s"]
+    if mode == "decode_admission":  # sent with the KV, streamed when the decode replica takes the request
+        assert r["first_token_s"] == r["decode_admitted_s"]
+    else:  # the decode replica's first response, at the end of its first iteration with the request
+        assert r["first_token_s"] == dec.loc[0, "start_s"] + dec.loc[0, "duration_s"]
+    assert r["ttft_s"] == r["first_token_s"] - r["arrival_s"]
+    assert r["tpot_s"] == pytest.approx((r["finish_s"] - r["first_token_s"]) / 4)
+    assert r["output_tokens"] == 5 and r["status"] == "finished"
+    if mode == "decode_recompute":  # vLLM: the last prompt token again, then all five outputs in the decode pool
+        assert list(dec["prefill_tokens"]) == [1, 0, 0, 0, 0] and len(dec) == 5
+        assert r["finish_s"] > b["finish_s"]
+    else:  # four decode iterations, as with the prefill pool's token
+        assert list(dec["prefill_tokens"]) == [0] * 4 and r["finish_s"] == b["finish_s"]
+
+
+@pytest.mark.parametrize("mode", ["decode_admission", "decode_step", "decode_recompute"])
+def test_first_token_modes_change_no_byte_under_lazy_decode_and_fast_forward(monkeypatch, mode):
+    from sim.core import pools
+    from sim.core.engine import ModelledExecutor
+    from sim.core.simulation import Simulation
+    sc = _busy()
+    sc = sc.model_copy(update={"disaggregation": sc.disaggregation.model_copy(update={"first_token": mode})})
+    base = Simulation(sc, ".").run()
+    assert (base.requests["status"] == "finished").all() and base.summary["preemptions"] > 0
+    assert (base.requests["first_token_s"] > base.requests["prefill_done_s"]).all()
+    assert Simulation(sc, ".", lazy_decode=False).run().digest() == base.digest()
+    monkeypatch.setattr(pools, "ModelledExecutor", lambda st: ModelledExecutor(st, fast_forward=False))
+    assert Simulation(sc, ".").run().digest() == base.digest()
+
+
+def test_an_unknown_first_token_mode_is_refused_naming_the_field():
+    base = scenario().model_dump(mode="python")
+    base["disaggregation"] = {**disagg(), "first_token": "router"}
+    with pytest.raises(ConfigError) as err:
+        _load(base)
+    assert "disaggregation.first_token" in str(err.value) and "decode_recompute" in str(err.value)

@@ -92,10 +92,8 @@ class Scheduler:
     def __init__(self, config: SchedulerConfig, pool: BlockManager, kv_admission: Literal["reserve", "on_demand"],
                  deadline_check: Callable[[Request, float], bool] | None = None, lazy_decode: bool = True,
                  preemption: Literal["recompute", "swap"] = "recompute"):
-        self.config = config
-        self.pool = pool
-        self.kv_admission = kv_admission
-        self.deadline_check = deadline_check
+        self.config, self.pool = config, pool
+        self.kv_admission, self.deadline_check = kv_admission, deadline_check
         self.lazy = lazy_decode
         self.preemption = preemption
         self.speculator = None            # set by the simulation when the config asks for speculation
@@ -298,6 +296,8 @@ class Scheduler:
             self._plan.swap_bytes += self.pool.swap_in(req)
         elif req.remote_kv_tokens:
             req.remote_kv_tokens = 0  # the transferred KV now lives in the blocks just allocated
+            if req.first_token_on_admit:  # its first token came with the KV: streamed now
+                req.first_token_s = req.last_token_s = now_s
         else:
             req.computed_tokens = computed
             if req.admitted_s is None:
