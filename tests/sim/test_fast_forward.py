@@ -100,3 +100,19 @@ def test_output_rows_spilled_to_disk_are_read_back_in_order(monkeypatch):
     kept = _digest(sc, True)
     monkeypatch.setattr(metrics, "SPILL_VALUES", 97)
     assert _digest(sc, True) == kept
+
+
+def test_a_step_turning_negative_mid_stretch_is_refused_as_stepping_refuses_it():
+    """A fitted linear model with a negative coefficient can go below zero far from its fit: the fast-forwarded
+    stretch stops before that iteration and the model's own error (same message, same counters) follows."""
+    from sim.io.errors import ConfigError
+    sc = scenario(step_time={"model": {"kind": "linear", "constant_s": 0.01, "per_new_token_s": 0.0,
+                                       "per_pair_s": 0.0, "per_kv_token_s": -2e-5}},
+                  workload={"kind": "requests", "requests": [{"arrival_s": 0.0, "prompt_tokens": 100,
+                                                              "output_tokens": 450}]})
+    messages = []
+    for ff in (True, False):
+        with pytest.raises(ConfigError) as err:
+            _digest(sc, ff)
+        messages.append(str(err.value))
+    assert "negative step time" in messages[0] and "501 KV tokens read" in messages[0] and messages[0] == messages[1]

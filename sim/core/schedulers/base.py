@@ -33,6 +33,7 @@ from pydantic import Field, PositiveInt
 from sim.core.kv import BlockManager
 from sim.core.step import StepPlan, join_hits, leave_hits
 from sim.core.request import Request, Status
+from sim.core.schedulers.steady import linear_terms, steady_linear
 from sim.io.schema import StrictModel
 
 
@@ -63,22 +64,6 @@ class Outcome:
     """Tokens emitted by decode-set members (all regular gaps: they emitted last iteration too)."""
     output_tokens: int = 0
     """All output tokens the iteration produced (a speculative round counts every accepted token)."""
-
-
-def _linear_terms(step_time: Callable, plan: StepPlan) -> tuple | None:
-    """For a plain linear step-time model, the terms of its step_s that stay fixed while a steady
-    plan grows (None for any other model): step_s = head + p x pairs + r x KV tokens + seqs + decodes,
-    evaluated left to right exactly as LinearModel.step_s does. Its per_prefill_completion_s term is
-    absent: a steady plan is all decodes (no prompt completes in it)."""
-    model = getattr(step_time, "__self__", None)
-    if type(model).__name__ != "LinearModel" or getattr(step_time, "__name__", "") != "step_s":
-        return None
-    c = model.cfg
-    if (c.per_prefill_completion_s and plan.prefill_logits) or (
-            c.per_shared_kv_token_s is not None and (plan.shared_kv_tokens or plan.hit_kv_tokens)):
-        return None   # (a steady plan's shared KV stays fixed, but step_s itself keeps the float order)
-    return (c.constant_s + c.per_new_token_s * plan.new_tokens, c.per_pair_s, c.per_kv_token_s,
-            c.per_sequence_s * plan.num_seqs, c.per_decode_sequence_s * plan.decode_seqs)
 
 
 class Scheduler:
@@ -491,7 +476,10 @@ class Scheduler:
         plan = plan.thawed()   # this scheduler's own plan becomes the next steady iteration's, in place
         count = plan.lazy_decodes
         starts, ends = [], []
-        linear = _linear_terms(step_time, plan)
+        linear = linear_terms(step_time, plan)
+        if linear is not None:  # LinearModel.step_s inlined on local counters: the same products, in the same order
+            start_s, step_s, k = steady_linear(linear, plan, count, m, start_s, step_s, horizon_s, starts, ends)
+            m = 0 if k else m
         while m > 0:
             end_s = start_s + step_s
             if not end_s < horizon_s:
@@ -503,13 +491,7 @@ class Scheduler:
             plan.decode_kv_tokens += count
             plan.decode_pairs += count
             plan.max_context += 1
-            if linear is None:
-                step_s = step_time(plan)
-            else:  # LinearModel.step_s inlined: the same products, added in the same order
-                head, p, r, seqs, decodes = linear
-                step_s = head + p * plan.pairs + r * plan.kv_tokens_read + seqs + decodes
-                if step_s < 0:  # the model's own checks and message
-                    step_s = step_time(plan)
+            step_s = step_time(plan)
             start_s = end_s
             m -= 1
         plan.freeze()

@@ -1,0 +1,53 @@
+"""Fast-forward under a plain linear step-time model: the terms of LinearModel.step_s that stay fixed while a steady
+decode plan grows, and the stretch of such iterations stepped on local counters (Scheduler.fast_forward)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from sim.core.step import StepPlan
+
+
+def linear_terms(step_time: Callable, plan: StepPlan) -> tuple | None:
+    """For a plain linear step-time model, the terms of its step_s that stay fixed while a steady
+    plan grows (None for any other model): step_s = head + p x pairs + r x KV tokens + seqs + decodes,
+    evaluated left to right exactly as LinearModel.step_s does. Its per_prefill_completion_s term is
+    absent: a steady plan is all decodes (no prompt completes in it)."""
+    model = getattr(step_time, "__self__", None)
+    if type(model).__name__ != "LinearModel" or getattr(step_time, "__name__", "") != "step_s":
+        return None
+    c = model.cfg
+    if (c.per_prefill_completion_s and plan.prefill_logits) or (
+            c.per_shared_kv_token_s is not None and (plan.shared_kv_tokens or plan.hit_kv_tokens)):
+        return None   # (a steady plan's shared KV stays fixed, but step_s itself keeps the float order)
+    return (c.constant_s + c.per_new_token_s * plan.new_tokens, c.per_pair_s, c.per_kv_token_s,
+            c.per_sequence_s * plan.num_seqs, c.per_decode_sequence_s * plan.decode_seqs)
+
+
+def steady_linear(linear: tuple, plan: StepPlan, count: int, m: int, start_s: float, step_s: float, horizon_s: float,
+                  starts: list, ends: list) -> tuple[float, float, int]:
+    """Scheduler.fast_forward's iterations under a plain linear model (`linear_terms`): up to m iterations that end
+    before `horizon_s`, appended to `starts` / `ends`, the plan's counters moved on once at the end; (start and step of
+    the next iteration, iterations done). A step the model would refuse (< 0) stops early with nothing done (k = 0):
+    the caller's loop then steps through the model's own checks."""
+    head, p, r, seqs, decodes = linear
+    pairs, kv = plan.pairs, plan.kv_tokens_read
+    k = 0
+    while k < m:
+        end_s = start_s + step_s
+        if not end_s < horizon_s:
+            break
+        nxt = head + p * (pairs + count) + r * (kv + count) + seqs + decodes
+        if nxt < 0:
+            break
+        starts.append(start_s)
+        ends.append(end_s)
+        pairs += count
+        kv += count
+        start_s, step_s = end_s, nxt
+        k += 1
+    plan.pairs, plan.kv_tokens_read = pairs, kv
+    plan.decode_kv_tokens += k * count
+    plan.decode_pairs += k * count
+    plan.max_context += k
+    return start_s, step_s, k
