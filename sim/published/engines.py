@@ -93,7 +93,7 @@ class EngineDefaults:
     when the request joins its running batch (`decode_admission`); TensorRT-LLM's disaggregated server streams the
     generation server's response, whose first comes after its first generation step (`decode_step`). Each engine's
     value replaced `prefill` where it lowered the median |TTFT error| on the even disaggregated lines
-    (`python benchmarks/disagg_first_token.py`, docs/disaggregation.md): vLLM 70.7% -> 67.4%, SGLang 42.1% -> 41.9%;
+    (`python benchmarks/disagg_compare.py`, docs/disaggregation.md): vLLM 70.7% -> 67.4%, SGLang 42.1% -> 41.9%;
     TensorRT-LLM tied (35.6% both) and keeps `prefill`."""
 
     def describe(self, config: str | None = None) -> str:

@@ -156,13 +156,13 @@ def test_first_token_follows_each_engines_code_unless_asked():
 
 
 def test_disagg_first_token_compares_two_replays_and_chooses_on_even_lines(tmp_path):
-    """benchmarks/disagg_first_token.py: per engine the replay with the lower median |TTFT error| on the even lines is
+    """benchmarks/disagg_compare.py: per engine the replay with the lower median |TTFT error| on the even lines is
     chosen (a tie keeps the first, `prefill`); the totals take each row from its engine's choice; agg rows and rows one
     replay skipped take no part."""
     import importlib.util
     import json
     spec = importlib.util.spec_from_file_location(
-        "disagg_first_token", Path(__file__).parents[2] / "benchmarks" / "disagg_first_token.py")
+        "disagg_compare", Path(__file__).parents[2] / "benchmarks" / "disagg_compare.py")
     ft = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(ft)
 

@@ -1,17 +1,18 @@
 #!/usr/bin/env python
-"""Where does a disaggregated request's first token reach the client? Two replays set side by side (a benchmark,
+"""Two replays of the disaggregated rows set side by side, one rule chosen per engine on the even lines (a benchmark,
 not a test).
 
     SAMPLE=../shared/data/benchmarks/aiconfigurator_silicon_sample.csv
     capsim validate-published $SAMPLE --mode disagg --first-token prefill --out vp-prefill
     capsim validate-published $SAMPLE --mode disagg --first-token engine --out vp-engine
-    python benchmarks/disagg_first_token.py vp-prefill/report.json vp-engine/report.json
+    python benchmarks/disagg_compare.py vp-prefill/report.json vp-engine/report.json
 
-The first replay counts TTFT at the prefill pool's token (`disaggregation.first_token: prefill`), the second each
-engine's way as read in its code (sim.published.engines, `disagg_first_token`: vLLM decode_recompute, TensorRT-LLM
-decode_step, SGLang decode_admission). Per engine, the rule with the lower median |TTFT error| on the even lines is
-chosen (a tie keeps `prefill`); the odd lines, held out from that choice, report it. Every group is printed, each
-with its rows, median |error| and signed median of TTFT and TPOT under both rules. Nothing is fitted.
+BEFORE is the replay as it was, AFTER the same rows under one changed rule: above, where the client's first token
+comes from (`disaggregation.first_token: prefill` against each engine's way as read in its code, sim.published.engines
+`disagg_first_token`); likewise `--start cold` against `--start burst --requests-per-user 10` (how the benchmark's
+waves follow the first). Per engine, AFTER is chosen where its median |TTFT error| on the even lines is lower (a tie
+keeps BEFORE); the odd lines, held out from that choice, report it. Every group is printed, each with its rows,
+median |error| and signed median of TTFT and TPOT under both. Nothing is fitted.
 """
 
 from __future__ import annotations
@@ -66,8 +67,8 @@ def compare(before: str, after: str) -> dict:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("before", help="report.json of the replay with --first-token prefill")
-    ap.add_argument("after", help="report.json of the replay with --first-token engine (or another value)")
+    ap.add_argument("before", help="report.json of the replay as it was")
+    ap.add_argument("after", help="report.json of the same rows under the changed rule")
     args = ap.parse_args(argv)
     out = compare(args.before, args.after)
     if not out["groups"] or out["groups"][0]["n"] + out["groups"][1]["n"] == 0:
