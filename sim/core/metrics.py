@@ -360,13 +360,13 @@ class Timeline:
         if self.rec.track_request_gaps:
             self.rec.add_gaps(req, gaps.tolist())
 
-    def on_steady_iterations(self, starts: list[float], ends: list[float], plan, blocks: tuple[int, int, int],
-                             count: int) -> None:
+    def on_steady_iterations(self, first_start_s: float, durations: list[float], ends: list[float], plan,
+                             blocks: tuple[int, int, int], count: int) -> None:
         """`on_iteration` + `on_tokens` of consecutive fast-forwarded iterations in which only the
-        `count` decode-set members emitted (all regular gaps); `plan` is already the plan of the
+        `count` decode-set members emitted (all regular gaps): the first starts at `first_start_s`, each
+        lasts durations[i] (its end - its start) and ends at ends[i]; `plan` is already the plan of the
         iteration after the last one (each iteration read `count` more KV tokens than the one before)."""
-        k = len(starts)
-        durations = [e - s for s, e in zip(starts, ends)]
+        k = len(durations)
         busy = self.busy_s
         for d in durations:  # summed one by one, as on_iteration does
             busy += d
@@ -376,7 +376,7 @@ class Timeline:
         self.regular.extend([count] * k)
         self._prev_end_s = ends[-1]
         # a steady plan: decodes only (no prefill, no swap), decode_seqs = num_seqs = new_tokens = count
-        self._stretches.buf.extend((len(self.rows) // len(ITERATION_COLUMNS), len(self._ends) - k, k, starts[0],
+        self._stretches.buf.extend((len(self.rows) // len(ITERATION_COLUMNS), len(self._ends) - k, k, first_start_s,
                                     blocks[0], blocks[1], blocks[2], plan.pairs - count * k, count))
         self._stretches.spill_if_full()
 

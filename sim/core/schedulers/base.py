@@ -475,16 +475,16 @@ class Scheduler:
             return start_s, step_s
         plan = plan.thawed()   # this scheduler's own plan becomes the next steady iteration's, in place
         count = plan.lazy_decodes
-        starts, ends = [], []
+        first, durations, ends = start_s, [], []
         linear = linear_terms(step_time, plan)
         if linear is not None:  # LinearModel.step_s inlined on local counters: the same products, in the same order
-            start_s, step_s, k = steady_linear(linear, plan, count, m, start_s, step_s, horizon_s, starts, ends)
+            start_s, step_s, k = steady_linear(linear, plan, count, m, start_s, step_s, horizon_s, durations, ends)
             m = 0 if k else m
         while m > 0:
             end_s = start_s + step_s
             if not end_s < horizon_s:
                 break
-            starts.append(start_s)
+            durations.append(end_s - start_s)
             ends.append(end_s)
             plan.pairs += count
             plan.kv_tokens_read += count
@@ -495,9 +495,9 @@ class Scheduler:
             start_s = end_s
             m -= 1
         plan.freeze()
-        if starts:
-            k = len(starts)
-            timeline.on_steady_iterations(starts, ends, plan, blocks, count)
+        if ends:
+            k = len(ends)
+            timeline.on_steady_iterations(first, durations, ends, plan, blocks, count)
             self.iteration += k
             self._dec_computed += k * count
             self.now_s = ends[-1]

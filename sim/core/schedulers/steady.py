@@ -25,11 +25,12 @@ def linear_terms(step_time: Callable, plan: StepPlan) -> tuple | None:
 
 
 def steady_linear(linear: tuple, plan: StepPlan, count: int, m: int, start_s: float, step_s: float, horizon_s: float,
-                  starts: list, ends: list) -> tuple[float, float, int]:
+                  durations: list, ends: list) -> tuple[float, float, int]:
     """Scheduler.fast_forward's iterations under a plain linear model (`linear_terms`): up to m iterations that end
-    before `horizon_s`, appended to `starts` / `ends`, the plan's counters moved on once at the end; (start and step of
-    the next iteration, iterations done). A step the model would refuse (< 0) stops early with nothing done (k = 0):
-    the caller's loop then steps through the model's own checks."""
+    before `horizon_s`, each one's duration (end - start) and end appended to `durations` / `ends`, the plan's counters
+    moved on once at the end; returns the start and step of the next iteration and how many were done. It stops before
+    an iteration whose next step the model would refuse (< 0): the engine then plans that one and the model raises its
+    own error; with none done the caller's loop steps into it at once."""
     head, p, r, seqs, decodes = linear
     pairs, kv = plan.pairs, plan.kv_tokens_read
     k = 0
@@ -40,7 +41,7 @@ def steady_linear(linear: tuple, plan: StepPlan, count: int, m: int, start_s: fl
         nxt = head + p * (pairs + count) + r * (kv + count) + seqs + decodes
         if nxt < 0:
             break
-        starts.append(start_s)
+        durations.append(end_s - start_s)
         ends.append(end_s)
         pairs += count
         kv += count
