@@ -36,6 +36,10 @@ def _check_profile_layout(stated, scenario: Scenario, spec: ModelSpec, path: Pat
                           f"parallel to {want}")
 
 
+_DTYPE_CLASS = {"bf16": "16-bit", "fp16": "16-bit", "fp32": "fp32", "fp8": "fp8", "nvfp4": "nvfp4"}
+"""Weight formats whose step times are alike (BF16 and FP16 read and multiply the same bytes)."""
+
+
 def build_step_time(scenario: Scenario, base_dir: Path, spec: ModelSpec, hw, stream=None):
     """The scenario's step-time model (inline, or from a fitted profile), wrapped for graphs and valid range."""
     st = scenario.step_time
@@ -46,6 +50,15 @@ def build_step_time(scenario: Scenario, base_dir: Path, spec: ModelSpec, hw, str
         prof = load_fitted(path)
         if prof.model not in (scenario.model, spec.profile.name):  # a name, or a model YAML path naming it
             raise ConfigError(f"{path}: model: profile is for {prof.model!r} but the scenario runs {scenario.model!r}")
+        if prof.hardware is not None and prof.hardware not in (scenario.hardware, hw.name):
+            raise ConfigError(f"{path}: hardware: the profile was measured on {prof.hardware!r} but the scenario's "
+                              f"hardware is {scenario.hardware!r}; fit or compose a profile on that card "
+                              f"(`capsim profile compose`, `capsim calibrate`, `capsim fit`), or set hardware: "
+                              f"{prof.hardware}")
+        if _DTYPE_CLASS.get(prof.dtype) != _DTYPE_CLASS.get(scenario.weight_format):
+            raise ConfigError(f"{path}: dtype: the profile was measured with {prof.dtype} weights but the scenario's "
+                              f"weight_format is {scenario.weight_format!r}; use a profile measured in that format, "
+                              f"or set weight_format: {prof.dtype}")
         if prof.parallel is not None:
             _check_profile_layout(prof.parallel, scenario, spec, path)
         inner = getattr(prof, cfg.use)

@@ -192,3 +192,18 @@ def test_weights_larger_than_the_card_are_refused_before_running(capsys):
                      "rtx-pro-6000-bw-ws's 89.41 GiB; use a smaller weight_format, more GPUs (parallel: {tp: N}) "
                      "or offload: {layers: N}"]
     assert main(["run", str(EXAMPLE), *SMALL, "--set", "model=llama-2-70b", "--set", "weight_format=int4"]) == 0
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("hardware=l4", "hardware: the profile was measured on 'rtx-pro-6000-bw-ws' but the scenario's hardware is 'l4'"),
+    ("weight_format=fp8", "dtype: the profile was measured with bf16 weights but the scenario's weight_format is 'fp8'"),
+])
+def test_a_fitted_profile_runs_only_on_its_card_and_weight_format(capsys, override, expected):
+    """Copying the quickstart and changing its card (or its weights) must not keep the old card's step times silently."""
+    [line] = errors_of(capsys, ["run", str(REPO_SCENARIOS / "quickstart.yaml"), "--set", override, "--set", "workload.max_requests=5"])
+    assert "rtx-pro-6000-bw-ws__qwen3-8b__bf16__chapter.yaml: " + expected in line
+
+
+def test_fp16_weights_run_a_bf16_profile():
+    """BF16 and FP16 weights cost the same bytes and FLOPs: a profile of one serves the other."""
+    assert main(["run", str(REPO_SCENARIOS / "quickstart.yaml"), "--set", "weight_format=fp16", "--set", "workload.max_requests=5"]) == 0

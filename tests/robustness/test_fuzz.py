@@ -149,7 +149,8 @@ def inputs(tmp_path_factory) -> dict:
     scen["profiles"] = {**base, "model": "qwen3-8b.yaml", "hardware": "rtx-pro-6000-bw-ws.yaml"}
     scen["trace"] = {**base, "workload": {"kind": "trace", "path": "trace.csv", "format": "csv"}}
     scen["trace-jsonl"] = {**base, "workload": {"kind": "trace", "path": "trace.jsonl", "format": "jsonl"}}
-    scen["fitted"] = {**base, "model": "qwen2.5-0.5b", "hardware": "cpu-epyc-2c", "kv": {"budget": "2GiB"},
+    scen["fitted"] = {**base, "model": "qwen2.5-0.5b", "hardware": "cpu-epyc-2c", "weight_format": "fp32",
+                      "kv": {"budget": "2GiB"},
                       "scheduler": {"kind": "continuous", "max_num_seqs": 4, "max_num_batched_tokens": 1024},
                       "step_time": {"model": {"kind": "profile", "path": "fitted-profile.yaml"}, "allow_extrapolation": True},
                       "workload": {**base["workload"],
