@@ -116,6 +116,17 @@ def pool_view(sim, name: str, pool_cfg):
     return view
 
 
+def check_disaggregated(sim) -> None:
+    """What run_disaggregated checks and builds before it simulates (Simulation.check)."""
+    sc = sim.scenario
+    d = sc.disaggregation
+    check_supported(sc)
+    env, rec = simpy.Environment(), Recorder(sc.slo, track_request_gaps=False)
+    for name, first, cfg in (("prefill", 0, d.prefill), ("decode", d.prefill.replicas, d.decode)):
+        Pool(name, pool_view(sim, name, cfg), first, cfg.replicas).build(env, rec)
+    link_bandwidth_bytes_per_s(sc, sim.hw)
+
+
 def run_disaggregated(sim, executor=None, env: simpy.Environment | None = None) -> Result:
     """Assemble and run a disaggregated scenario: two pools, the link, the handing-over front end.
     Each pool's replicas ask their own step-time model; an `executor` given (a replay) runs both."""

@@ -68,8 +68,13 @@ class Simulation:
         if getattr(scenario, "disaggregation", None) is not None:
             from sim.core.pools import pool_scenario
             sized = pool_scenario(scenario, scenario.disaggregation.decode)
-        self.memory = replica_memory(sized, self.spec, self.hw)
-        self.step_time = build_step_time(sized, self.base_dir, self.spec, self.hw, stream)
+        try:
+            self.memory = replica_memory(sized, self.spec, self.hw)
+            self.step_time = build_step_time(sized, self.base_dir, self.spec, self.hw, stream)
+        except ConfigError as exc:  # a pool's layout or budget: name the pool's fields
+            if sized is scenario:
+                raise
+            raise ConfigError([f"disaggregation.decode: {line}" for line in exc.lines]) from None
         self._add_step_overheads()
         self.workload = build_workload(scenario.workload, scenario.seed, self.base_dir)
         latency = scenario.cluster.frontend_latency_s
@@ -189,6 +194,18 @@ class Simulation:
             limit = min(x for x in (req.deadline_s, sc.slo.e2e_s, math.inf) if x is not None)
             return now_s - req.arrival_s + self._lower_bound_s(req.prompt_tokens, req.max_output_tokens) <= limit
         return deadline
+
+    def check(self) -> None:
+        """Build what a run builds before it simulates (the replicas, their KV pools and warm prefixes, a disaggregated
+        scenario's two pools) and raise its ConfigError, without simulating (capsim validate-scenario)."""
+        if getattr(self.scenario, "disaggregation", None) is not None:
+            from sim.core.pools import check_disaggregated
+            check_disaggregated(self)
+            return
+        env, rec = simpy.Environment(), Recorder(self.scenario.slo, track_request_gaps=False)
+        self._speculators = []
+        for i in range(self.scenario.cluster.replicas):
+            self._new_replica(env, i, rec, None, 0)
 
     def run(self, executor: StepExecutor | None = None, env: simpy.Environment | None = None) -> Result:
         """Run the scenario to the end: on SimPy's virtual clock with the step-time model by default;

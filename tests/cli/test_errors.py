@@ -39,6 +39,27 @@ def test_validate_prints_every_error_of_every_file(tmp_path, capsys):
     assert f"{c}: top level must be a mapping, got list" in out
 
 
+def test_validate_checks_what_run_resolves_before_simulating(tmp_path, capsys):
+    """A file validate-scenario calls valid does not fail at the start of run: the trace, the layout, the KV budget,
+    a fitted profile's card and a disaggregated pool's fields are checked too, each error naming its file."""
+    trace = write(tmp_path, "trace.yaml", GOOD.split("workload:")[0]
+                  + "workload: {kind: trace, path: nowhere.csv, format: csv}\n")
+    tiny = write(tmp_path, "tiny.yaml", GOOD.replace("budget: 12GiB", "budget: 1KiB"))
+    assert main(["validate-scenario", str(trace), str(tiny)]) == 2
+    out = capsys.readouterr().out
+    assert f"{trace}: {tmp_path / 'nowhere.csv'}: trace file not found" in out
+    assert f"{tiny}: kv.budget: " in out
+    quick = str(REPO_SCENARIOS / "quickstart.yaml")
+    assert main(["validate-scenario", quick, "--set", "hardware=l4"]) == 2
+    assert "hardware: the profile was measured on 'rtx-pro-6000-bw-ws'" in capsys.readouterr().out
+    disagg = str(REPO_SCENARIOS / "disagg-llama-3.1-70b-h100.yaml")
+    assert main(["validate-scenario", disagg, "--set", "disaggregation.decode.parallel.tp=3"]) == 2
+    assert (f"{disagg}: disaggregation.decode: parallel.tp: 3 does not divide llama-3.1-70b's 64 attention heads"
+            in capsys.readouterr().out)
+    assert main(["validate-scenario", quick, disagg]) == 0
+    assert "2 scenario file(s) valid" in capsys.readouterr().out
+
+
 def test_cross_field_rule(tmp_path):
     p = write(tmp_path, "x.yaml", GOOD.replace("chunk_tokens: 2048", "chunk_tokens: 8192"))
     with pytest.raises(ConfigError) as exc:
