@@ -40,6 +40,15 @@ def number(low: float, high: float, low_open: bool = False, what: str = "a numbe
     return parse
 
 
+def dask_address(text: str) -> str:
+    """A Dask scheduler address: [tcp://]HOST:PORT (or another protocol's URL with a port)."""
+    rest = text.split("://", 1)[1] if "://" in text else text
+    host, _, port = rest.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"expected tcp://HOST:PORT (e.g. tcp://10.0.0.5:8786), got {text!r}")
+    return text
+
+
 fraction = number(0.0, 1.0, low_open=True, what="a fraction")
 positive = number(0.0, 1e15, low_open=True, what="a positive number")
 

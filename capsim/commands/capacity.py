@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from capsim.commands.report import add_report_flag, check_report_args, report_after
-from capsim.argtypes import count, fraction, number, positive
+from capsim.argtypes import count, dask_address, fraction, number, positive
 from capsim.commands.plan_layouts import add_layout_flags, cmd_plan_layouts
 from sim.io.errors import ConfigError
 from sim.io.outputs import staged_output
@@ -19,7 +19,7 @@ def _add_fanout(p) -> None:
     where = p.add_mutually_exclusive_group()
     where.add_argument("--workers", type=count(1, 4096), metavar="N",
                        help="worker processes of a local Dask cluster (default: one per core); 1 runs in-process")
-    where.add_argument("--dask", metavar="ADDRESS",
+    where.add_argument("--dask", metavar="ADDRESS", type=dask_address,
                        help="send the work to an existing Dask scheduler, e.g. tcp://10.0.0.5:8786 (workers need "
                             "capsim installed and the scenario's files at the same paths)")
 
@@ -87,6 +87,14 @@ def cmd_plan(args) -> int:
     """`capsim plan`: goodput capacity, replicas for a target rate, the ranked search."""
     if args.gpus is not None:  # the layout search (capsim.commands.plan_layouts)
         return cmd_plan_layouts(args)
+    given = [flag for flag, value in (("--card", args.card), ("--tp", args.tp), ("--pp", args.pp), ("--ep", args.ep),
+                                      ("--attention-dp", args.attention_dp),
+                                      ("--price-per-gpu-hour", args.price_per_gpu_hour)) if value is not None]
+    if args.modes != "agg,disagg":
+        given.append("--modes")
+    if given:
+        raise ConfigError(f"{', '.join(given)}: only with --gpus N (the layout search); without it plan sizes the "
+                          "scenario's own layout")
     from sim.planning.capacity import print_plan, run_plan
     from sim.planning.slo import parse_slo
 

@@ -33,6 +33,13 @@ def cmd_plan_layouts(args) -> int:
     from sim.planning.slo import parse_slo
     if args.gpus < 1:
         raise ConfigError(f"--gpus: expected a positive GPU count, got {args.gpus}")
+    if args.card is not None:  # an unknown card is the command's error, not every layout's
+        from sim.io.profiles import known_names, load_hardware
+        try:
+            load_hardware(args.card)
+        except ConfigError:
+            raise ConfigError(f"--card: unknown hardware {args.card!r}; known: {', '.join(known_names('hardware'))}") \
+                from None
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)

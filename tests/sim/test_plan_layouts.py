@@ -99,6 +99,25 @@ def test_bad_budgets_and_modes_are_refused(tmp_path: Path):
         run_layout_plan(path, tmp_path / "o", gpus=2, price_per_gpu_hour=-1.0)
 
 
+def test_layout_flags_without_gpus_an_unknown_card_and_a_bad_dask_address_are_refused(tmp_path: Path, capsys):
+    """Flags plan would otherwise ignore, a card no layout can use, an address Dask cannot parse: usage errors before
+    any run, never a plan that silently did something else or a traceback."""
+    from capsim.cli import main
+    path = tmp_path / "case.yaml"
+    path.write_text(CASE)
+    assert main(["plan", str(path), "--tp", "2", "--card", "h100-sxm", "--out", str(tmp_path / "a")]) == 2
+    assert "error: --card, --tp: only with --gpus N" in capsys.readouterr().err
+    assert main(["plan", str(path), "--gpus", "2", "--card", "nope", "--out", str(tmp_path / "b")]) == 2
+    assert "error: --card: unknown hardware 'nope'; known: " in capsys.readouterr().err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    for argv in (["plan", str(path), "--out", str(tmp_path / "c")],
+                 ["sweep", str(path), "--grid", "scheduler.max_num_seqs=2", "--out", str(tmp_path / "d")]):
+        with pytest.raises(SystemExit) as stop:
+            main(argv + ["--dask", "notanaddress"])
+        assert stop.value.code == 2
+        assert "--dask: expected tcp://HOST:PORT (e.g. tcp://10.0.0.5:8786), got 'notanaddress'" in capsys.readouterr().err
+
+
 def test_target_rps_on_a_disaggregated_scenario_points_to_gpus(tmp_path: Path):
     from sim.planning.capacity import run_plan
     path = tmp_path / "d.yaml"
