@@ -76,6 +76,13 @@ def add_parsers(sub) -> None:
                    help="disaggregated rows: where the client's first token comes from (disaggregation.first_token, "
                         "docs/disaggregation.md): each engine's (default: vLLM decode_recompute and SGLang "
                         "decode_admission as their code does, TensorRT-LLM prefill), or one for every row")
+    p.add_argument("--phases", choices=["even", "random"], default="even",
+                   help="the steady state's users (--start cold's later waves, staggered): first requests spread "
+                        "evenly over one request lifetime (default) or at random times within it (tested, not "
+                        "adopted: docs/fidelity.md)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="every replayed row's scenario seed (default 0); only what is drawn depends on it "
+                        "(--phases random)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
 
@@ -111,8 +118,11 @@ def run(args) -> int:
     if args.requests_per_user is not None and args.requests_per_user < 2:
         raise ConfigError(f"--requests-per-user: expected an integer >= 2 (the first is a warm-up), "
                           f"got {args.requests_per_user}")
-    if args.host_overhead_ms is not None and args.host_overhead_ms < 0:
-        raise ConfigError(f"--host-overhead-ms: expected >= 0, got {args.host_overhead_ms}")
+    if args.host_overhead_ms is not None and not 0 <= args.host_overhead_ms < float("inf"):
+        raise ConfigError(f"--host-overhead-ms: expected a number >= 0 (ms), got {args.host_overhead_ms}")
+    if args.out:  # a folder it can write its three files in (they are replaced), checked before any row runs
+        from sim.io.outputs import check_out_dir
+        check_out_dir(args.out, force=True)
     if args.rounds is not None and args.rounds < 1:
         raise ConfigError(f"--rounds: expected an integer >= 1 (requests per user of the benchmark), got {args.rounds}")
     if args.rounds is not None and args.start != "cold":
@@ -126,7 +136,7 @@ def run(args) -> int:
                                 host_overhead_s=None if args.host_overhead_ms is None else args.host_overhead_ms / 1e3,
                                 shared_experts_overlap=args.shared_experts_overlap, frontend=args.frontend,
                                 pool_batch=args.pool_batch, async_scheduling=args.async_scheduling,
-                                first_token=args.first_token)
+                                first_token=args.first_token, phases=args.phases, seed=args.seed)
     if args.out:
         for path in write_report(report, args.out):
             print(f"wrote {path}", file=sys.stderr)
@@ -135,4 +145,8 @@ def run(args) -> int:
                          indent=1))
     else:
         print_report(report)
+    if report["rows"] and all("skipped" in r for r in report["rows"]):
+        print(f"error: none of the {len(report['rows'])} selected rows could be simulated (each row's reason is above)",
+              file=sys.stderr)
+        return 1
     return 0

@@ -290,8 +290,9 @@ class Trace(StrictModel):
 class ClosedLoop(StrictModel):
     """`users` clients, each sending its next request when its previous one has left (finished,
     rejected, failed or cancelled), after a think time: `vllm bench serve --max-concurrency`,
-    genai-perf's concurrency mode. The first wave goes out together at start_s, or spread evenly over
-    ramp_up_s (user u starts at start_s + u x ramp_up_s / users)."""
+    genai-perf's concurrency mode. The first wave goes out together at start_s, or spread over ramp_up_s:
+    evenly (user u starts at start_s + u x ramp_up_s / users) or, with ramp_phases random, each user at a
+    uniformly random time in [start_s, start_s + ramp_up_s) drawn from the scenario seed."""
 
     kind: Literal["closed_loop"] = "closed_loop"
     users: PositiveInt = Field(description="Concurrent clients (the benchmark's concurrency)")
@@ -301,7 +302,10 @@ class ClosedLoop(StrictModel):
     think_time_s: NonNegativeFloat = Field(0.0, description="Mean pause between a reply and the user's next request")
     think_distribution: Literal["fixed", "exponential"] = "fixed"
     start_s: NonNegativeFloat = 0.0
-    ramp_up_s: NonNegativeFloat = Field(0.0, description="Spread the users' first requests evenly over this long")
+    ramp_up_s: NonNegativeFloat = Field(0.0, description="Spread the users' first requests over this long")
+    ramp_phases: Literal["even", "random"] = Field(
+        "even", description="even: user u starts at start_s + u x ramp_up_s / users; random: each user at a uniformly "
+                            "random time within ramp_up_s (from the scenario seed)")
 
 
 WorkloadConfig = Annotated[Union[RequestList, Synthetic, Trace, ClosedLoop], Field(discriminator="kind")]

@@ -47,6 +47,8 @@ only. int4 has no operator tables and is skipped."""
 
 START_MODES = ("cold", "staggered", "burst")
 
+PHASES = ("even", "random")
+
 ROUNDS = 10
 """Requests per user of the benchmark a row is replayed as under `--start cold` (N; N x concurrency requests
 in all). The file does not say; AIConfigurator, whose database the rows come from, describes its serving
@@ -80,6 +82,9 @@ class Case:
     """`cold`: requests per user in the replayed benchmark (N); see ROUNDS."""
     frontend_s: float = 0.0
     """Added to the simulated TTFT: the front end's time the engine model does not produce (frontend_latency_s)."""
+    phases: str = "even"
+    """The steady state's users (`cold`'s later waves, `staggered`): first requests spread `even`ly over one request
+    lifetime, or at `random` times within it (workload.ramp_phases)."""
 
 
 def model_for(model_path: str) -> str | None:
@@ -185,18 +190,23 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                moe_routing: str = "engine", all_reduce: str = "engine", engine_config: str = "engine",
                host_overhead_s: float | None = None, shared_experts_overlap: str | int = "engine",
                frontend="engine", pool_batch: str = "engine", async_scheduling: str = "engine",
-               first_token: str = "engine") -> Case:
+               first_token: str = "engine", phases: str = "even", seed: int = 0) -> Case:
     """Translate one published row into a closed-loop scenario for one replica, or say why not. `engine` means the
     row's engine's default (sim.published.engines) for each of: `moe_kernels` (or `own`: the row's engine's kernels,
     vllm / sglang / trtllm, composed), `moe_routing` (balanced, power_law_1.2), `all_reduce` (`own`, nccl, vllm,
     sglang, trtllm), `engine_config` (`defaults`: launch defaults, `aic_benchmark`: aic_benchmark_limits),
     `shared_experts_overlap` (off, decode, a token count), `frontend` (frontend_latency_s), `async_scheduling` (on,
     off); disaggregated rows: `pool_batch` (sim.published.disagg.POOL_BATCH; `engine`: DISAGG_POOL_BATCH),
-    `first_token` (disaggregation.first_token; `engine`: EngineDefaults.disagg_first_token)."""
+    `first_token` (disaggregation.first_token; `engine`: EngineDefaults.disagg_first_token); `phases`: the steady
+    state's user phases (Case.phases); `seed`: the scenario seed (what is drawn: random phases)."""
     for name, value, allowed in (("engine_config", engine_config, ENGINE_CONFIGS),
-                                 ("async_scheduling", async_scheduling, ASYNC_SCHEDULING)):
+                                 ("async_scheduling", async_scheduling, ASYNC_SCHEDULING), ("phases", phases, PHASES)):
         if value not in allowed:
             raise ConfigError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
+    if phases != "even" or seed != 0:
+        case = build_case(row, per_user, start, mixed, rounds, moe_kernels, moe_routing, all_reduce, engine_config,
+                          host_overhead_s, shared_experts_overlap, frontend, pool_batch, async_scheduling, first_token)
+        return replace(case, phases=phases, scenario=None if case.scenario is None else dict(case.scenario, seed=seed))
     if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
         return _disagg_case(row, per_user, start, rounds, frontend, pool_batch, first_token, dict(
             mixed=mixed, moe_kernels=moe_kernels, moe_routing=moe_routing, all_reduce=all_reduce,
@@ -290,9 +300,11 @@ def request_lifetime_s(sim, isl: int, osl: int, users: int) -> float:
     return sim.step_time.step_s(pre) + osl * sim.step_time.step_s(dec)
 
 
-def _with_ramp(scenario: dict, ramp_s: float, num_requests: int | None = None) -> dict:
+def _with_ramp(scenario: dict, ramp_s: float, num_requests: int | None = None, phases: str = "even") -> dict:
     out = dict(scenario)
     out["workload"] = dict(scenario["workload"], ramp_up_s=ramp_s)
+    if phases != "even":
+        out["workload"]["ramp_phases"] = phases
     if num_requests is not None:
         out["workload"]["num_requests"] = num_requests
     return out
@@ -333,11 +345,11 @@ def steady_state(case: Case, source: str) -> dict:
     users = case.row.concurrency
     sim = Simulation(validate_mapping(Scenario, case.scenario, source), Path("."))
     ramp = request_lifetime_s(sim, case.row.isl, case.row.osl, users)
-    ramp = _means(_run(_with_ramp(case.scenario, ramp, 2 * users), source), users)["e2e_s"]
-    out = _means(_run(_with_ramp(case.scenario, ramp), source), users)
+    ramp = _means(_run(_with_ramp(case.scenario, ramp, 2 * users, case.phases), source), users)["e2e_s"]
+    out = _means(_run(_with_ramp(case.scenario, ramp, phases=case.phases), source), users)
     if abs(out["e2e_s"] / ramp - 1) > 0.05:
         ramp = out["e2e_s"]
-        out = _means(_run(_with_ramp(case.scenario, ramp), source), users)
+        out = _means(_run(_with_ramp(case.scenario, ramp, phases=case.phases), source), users)
     return dict(out, lifetime_s=ramp)
 
 

@@ -23,8 +23,13 @@ def select_rows(rows: list, backend: str | None, system: str | None, mode: str |
     """Rows matching the filters (None = any)."""
     if backend is not None and backend not in BACKENDS:
         raise ConfigError(f"--backend: expected one of {', '.join(BACKENDS)}, got {backend!r}")
-    return [r for r in rows if (backend is None or r.backend == backend) and (system is None or r.system == system)
-            and (mode is None or r.mode == mode)]
+    out = [r for r in rows if (backend is None or r.backend == backend) and (system is None or r.system == system)
+           and (mode is None or r.mode == mode)]
+    if rows and not out:
+        asked = ", ".join(f"--{k} {v}" for k, v in (("backend", backend), ("system", system), ("mode", mode)) if v)
+        have = "; ".join(f"{k}: {', '.join(sorted({getattr(r, k) for r in rows}))}" for k in ("backend", "system", "mode"))
+        raise ConfigError(f"{asked}: no row matches (the file has {have})")
+    return out
 
 
 def _record(row, result: dict) -> dict:
@@ -50,6 +55,8 @@ def _header(path: str | Path) -> list[str]:
             return next(csv.reader(fh), [])
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: line 1: not a UTF-8 text file") from None
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror})") from None
 
@@ -74,7 +81,8 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
                        moe_routing: str = "engine", all_reduce: str = "engine",
                        engine_config: str = "engine", host_overhead_s: float | None = None,
                        shared_experts_overlap: str | int = "engine", frontend="engine",
-                       pool_batch: str = "engine", async_scheduling: str = "engine", first_token: str = "engine") -> dict:
+                       pool_batch: str = "engine", async_scheduling: str = "engine", first_token: str = "engine",
+                       phases: str = "even", seed: int = 0) -> dict:
     """Simulate the selected rows (fanned out over Dask workers when workers > 1) and build the report.
     A file with a `total_output_tokens_per_s` column is TensorRT-LLM's max-throughput table."""
     from sim.published.throughput import is_throughput_file
@@ -82,7 +90,8 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
         return _validate_throughput(path, backend, system, mode, workers, progress, stream)
     rows = select_rows(read_published(path), backend, system, mode)
     cases = [build_case(r, per_user, start, mixed, rounds, moe_kernels, moe_routing, all_reduce, engine_config,
-                        host_overhead_s, shared_experts_overlap, frontend, pool_batch, async_scheduling, first_token)
+                        host_overhead_s, shared_experts_overlap, frontend, pool_batch, async_scheduling, first_token,
+                        phases, seed)
              for r in rows]
     results = _fan_out(simulate_case, [c if c.scenario is not None else None for c in cases], workers, progress,
                        stream)
@@ -95,7 +104,7 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
             "engine_config": engine_config, "host_overhead_s": host_overhead_s,
             "shared_experts_overlap": shared_experts_overlap,
             "frontend_ms": frontend if isinstance(frontend, str) else list(frontend), "pool_batch": pool_batch,
-            "async_scheduling": async_scheduling, "first_token": first_token,
+            "async_scheduling": async_scheduling, "first_token": first_token, "phases": phases, "seed": seed,
             "engines": {b: ENGINES[b].describe(_described_config(engine_config, [r for r in rows if r.backend == b]))
                         for b in used},
             "rows": records, "summary": error_summary(records)}

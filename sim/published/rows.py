@@ -135,7 +135,13 @@ def read_published(path: str | Path) -> list[PublishedRow]:
     seen: dict[str, int] = {}
     with handle:
         reader = csv.DictReader(handle)
-        header = reader.fieldnames or []
+        try:
+            header = reader.fieldnames or []
+        except UnicodeDecodeError:
+            raise ConfigError(f"{path}: line 1: not a UTF-8 text file") from None
+        if header and header[0].startswith("\ufeff"):
+            raise ConfigError(f"{path}: line 1: the file starts with a byte-order mark (as Excel's 'CSV UTF-8' "
+                              "writes); save it as plain UTF-8 CSV")
         missing = [c for c in REQUIRED if c not in header]
         if missing:
             raise ConfigError(f"{path}: line 1: missing column(s) {', '.join(missing)}; expected the schema of "
@@ -160,4 +166,8 @@ def read_published(path: str | Path) -> list[PublishedRow]:
                 start = reader.line_num + 1
         except csv.Error as exc:
             raise ConfigError(f"{path}: line {reader.line_num}: malformed CSV ({exc})") from None
+        except UnicodeDecodeError as exc:
+            raise ConfigError(f"{path}: not a UTF-8 text file (byte {exc.start} of a chunk cannot be decoded)") from None
+    if not rows:
+        raise ConfigError(f"{path}: no rows (only a header)")
     return rows

@@ -206,6 +206,9 @@ def build_workload(cfg, seed: int, base_dir: Path) -> Workload:
         n = cfg.num_requests
         think = think_times(n, cfg.users, cfg.think_time_s, cfg.think_distribution, arrival_rng)
         first = cfg.start_s + np.arange(n) * (cfg.ramp_up_s / cfg.users)  # only the first wave's are used
+        if cfg.ramp_phases == "random" and cfg.ramp_up_s > 0:  # drawn after the think times: those stay the same
+            k = min(n, cfg.users)
+            first[:k] = cfg.start_s + np.sort(arrival_rng.uniform(0.0, cfg.ramp_up_s, k))
         return Workload(np.where(np.arange(n) < cfg.users, first, np.inf),
                         _lengths(cfg.prompt_tokens, n, prompt_rng, base_dir, "prompt_tokens"),
                         _lengths(cfg.output_tokens, n, output_rng, base_dir, "output_tokens"),

@@ -105,10 +105,10 @@ def test_pool_batch_flag_reaches_the_report_and_refuses_other_values(tmp_path):
     with pytest.raises(SystemExit) as exc:  # argparse refuses it, naming the flag and the choices
         capsim("validate-published", str(FIXTURE), "--pool-batch", "rows")
     assert exc.value.code == 2
-    # the Qwen row only (skipped: no concurrency), so nothing is simulated; the choice is recorded
+    # the Qwen row only (skipped: no concurrency), so nothing is simulated (exit 1, said); the choice is recorded
     code, _, err = capsim("validate-published", str(FIXTURE), "--system", "h100_sxm", "--pool-batch", "stated",
                           "--workers", "1", "--no-progress", "--out", str(tmp_path))
-    assert code == 0, err
+    assert code == 1 and "none of the 1 selected rows could be simulated" in err
     import json
     assert json.loads((tmp_path / "report.json").read_text())["pool_batch"] == "stated"
 

@@ -401,3 +401,61 @@ def test_async_scheduling_follows_each_engine_unless_asked(capsys):
     with pytest.raises(SystemExit) as stop:
         main(["validate-published", str(FIXTURE), "--async-scheduling", "sometimes"])
     assert stop.value.code == 2 and "invalid choice: 'sometimes'" in capsys.readouterr().err
+
+
+def test_steady_state_phases_are_even_unless_asked(monkeypatch, capsys):
+    """--phases: the steady state's users spread evenly over a lifetime (default, the scenario has no ramp_phases)
+    or at random times within it (workload.ramp_phases random in every steady-state run); anything else refused."""
+    from sim.io.errors import ConfigError
+    from sim.published import predict
+    from sim.published.rows import read_published
+    row = next(r for r in read_published(FIXTURE) if r.mode == "agg" and predict.build_case(r, per_user=3).scenario)
+    assert predict.build_case(row, per_user=3).phases == "even"
+    case = predict.build_case(row, per_user=3, phases="random")
+    assert case.phases == "random" and case.scenario == predict.build_case(row, per_user=3).scenario
+    seen = []
+    real = predict._run
+    monkeypatch.setattr(predict, "_run", lambda sc, source: seen.append(sc["workload"]) or real(sc, source))
+    predict.steady_state(case, "test")
+    assert seen and all(w["ramp_phases"] == "random" and w["ramp_up_s"] > 0 for w in seen)
+    seen.clear()
+    predict.steady_state(predict.build_case(row, per_user=3), "test")
+    assert seen and all("ramp_phases" not in w for w in seen)
+    with pytest.raises(ConfigError, match="phases: expected one of even, random"):
+        predict.build_case(row, phases="jittered")
+    with pytest.raises(SystemExit) as stop:
+        main(["validate-published", str(FIXTURE), "--phases", "jittered"])
+    assert stop.value.code == 2 and "invalid choice: 'jittered'" in capsys.readouterr().err
+
+
+def test_nothing_to_validate_is_an_error(tmp_path):
+    """A filter matching no row, a header without rows, every row skipped, a bad --out or a NaN host overhead:
+    an error naming what is wrong, never an empty report with exit status 0."""
+    code, _, err = capsim("validate-published", str(FIXTURE), "--system", "h100", "--no-progress")
+    assert code == 2 and "--system h100: no row matches (the file has backend: " in err and "h100_sxm" in err
+    header = tmp_path / "header.csv"
+    header.write_text(FIXTURE.read_text().splitlines()[0] + "\n")
+    code, _, err = capsim("validate-published", str(header), "--no-progress")
+    assert code == 2 and f"{header}: no rows (only a header)" in err
+    lines = FIXTURE.read_text().splitlines()
+    rows = list(csv.DictReader(io.StringIO("\n".join(lines))))
+    rows = [dict(r, model_path="foo/Bar") for r in rows[:2]]
+    unknown = tmp_path / "unknown.csv"
+    with unknown.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    code, out, err = capsim("validate-published", str(unknown), "--workers", "1", "--no-progress")
+    assert code == 1 and "no model profile for 'foo/Bar'" in out and "none of the 2 selected rows" in err
+    code, _, err = capsim("validate-published", str(FIXTURE), "--out", str(FIXTURE), "--no-progress")
+    assert code == 2 and "is a file, expected a folder" in err
+    code, _, err = capsim("validate-published", str(FIXTURE), "--host-overhead-ms", "nan", "--no-progress")
+    assert code == 2 and "--host-overhead-ms: expected a number >= 0 (ms), got nan" in err
+    bom = tmp_path / "bom.csv"
+    bom.write_text("\ufeff" + FIXTURE.read_text(), encoding="utf-8")
+    code, _, err = capsim("validate-published", str(bom), "--no-progress")
+    assert code == 2 and "starts with a byte-order mark" in err
+    raw = tmp_path / "latin1.csv"
+    raw.write_bytes(b"id,backend\n\xff\xfe\n")
+    code, _, err = capsim("validate-published", str(raw), "--no-progress")
+    assert code == 2 and f"{raw}: line 1: not a UTF-8 text file" in err

@@ -11,10 +11,10 @@ from sim.workloads.closed_loop import think_times
 from tests.sim.helpers import run, scenario
 
 
-def closed(users=4, n=40, think=0.0, dist="fixed", prompt=300, output=20, ramp=0.0, **extra):
+def closed(users=4, n=40, think=0.0, dist="fixed", prompt=300, output=20, ramp=0.0, phases=None, **extra):
     wl = {"kind": "closed_loop", "users": users, "num_requests": n, "think_time_s": think, "ramp_up_s": ramp,
           "think_distribution": dist, "prompt_tokens": {"kind": "fixed", "value": prompt},
-          "output_tokens": {"kind": "fixed", "value": output}}
+          "output_tokens": {"kind": "fixed", "value": output}, **({"ramp_phases": phases} if phases else {})}
     return scenario(workload=wl, **extra)
 
 
@@ -64,6 +64,24 @@ def test_ramp_up_spreads_the_first_wave_and_the_loop_keeps_n_users():
     assert req["arrival_s"].to_numpy()[:4].tolist() == [0.0, 0.5, 1.0, 1.5]
     events = np.concatenate([req["arrival_s"].to_numpy(), req["finish_s"].to_numpy()])
     assert max(in_system(req, t) for t in events) == 4
+
+
+def test_random_ramp_phases_are_seeded_within_the_ramp_and_leave_think_times_alone():
+    def first_wave(seed, dist="fixed", users=6, n=30):
+        return Simulation(closed(users=users, n=n, ramp=3.0, think=0.2, dist=dist, phases="random", seed=seed), ".")
+    a, b, c = first_wave(1), first_wave(1), first_wave(2)
+    starts = a.workload.arrival_s[:6]
+    assert (0.0 <= starts).all() and (starts < 3.0).all() and (np.diff(starts) >= 0).all()
+    assert starts.tolist() != [0.0, 0.5, 1.0, 1.5, 2.0, 2.5]        # not the even spread
+    assert starts.tolist() == b.workload.arrival_s[:6].tolist()      # the same seed, the same phases
+    assert starts.tolist() != c.workload.arrival_s[:6].tolist()      # another seed, others
+    assert a.run().digest() == b.run().digest()
+    # the phases are drawn after the think times: an exponential think time draws the same values as with even phases
+    even = Simulation(closed(users=6, n=30, ramp=3.0, think=0.2, dist="exponential", seed=1), ".")
+    assert (first_wave(1, "exponential").workload.think_s == even.workload.think_s).all()
+    # fewer requests than users: each request is a first one, all within the ramp
+    few = first_wave(1, users=6, n=3).workload.arrival_s
+    assert len(few) == 3 and ((0.0 <= few) & (few < 3.0)).all()
 
 
 def test_one_user_is_sequential_and_more_users_than_requests_all_start_at_once():
