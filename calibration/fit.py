@@ -27,7 +27,7 @@ import numpy as np
 import yaml
 from scipy.optimize import nnls
 
-from sim.api import EfficiencyModel, LinearModel
+from sim.api import ConfigError, EfficiencyModel, ExtrapolationError, LinearModel
 from sim.api import ModelSpec
 from sim.api import (EfficiencyStepTime, FitSummary, FittedProfile, LinearStepTime, MFUPoint, Provenance,
                          ShapeCache, TablePoint, ValidRange, load_fitted)
@@ -366,8 +366,12 @@ def fit_observations(obs: list[Observation], roof: Roofline, shape_entries: int 
         if cfg is None:
             continue
         pred = predictor(cfg, roof)
-        rep.errors[f"{name}/heldout"] = Errors.of(pred, test)
-        rep.errors[f"{name}/train"] = Errors.of(pred, train)
+        try:
+            rep.errors[f"{name}/heldout"] = Errors.of(pred, test)
+            rep.errors[f"{name}/train"] = Errors.of(pred, train)
+        except ExtrapolationError as exc:  # a held-out point beyond what the training points measured
+            raise ConfigError(f"the fitted {name} model cannot time every measured point ({exc}); the log has too few "
+                              "distinct prefill sizes to fit it: log more, or check the --columns mapping") from None
     return rep
 
 

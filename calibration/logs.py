@@ -276,10 +276,25 @@ def merge_duplicates(obs: list[fitmod.Observation]) -> list[fitmod.Observation]:
     return out
 
 
+def _check_text_file(path: Path) -> None:
+    """An engine log that exists, is a file and is UTF-8 text all through (else a ValueError naming it)."""
+    if not path.exists():
+        raise ValueError(f"{path}: file not found")
+    if path.is_dir():
+        raise ValueError(f"{path}: is a folder, expected an engine log file")
+    with path.open("rb") as fh:
+        for n, raw in enumerate(fh, start=1):  # line by line: a UTF-8 character never spans a newline
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise ValueError(f"{path}: line {n}: not UTF-8 text; expected an engine log (CSV or JSONL)") from None
+
+
 def _read_observations(cfg: FitLogConfig) -> tuple[list, str, list[str], int | None, dict]:
     """The log's observations in its format (given or sniffed): (observations, format, notes, devices,
     points meta)."""
     path, fmt = cfg.log, cfg.fmt
+    _check_text_file(path)
     if fmt is None:
         head = path.read_text()[:64] if path.exists() else ""
         fmt = "points" if head.startswith("# format=capsim") else "iterations"

@@ -41,7 +41,7 @@ _EXPORTS: dict[str, str] = {
     "ModelSpec": "sim.models.spec", "causal_pairs": "sim.models.roofline", "forward_flops": "sim.models.roofline",
     "sequence_flops": "sim.models.roofline", "iteration_bytes": "sim.models.roofline", "mfu": "sim.models.roofline",
     "mbu": "sim.models.roofline", "LinearModel": "sim.models.step_time", "EfficiencyModel": "sim.models.step_time",
-    "RangeChecked": "sim.models.step_time",
+    "RangeChecked": "sim.models.step_time", "ExtrapolationError": "sim.models.step_time",
 }
 
 __all__ = ["run_scenario", "run", *_EXPORTS]

@@ -143,7 +143,11 @@ class EfficiencyModel:
         m = self.cfg.prefill_mfu
         if isinstance(m, float):
             return m
-        return self._table([p.new_tokens for p in m], [p.mfu for p in m], new_tokens, "prefill new tokens")
+        mfu = self._table([p.new_tokens for p in m], [p.mfu for p in m], new_tokens, "prefill new tokens")
+        if mfu <= 0:  # a falling line extrapolated past its end: no time could come of it
+            raise ExtrapolationError(f"prefill MFU extrapolated to {mfu:g} at {new_tokens} new tokens (the table covers "
+                                     f"{m[0].new_tokens}..{m[-1].new_tokens}); measure prefills of that size")
+        return mfu
 
     def prefill_s(self, plan) -> float:
         """Prefill part: a matching measured override, else FLOPs / (peak x MFU)."""

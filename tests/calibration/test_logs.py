@@ -75,6 +75,26 @@ def test_iteration_log_errors_name_the_problem(tmp_path):
         fit_log(FitLogConfig(**cfg, columns=MAPPING, where={"gpu": "h100"}))
 
 
+def test_unusable_logs_are_named_not_tracebacks(tmp_path):
+    """A folder, a non-UTF-8 file, and a log whose efficiency fit cannot time its own held-out points (too few
+    distinct prefill sizes: the MFU line extrapolates to zero) each give a ValueError naming the problem."""
+    cfg = dict(model=load_model("qwen2.5-0.5b"), out=tmp_path / "p.yaml")
+    with pytest.raises(ValueError, match="is a folder, expected an engine log file"):
+        fit_log(FitLogConfig(log=tmp_path, **cfg))
+    bad = tmp_path / "latin1.csv"
+    bad.write_bytes(b"iter_ms,kind\n1.0,decode\n2.0,d\xe9code\n")
+    with pytest.raises(ValueError, match=f"{bad}: line 3: not UTF-8 text"):
+        fit_log(FitLogConfig(log=bad, **cfg))
+    example = (REPO / "docs" / "examples" / "engine_log.csv").read_text().splitlines()
+    plain = tmp_path / "plain.csv"
+    plain.write_text("\n".join(line for line in example if not line.startswith("#")) + "\n")
+    columns = {"duration_ms": "iter_ms", "prefill_tokens": "num_prefill_tokens", "prefill_seqs": "num_prefill_seqs",
+               "prefill_cached_tokens": "num_cached_tokens", "decode_seqs": "num_decodes"}
+    with pytest.raises(ValueError, match="the fitted efficiency model cannot time every measured point .*prefill MFU "
+                                         "extrapolated to 0"):
+        fit_log(FitLogConfig(log=plain, columns=columns, hardware=load_hardware("h100-sxm"), **cfg))
+
+
 def test_derived_pairs_follow_the_simulator():
     # 2 prefill sequences of 512 after 1024 cached, 3 decodes holding 300 tokens in all
     o = iteration_observation(1024, 2, 2048, 3, 300, 0.1)
