@@ -16,6 +16,8 @@ import shlex
 import sys
 from pathlib import Path
 
+from capsim.argtypes import count, number
+
 
 def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="model profile name (profiles/models) or YAML path")
@@ -29,7 +31,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tables", help="kernel table set under profiles/ops (default: the hardware's name)")
     p.add_argument("--mixed", choices=["one_pass", "sum"], default="one_pass",
                    help="decodes + prefill chunks as one forward pass (default) or as two iterations")
-    p.add_argument("--host-overhead-ms", type=float, help="per-iteration host time (default: sim.io.ops_schema)")
+    p.add_argument("--host-overhead-ms", type=number(0.0, 1e6, what="a time in ms"), help="per-iteration host time (default: sim.io.ops_schema)")
     p.add_argument("--all-reduce", choices=["nccl", "vllm", "sglang", "trtllm"], default="nccl",
                    help="whose all-reduce times tensor parallelism: NCCL's (default) or an engine's own measured one")
 
@@ -37,10 +39,11 @@ def _common(p: argparse.ArgumentParser) -> None:
 def _add_compose(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("compose", help="write a fitted profile composed from measured kernel tables")
     _common(p)
-    p.add_argument("--max-batch", type=int, default=256, help="largest decode batch of the profile (default 256)")
-    p.add_argument("--max-new-tokens", type=int, default=8192, help="largest tokens per iteration (default 8192)")
-    p.add_argument("--max-context", type=int, help="longest context (default min(model's, 32768))")
+    p.add_argument("--max-batch", type=count(1), default=256, help="largest decode batch of the profile (default 256)")
+    p.add_argument("--max-new-tokens", type=count(1), default=8192, help="largest tokens per iteration (default 8192)")
+    p.add_argument("--max-context", type=count(1), help="longest context (default min(model's, 32768))")
     p.add_argument("--out", required=True, help="profile YAML to write")
+    p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.add_argument("--json", action="store_true", help="print the composition's report as JSON")
     return p
 
@@ -48,11 +51,11 @@ def _add_compose(sub) -> argparse.ArgumentParser:
 def _add_step(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("step", help="one composed iteration's time, by component")
     _common(p)
-    p.add_argument("--batch", type=int, default=0, help="decode sequences")
-    p.add_argument("--context", type=int, default=1024, help="cached tokens per decode sequence")
-    p.add_argument("--prefill", type=int, default=0, help="prompt tokens of one prefill in the same iteration")
-    p.add_argument("--prefill-seqs", type=int, default=1, help="prompts of --prefill tokens (default 1)")
-    p.add_argument("--cached", type=int, default=0, help="tokens already cached before each prefill chunk")
+    p.add_argument("--batch", type=count(0), default=0, help="decode sequences")
+    p.add_argument("--context", type=count(0), default=1024, help="cached tokens per decode sequence")
+    p.add_argument("--prefill", type=count(0), default=0, help="prompt tokens of one prefill in the same iteration")
+    p.add_argument("--prefill-seqs", type=count(1), default=1, help="prompts of --prefill tokens (default 1)")
+    p.add_argument("--cached", type=count(0), default=0, help="tokens already cached before each prefill chunk")
     p.add_argument("--allow-extrapolation", action="store_true", help="extrapolate beyond the tables (warns)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     return p
@@ -89,8 +92,13 @@ def _check(args) -> None:
 
 def cmd_compose(args) -> int:
     """Write the composed profile and print where, with its errors against the composition."""
+    from sim.io.outputs import check_out_file
     from sim.models.ops_compose import compose_profile, write_composed
     _check(args)
+    if not args.out:
+        from sim.io.errors import ConfigError
+        raise ConfigError("--out: empty path; give the profile YAML to write")
+    check_out_file(args.out, args.force)  # before composing: a folder, an unwritable place or an existing file
     profile, report = compose_profile(args.model, args.hardware, args.tp, args.dtype, args.tables, args.mixed,
                                       None if args.host_overhead_ms is None else args.host_overhead_ms / 1e3,
                                       args.max_batch, args.max_new_tokens, args.max_context, args.all_reduce,

@@ -141,3 +141,27 @@ def test_nvfp4_composes_on_blackwell_and_is_refused_elsewhere(tmp_path, capsys):
     assert main(["profile", "compose", "--model", "llama-3.1-70b", "--hardware", "h100-sxm", "--tp", "2",
                  "--dtype", "nvfp4", "--out", str(tmp_path / "x.yaml")]) == 2
     assert "h100-sxm: no gemm_nvfp4.csv" in capsys.readouterr().err
+
+
+def test_bad_sizes_and_outputs_are_refused_before_composing(tmp_path, capsys):
+    """Negative or zero shapes, a NaN host overhead, --out a folder or an existing file: usage errors naming the flag,
+    not a pydantic traceback or a silently overwritten profile."""
+    base = ["--model", "qwen3-8b", "--hardware", "h100-sxm"]
+    for argv, message in (
+            (["profile", "step", *base, "--batch", "-8"], "argument --batch: expected an integer in 0..100,000,000"),
+            (["profile", "step", *base, "--batch", "8", "--host-overhead-ms", "nan"], "argument --host-overhead-ms"),
+            (["profile", "compose", *base, "--max-batch", "0", "--out", str(tmp_path / "a.yaml")],
+             "argument --max-batch: expected an integer in 1..100,000,000, got '0'")):
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        assert stop.value.code == 2 and message in capsys.readouterr().err
+    small = [*base, "--max-batch", "8", "--max-new-tokens", "256", "--max-context", "1024"]
+    assert main(["profile", "compose", *small, "--out", str(tmp_path)]) == 2
+    assert f"--out {tmp_path}: is a folder, expected a file name" in capsys.readouterr().err
+    out = tmp_path / "p.yaml"
+    assert main(["profile", "compose", *small, "--out", str(out)]) == 0
+    first = out.read_text()
+    assert main(["profile", "compose", *small, "--tp", "2", "--out", str(out)]) == 2
+    assert f"--out {out}: exists; pass --force" in capsys.readouterr().err and out.read_text() == first
+    assert main(["profile", "compose", *small, "--tp", "2", "--out", str(out), "--force"]) == 0
+    assert out.read_text() != first
