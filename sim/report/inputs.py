@@ -54,6 +54,8 @@ def _read_json(path: Path) -> dict:
         raise ConfigError(f"{path}: not found") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: line {exc.lineno}: not valid JSON ({exc.msg})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a UTF-8 text file") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a JSON object")
     return data
@@ -87,8 +89,9 @@ def scenario_info(out_dir: Path, scenario_path: str | None, overrides: list[str]
     return info
 
 
-def read_table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
-    """A CSV the simulator wrote, with the columns the report needs (a clear error otherwise)."""
+def read_table(path: Path, columns: tuple[str, ...], complete: tuple[str, ...] = ()) -> pd.DataFrame:
+    """A CSV the simulator wrote, with the columns the report needs and a value in every row of `complete`
+    (a clear error otherwise)."""
     try:
         df = pd.read_csv(path)
     except FileNotFoundError:
@@ -98,11 +101,18 @@ def read_table(path: Path, columns: tuple[str, ...]) -> pd.DataFrame:
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise ConfigError(f"{path}: missing column(s) {', '.join(missing)}")
+    empty = df[[c for c in complete if c in df.columns]].isna()
+    if empty.to_numpy().any():  # a row cut short (a truncated or damaged file): name its line
+        row = int(empty.any(axis=1).to_numpy().argmax())
+        cols = [c for c in empty.columns if empty[c].iloc[row]]
+        raise ConfigError(f"{path}: line {row + 2}: no value in {', '.join(cols)} (a truncated or damaged file?)")
     return df
 
 
 REQUEST_NEEDS = ("id", "status", "arrival_s", "ttft_s", "tpot_s", "max_itl_s", "e2e_s", "prompt_tokens",
                  "output_tokens", "met_slo")
+REQUEST_COMPLETE = ("id", "status", "arrival_s", "prompt_tokens", "output_tokens", "met_slo")
+"""Columns every request row has a value in (the others are empty where they do not apply: no TTFT when rejected)."""
 ITERATION_NEEDS = ("replica", "start_s", "duration_s", "batch_size", "new_tokens", "prefill_tokens",
                    "decode_sequences", "kv_blocks_in_use")
 SUMMARY_NEEDS = ("scenario", "requests", "completed", "good", "makespan_s", "ttft_s", "tpot_s", "itl_s", "e2e_s",
@@ -127,8 +137,8 @@ def load_run(folder: str | Path) -> RunData:
     if missing:
         raise ConfigError(f"{folder / 'summary.json'}: missing key(s) {', '.join(missing)} "
                           "(expected the summary `capsim run --out` writes)")
-    return RunData(folder, summary, read_table(folder / "requests.csv", REQUEST_NEEDS),
-                   read_table(folder / "iterations.csv", ITERATION_NEEDS))
+    return RunData(folder, summary, read_table(folder / "requests.csv", REQUEST_NEEDS, REQUEST_COMPLETE),
+                   read_table(folder / "iterations.csv", ITERATION_NEEDS, ITERATION_NEEDS))
 
 
 def read_json(path: Path) -> dict:

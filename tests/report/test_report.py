@@ -99,9 +99,18 @@ def test_report_of_a_folder_without_scenario(quickstart, tmp_path, capsys):
     assert "scenario 'quickstart' seed 0 was run, but the scenario given is 'capacity-example'" in err
     assert main(["report", str(bare), "--scenario", str(QUICKSTART)]) == 0
     assert (bare / "report.html").exists()
+    whole = (bare / "requests.csv").read_text()
+    cut = whole[:whole.index("\n", len(whole) // 2) + 20]  # a file cut off inside a row
+    (bare / "requests.csv").write_text(cut)
+    assert main(["report", str(bare), "--scenario", str(QUICKSTART)]) == 2
+    assert f"requests.csv: line {cut.count(chr(10)) + 1}: no value in " in capsys.readouterr().err
     (bare / "requests.csv").write_text("id,status\n0,finished\n")
     assert main(["report", str(bare), "--scenario", str(QUICKSTART)]) == 2
     assert "requests.csv: missing column(s)" in capsys.readouterr().err
+    (bare / "requests.csv").write_text(whole)
+    (bare / "summary.json").write_bytes(b"\xff\xfe{}")
+    assert main(["report", str(bare), "--scenario", str(QUICKSTART)]) == 2
+    assert "summary.json: not a UTF-8 text file" in capsys.readouterr().err
     assert main(["report", str(tmp_path / "nothing")]) == 2
     assert "not a folder" in capsys.readouterr().err
     assert main(["run", str(QUICKSTART), "--report"]) == 2
