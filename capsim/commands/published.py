@@ -76,10 +76,10 @@ def add_parsers(sub) -> None:
                    help="disaggregated rows: where the client's first token comes from (disaggregation.first_token, "
                         "docs/disaggregation.md): each engine's (default: vLLM decode_recompute and SGLang "
                         "decode_admission as their code does, TensorRT-LLM prefill), or one for every row")
-    p.add_argument("--phases", choices=["even", "random"], default="even",
-                   help="the steady state's users (--start cold's later waves, staggered): first requests spread "
-                        "evenly over one request lifetime (default) or at random times within it (tested, not "
-                        "adopted: docs/fidelity.md)")
+    p.add_argument("--phases", choices=["engine", "even", "random"], default="engine",
+                   help="the steady state's users (--start cold's later waves, staggered): each engine's choice on "
+                        "agg rows (default: vLLM random, the others even; disaggregated rows even; docs/fidelity.md), "
+                        "or first requests spread evenly over one request lifetime, or at random times within it")
     p.add_argument("--seed", type=int, default=0,
                    help="every replayed row's scenario seed (default 0); only what is drawn depends on it "
                         "(--phases random)")

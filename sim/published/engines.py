@@ -86,6 +86,13 @@ class EngineDefaults:
     docs/fidelity.md "The engines' front end"), reported on the odd lines: vLLM 25 + 0.4, SGLang 100 + 0,
     TensorRT-LLM 90 + 1.5. Disaggregated rows too: on their even lines that beat none (42.9% against 63.1%)."""
 
+    steady_phases: str = "even"
+    """The steady state's users (`--start cold`'s later waves; Case.phases): first requests spread `even`ly over one
+    request lifetime, or at `random` times within it (workload.ramp_phases), which, with fixed lengths, keeps the
+    collisions of random phases wave after wave where even phases have none. Chosen per engine on the even lines of the
+    silicon sample's agg rows by median |TTFT error| (docs/fidelity.md "The steady state's phases"): vLLM `random`
+    (18.2% -> 15.9% on its 294 even H100 and B200 lines with seed 0, 15.2% with seed 1); TensorRT-LLM `even`; SGLang
+    keeps a cohort (later_waves), which has no steady state."""
     disagg_first_token: str = "prefill"
     """Disaggregated rows: where the client's first token comes from (disaggregation.first_token). Read in each
     engine's code: vLLM's decode instance loads the prompt's KV over NIXL and computes its last token again to
@@ -124,6 +131,7 @@ class EngineDefaults:
                 f"q / k norms {'fused with RoPE' if self.qk_norm_kernels == 'fused_with_rope' else 'as kernels of their own'}; "
                 f"all-reduce: {ar}; async scheduling {'on' if self.async_scheduling else 'off'}; "
                 f"front end {self.frontend_ms[0]:g} ms + {self.frontend_ms[1]:g} ms per user (fitted); "
+                f"steady-state users' phases: {self.steady_phases}; "
                 f"disaggregated rows' first token: {self.disagg_first_token}")
 
 
@@ -142,7 +150,7 @@ ENGINES: dict[str, EngineDefaults] = {
         ("chunked prefill always on; running requests first, then waiting ones, FCFS",
          "gpu_memory_utilization 0.9, 16-token blocks, prefix caching on (random prompts: no hits)"),
         moe=("vllm", "power_law_1.2"), config="aic_benchmark", all_reduce="vllm", frontend_ms=(25.0, 0.4),
-        disagg_first_token="decode_recompute"),
+        disagg_first_token="decode_recompute", steady_phases="random"),
     "sglang": EngineDefaults(
         "sglang", "0.5.x: `sglang.launch_server` on an 80 GB-class card",
         {"kind": "chunked", "max_num_seqs": 1024, "max_num_batched_tokens": 8192, "chunk_tokens": 8192},

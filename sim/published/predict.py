@@ -190,7 +190,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                moe_routing: str = "engine", all_reduce: str = "engine", engine_config: str = "engine",
                host_overhead_s: float | None = None, shared_experts_overlap: str | int = "engine",
                frontend="engine", pool_batch: str = "engine", async_scheduling: str = "engine",
-               first_token: str = "engine", phases: str = "even", seed: int = 0) -> Case:
+               first_token: str = "engine", phases: str = "engine", seed: int = 0) -> Case:
     """Translate one published row into a closed-loop scenario for one replica, or say why not. `engine` means the
     row's engine's default (sim.published.engines) for each of: `moe_kernels` (or `own`: the row's engine's kernels,
     vllm / sglang / trtllm, composed), `moe_routing` (balanced, power_law_1.2), `all_reduce` (`own`, nccl, vllm,
@@ -198,14 +198,19 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     `shared_experts_overlap` (off, decode, a token count), `frontend` (frontend_latency_s), `async_scheduling` (on,
     off); disaggregated rows: `pool_batch` (sim.published.disagg.POOL_BATCH; `engine`: DISAGG_POOL_BATCH),
     `first_token` (disaggregation.first_token; `engine`: EngineDefaults.disagg_first_token); `phases`: the steady
-    state's user phases (Case.phases); `seed`: the scenario seed (what is drawn: random phases)."""
+    state's user phases (Case.phases; `engine`: EngineDefaults.steady_phases on agg rows, `even` on disaggregated
+    ones, where the choice was not tested); `seed`: the scenario seed (what is drawn: random phases)."""
     for name, value, allowed in (("engine_config", engine_config, ENGINE_CONFIGS),
-                                 ("async_scheduling", async_scheduling, ASYNC_SCHEDULING), ("phases", phases, PHASES)):
+                                 ("async_scheduling", async_scheduling, ASYNC_SCHEDULING),
+                                 ("phases", phases, ("engine", *PHASES))):
         if value not in allowed:
             raise ConfigError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
+    if phases == "engine":
+        phases = "even" if row.mode == "disagg" else ENGINES[row.backend].steady_phases
     if phases != "even" or seed != 0:
         case = build_case(row, per_user, start, mixed, rounds, moe_kernels, moe_routing, all_reduce, engine_config,
-                          host_overhead_s, shared_experts_overlap, frontend, pool_batch, async_scheduling, first_token)
+                          host_overhead_s, shared_experts_overlap, frontend, pool_batch, async_scheduling, first_token,
+                          phases="even", seed=0)
         return replace(case, phases=phases, scenario=None if case.scenario is None else dict(case.scenario, seed=seed))
     if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
         return _disagg_case(row, per_user, start, rounds, frontend, pool_batch, first_token, dict(

@@ -82,7 +82,7 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
                        engine_config: str = "engine", host_overhead_s: float | None = None,
                        shared_experts_overlap: str | int = "engine", frontend="engine",
                        pool_batch: str = "engine", async_scheduling: str = "engine", first_token: str = "engine",
-                       phases: str = "even", seed: int = 0) -> dict:
+                       phases: str = "engine", seed: int = 0) -> dict:
     """Simulate the selected rows (fanned out over Dask workers when workers > 1) and build the report.
     A file with a `total_output_tokens_per_s` column is TensorRT-LLM's max-throughput table."""
     from sim.published.throughput import is_throughput_file

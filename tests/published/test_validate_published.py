@@ -403,16 +403,23 @@ def test_async_scheduling_follows_each_engine_unless_asked(capsys):
     assert stop.value.code == 2 and "invalid choice: 'sometimes'" in capsys.readouterr().err
 
 
-def test_steady_state_phases_are_even_unless_asked(monkeypatch, capsys):
-    """--phases: the steady state's users spread evenly over a lifetime (default, the scenario has no ramp_phases)
-    or at random times within it (workload.ramp_phases random in every steady-state run); anything else refused."""
+def test_steady_state_phases_follow_each_engine_unless_asked(monkeypatch, capsys):
+    """--phases: each engine's choice on agg rows (vLLM random, the others even), even on disaggregated rows, or even /
+    random for every row (workload.ramp_phases in every steady-state run when random); anything else refused."""
     from sim.io.errors import ConfigError
     from sim.published import predict
+    from sim.published.engines import ENGINES
     from sim.published.rows import read_published
-    row = next(r for r in read_published(FIXTURE) if r.mode == "agg" and predict.build_case(r, per_user=3).scenario)
-    assert predict.build_case(row, per_user=3).phases == "even"
+    rows = [r for r in read_published(FIXTURE) if r.mode == "agg" and predict.build_case(r, per_user=3).scenario]
+    assert {r.backend for r in rows} >= {"vllm", "trtllm"}
+    for row in rows:
+        assert predict.build_case(row, per_user=3).phases == ENGINES[row.backend].steady_phases
+        assert predict.build_case(row, per_user=3, phases="even").phases == "even"
+    assert ENGINES["vllm"].steady_phases == "random" and ENGINES["trtllm"].steady_phases == "even"
+    row = next(r for r in rows if r.backend == "trtllm")
     case = predict.build_case(row, per_user=3, phases="random")
     assert case.phases == "random" and case.scenario == predict.build_case(row, per_user=3).scenario
+    assert predict.build_case(row, per_user=3, seed=5).scenario["seed"] == 5
     seen = []
     real = predict._run
     monkeypatch.setattr(predict, "_run", lambda sc, source: seen.append(sc["workload"]) or real(sc, source))
@@ -421,7 +428,7 @@ def test_steady_state_phases_are_even_unless_asked(monkeypatch, capsys):
     seen.clear()
     predict.steady_state(predict.build_case(row, per_user=3), "test")
     assert seen and all("ramp_phases" not in w for w in seen)
-    with pytest.raises(ConfigError, match="phases: expected one of even, random"):
+    with pytest.raises(ConfigError, match="phases: expected one of engine, even, random"):
         predict.build_case(row, phases="jittered")
     with pytest.raises(SystemExit) as stop:
         main(["validate-published", str(FIXTURE), "--phases", "jittered"])
