@@ -54,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser(argv[0] if argv else None).parse_args(argv)
     try:
+        if getattr(args, "out", None) == "":  # `--out "$DIR"` with DIR unset: not the current folder, not nowhere
+            raise ConfigError("--out: empty path (an unset shell variable?); give a folder or file name")
         return args.func(args)
     except ConfigError as exc:
         for line in exc.lines:

@@ -198,3 +198,15 @@ def test_unwritable_places_are_refused_by_every_writer(capsys, tmp_path):
         assert main(argv) == 2, argv
         err = capsys.readouterr().err
         assert "error: --out /proc/capsim" in err and "cannot write in /proc" in err and "Traceback" not in err, argv
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", str(REPO_SCENARIOS / "quickstart.yaml")],
+    ["compare", str(REPO_SCENARIOS / "quickstart.yaml")],
+    ["sweep", str(REPO_SCENARIOS / "quickstart.yaml"), "--grid", "scheduler.max_num_seqs=2"],
+    ["profile", "compose", "--model", "qwen3-8b", "--hardware", "h100-sxm"],
+])
+def test_an_empty_out_is_refused_by_every_command(capsys, argv):
+    """`--out "$DIR"` with DIR unset: an error, not the current folder, not silently nothing."""
+    assert main(argv + ["--out", ""]) == 2
+    assert "error: --out: empty path" in capsys.readouterr().err
