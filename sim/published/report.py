@@ -51,7 +51,7 @@ def _record(row, result: dict) -> dict:
 
 def _header(path: str | Path) -> list[str]:
     try:
-        with Path(path).open(newline="") as fh:
+        with Path(path).open(newline="", encoding="utf-8-sig") as fh:
             return next(csv.reader(fh), [])
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None

@@ -126,7 +126,7 @@ def read_published(path: str | Path) -> list[PublishedRow]:
     """All rows of a silicon-sample-schema CSV; the first malformed row raises, naming line and column."""
     path = Path(path)
     try:
-        handle = path.open(newline="")
+        handle = path.open(newline="", encoding="utf-8-sig")  # a byte-order mark (Excel's CSV UTF-8) is skipped
     except FileNotFoundError:
         raise ConfigError(f"{path}: file not found") from None
     except OSError as exc:
@@ -139,9 +139,6 @@ def read_published(path: str | Path) -> list[PublishedRow]:
             header = reader.fieldnames or []
         except UnicodeDecodeError:
             raise ConfigError(f"{path}: line 1: not a UTF-8 text file") from None
-        if header and header[0].startswith("\ufeff"):
-            raise ConfigError(f"{path}: line 1: the file starts with a byte-order mark (as Excel's 'CSV UTF-8' "
-                              "writes); save it as plain UTF-8 CSV")
         missing = [c for c in REQUIRED if c not in header]
         if missing:
             raise ConfigError(f"{path}: line 1: missing column(s) {', '.join(missing)}; expected the schema of "

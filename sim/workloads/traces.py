@@ -44,9 +44,10 @@ def _number(value, path: Path, line: int, field: str) -> float:
 
 
 def _open_text(path: Path):
-    """Open a trace as UTF-8 text; a binary or unreadable file is a ConfigError naming it."""
+    """Open a trace as UTF-8 text (a leading byte-order mark, as Excel's 'CSV UTF-8' writes, is skipped); a binary or
+    unreadable file is a ConfigError naming it."""
     try:
-        return open(path, newline="", encoding="utf-8", errors="strict")
+        return open(path, newline="", encoding="utf-8-sig", errors="strict")
     except IsADirectoryError:
         raise ConfigError(f"{path}: is a directory, expected a trace file") from None
     except OSError as exc:

@@ -458,10 +458,10 @@ def test_nothing_to_validate_is_an_error(tmp_path):
     assert code == 2 and "is a file, expected a folder" in err
     code, _, err = capsim("validate-published", str(FIXTURE), "--host-overhead-ms", "nan", "--no-progress")
     assert code == 2 and "--host-overhead-ms: expected a number >= 0 (ms), got nan" in err
-    bom = tmp_path / "bom.csv"
+    bom = tmp_path / "bom.csv"  # Excel's 'CSV UTF-8': read as the file without its byte-order mark
     bom.write_text("\ufeff" + FIXTURE.read_text(), encoding="utf-8")
-    code, _, err = capsim("validate-published", str(bom), "--no-progress")
-    assert code == 2 and "starts with a byte-order mark" in err
+    from sim.published.rows import read_published
+    assert read_published(bom) == read_published(FIXTURE)
     raw = tmp_path / "latin1.csv"
     raw.write_bytes(b"id,backend\n\xff\xfe\n")
     code, _, err = capsim("validate-published", str(raw), "--no-progress")

@@ -91,3 +91,12 @@ def test_trace_scenario_runs_end_to_end(shared_data):
                   scheduler={"kind": "chunked", "max_num_seqs": 64, "max_num_batched_tokens": 2048, "chunk_tokens": 2048})
     res = run(sc)
     assert res.summary["completed"] == res.summary["requests"] > 100
+
+
+def test_a_trace_with_a_byte_order_mark_reads_as_without(tmp_path):
+    """Excel's 'CSV UTF-8' starts the file with a byte-order mark: the header is still `arrival_s`."""
+    text = "arrival_s,prompt_tokens,output_tokens\n0.0,10,5\n0.5,20,3\n"
+    plain, bom = tmp_path / "plain.csv", tmp_path / "bom.csv"
+    plain.write_text(text)
+    bom.write_text("\ufeff" + text, encoding="utf-8")
+    assert [a.tolist() for a in read_trace(bom, "csv")] == [a.tolist() for a in read_trace(plain, "csv")]
