@@ -200,18 +200,25 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     `first_token` (disaggregation.first_token; `engine`: EngineDefaults.disagg_first_token); `phases`: the steady
     state's user phases (Case.phases; `engine`: EngineDefaults.steady_phases on agg rows, `even` on disaggregated
     ones, where the choice was not tested); `seed`: the scenario seed (what is drawn: random phases)."""
-    for name, value, allowed in (("engine_config", engine_config, ENGINE_CONFIGS),
-                                 ("async_scheduling", async_scheduling, ASYNC_SCHEDULING),
-                                 ("phases", phases, ("engine", *PHASES))):
-        if value not in allowed:
-            raise ConfigError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
+    if phases not in ("engine", *PHASES):
+        raise ConfigError(f"phases: expected one of engine, {', '.join(PHASES)}, got {phases!r}")
     if phases == "engine":
         phases = "even" if row.mode == "disagg" else ENGINES[row.backend].steady_phases
-    if phases != "even" or seed != 0:
-        case = build_case(row, per_user, start, mixed, rounds, moe_kernels, moe_routing, all_reduce, engine_config,
-                          host_overhead_s, shared_experts_overlap, frontend, pool_batch, async_scheduling, first_token,
-                          phases="even", seed=0)
-        return replace(case, phases=phases, scenario=None if case.scenario is None else dict(case.scenario, seed=seed))
+    case = _build_case(row, per_user, start, mixed, rounds, moe_kernels, moe_routing, all_reduce, engine_config,
+                       host_overhead_s, shared_experts_overlap, frontend, pool_batch, async_scheduling, first_token)
+    if phases == "even" and seed == 0:
+        return case
+    return replace(case, phases=phases, scenario=None if case.scenario is None else dict(case.scenario, seed=seed))
+
+
+def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds: int, moe_kernels: str, moe_routing: str,
+                all_reduce: str, engine_config: str, host_overhead_s, shared_experts_overlap, frontend, pool_batch: str,
+                async_scheduling: str, first_token: str) -> Case:
+    """build_case's row with even phases and seed 0."""
+    for name, value, allowed in (("engine_config", engine_config, ENGINE_CONFIGS),
+                                 ("async_scheduling", async_scheduling, ASYNC_SCHEDULING)):
+        if value not in allowed:
+            raise ConfigError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
     if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
         return _disagg_case(row, per_user, start, rounds, frontend, pool_batch, first_token, dict(
             mixed=mixed, moe_kernels=moe_kernels, moe_routing=moe_routing, all_reduce=all_reduce,
