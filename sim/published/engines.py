@@ -91,8 +91,8 @@ class EngineDefaults:
     request lifetime, or at `random` times within it (workload.ramp_phases), which, with fixed lengths, keeps the
     collisions of random phases wave after wave where even phases have none. Chosen per engine on the even lines of the
     silicon sample's agg rows by median |TTFT error| (docs/fidelity.md "The steady state's phases"): vLLM `random`
-    (18.2% -> 15.9% on its 294 even H100 and B200 lines with seed 0, 15.2% with seed 1); TensorRT-LLM `even`; SGLang
-    keeps a cohort (later_waves), which has no steady state."""
+    (18.2% -> 15.9% on its 294 even H100 and B200 lines with seed 0, 15.2% with seed 1); TensorRT-LLM `even` (random:
+    23.3% -> 24.7% on its even lines); SGLang keeps a cohort (later_waves), which has no steady state."""
     disagg_first_token: str = "prefill"
     """Disaggregated rows: where the client's first token comes from (disaggregation.first_token). Read in each
     engine's code: vLLM's decode instance loads the prompt's KV over NIXL and computes its last token again to
