@@ -67,7 +67,7 @@ def size(text: str) -> int:
 def int_list(text: str) -> list[int]:
     """Comma-separated positive integers such as 1,4,16,64."""
     try:
-        values = [int(x) for x in text.split(",") if x.strip()]
+        values = [int(x) for x in text.split(",")]  # an empty item (`1,,4`) is an error, not dropped
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers such as 1,4,16,64, got {text!r}") from None
     if not values or min(values) < 1 or max(values) > MAX_TOKENS:

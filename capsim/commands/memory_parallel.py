@@ -58,7 +58,8 @@ def layout_of(args, spec):
     layout = Layout(args.tp, args.pp, args.ep, attention_dp=dp)
     problems = layout_problems(spec, layout, "parallel")
     if problems:
-        raise ConfigError([line.replace("parallel.", "--", 1) for line in problems])
+        flags = [line.replace("parallel.", "--", 1) for line in problems]
+        raise ConfigError([line.replace("--attention_dp", "--attention-dp", 1) for line in flags])
     return layout
 
 

@@ -143,7 +143,8 @@ def cli_layout(spec: ModelSpec, tp: int = 1, pp: int = 1, ep: int = 1) -> Layout
     layout = Layout(tp=tp, pp=pp, ep=ep)
     problems = layout_problems(spec, layout, "layout")
     if problems:
-        raise ConfigError([p.replace("layout.", "--", 1) for p in problems])
+        flags = [p.replace("layout.", "--", 1) for p in problems]
+        raise ConfigError([p.replace("--attention_dp", "--attention-dp", 1) for p in flags])
     return layout
 
 

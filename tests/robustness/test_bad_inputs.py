@@ -107,6 +107,7 @@ def test_set_needs_a_key(capsys):
      "argument --gpu-memory-utilization: expected a fraction in (0, 1], got '2'"),
     (["--context", "-5", "--batch", "1"], "argument --context: expected an integer in 1..100,000,000, got '-5'"),
     (["--kv-format", "fp7"], "argument --kv-format: invalid choice: 'fp7'"),
+    (["--batch", "1,,4"], "argument --batch: expected comma-separated integers such as 1,4,16,64, got '1,,4'"),
 ])
 def test_memory_flags_are_checked_by_argparse(capsys, argv, expected):
     with pytest.raises(SystemExit) as exc:
@@ -207,3 +208,9 @@ def test_a_fitted_profile_runs_only_on_its_card_and_weight_format(capsys, overri
 def test_fp16_weights_run_a_bf16_profile():
     """BF16 and FP16 weights cost the same bytes and FLOPs: a profile of one serves the other."""
     assert main(["run", str(REPO_SCENARIOS / "quickstart.yaml"), "--set", "weight_format=fp16", "--set", "workload.max_requests=5"]) == 0
+
+
+def test_a_layout_error_names_the_flag_as_typed(capsys):
+    """`capsim memory --attention-dp 2` on a dense model names `--attention-dp`, the flag the user typed."""
+    [line] = errors_of(capsys, ["memory", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--attention-dp", "2"])
+    assert line.startswith("error: --attention-dp: 2 on llama-3.1-8b, a dense model (allowed: 1")
