@@ -141,12 +141,13 @@ def add_fit_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--where", nargs="+", default=[], metavar="COLUMN=VALUE",
                         help="keep only rows with these values (e.g. hardware=a100-80gb tensor_parallel=8)")
     parser.add_argument("--hardware", default=None, help="hardware profile: peak FLOP/s and bandwidth for MFU/MBU")
-    parser.add_argument("--devices", type=int, default=None,
+    parser.add_argument("--devices", type=_positive_int, default=None,
                         help="devices one iteration ran on (tensor parallel); multiplies the peaks "
                              "(splitwise: taken from tensor_parallel)")
     parser.add_argument("--dtype", choices=DTYPES, default="bf16", help="weights and KV format of the logged run")
-    parser.add_argument("--peak-tflops", type=float, default=None, help="peak for MFU when no --hardware")
-    parser.add_argument("--bandwidth-gbs", type=float, default=None, help="bandwidth for MBU when no --hardware")
+    parser.add_argument("--peak-tflops", type=_positive_float, default=None, help="peak for MFU when no --hardware")
+    parser.add_argument("--bandwidth-gbs", type=_positive_float, default=None,
+                        help="bandwidth for MBU when no --hardware")
     parser.add_argument("--cuda-graphs", action="store_true", help="the logged engine ran decode as CUDA graphs")
     parser.add_argument("--shape-cache", type=_positive_int, default=None, metavar="N",
                         help="the engine keeps kernels for its N most recent batch token counts and builds one for "
@@ -192,6 +193,17 @@ def _fit_command(args: argparse.Namespace) -> str:
     if args.cuda_graphs:
         argv.append("--cuda-graphs")
     return "capsim fit " + " ".join(shlex.quote(str(a)) for a in argv)
+
+
+def _positive_float(text: str) -> float:
+    """argparse type: a finite number > 0 (argparse names the flag in its error)."""
+    try:
+        x = float(text)
+    except ValueError:
+        x = float("nan")
+    if not 0 < x < float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return x
 
 
 def _positive_int(text: str) -> int:

@@ -110,3 +110,14 @@ def test_module_boundaries():
         assert not bad, bad
     """)
     assert r.returncode == 0, r.stderr
+
+
+@pytest.mark.parametrize("flag, value", [("--peak-tflops", "-1"), ("--peak-tflops", "0"), ("--bandwidth-gbs", "nan"),
+                                         ("--devices", "0"), ("--devices", "-2")])
+def test_fit_peaks_and_devices_must_be_positive(flag, value, capsys):
+    """A zero or negative peak is not 'no peak', and a device count below 1 is not a layout: usage errors."""
+    p = argparse.ArgumentParser(prog="capsim fit")
+    add_fit_args(p)
+    with pytest.raises(SystemExit) as stop:
+        p.parse_args(["log.csv", "--model", "qwen2.5-0.5b", "--out", "p.yaml", flag, value])
+    assert stop.value.code == 2 and f"argument {flag}: expected " in capsys.readouterr().err
