@@ -385,14 +385,21 @@ def _check_manifest(path: Path, new: dict) -> None:
 
 
 def _validate_points(base: Base, axes: list[Axis], points: list[list[Override]]) -> None:
-    """Every point must be a valid scenario before any work starts; report all bad ones at once."""
-    lines: list[str] = []
+    """Every point must be a valid scenario, and build what its run builds (trace, layout, KV budget, profile: as
+    `capsim validate-scenario` checks), before any work starts; report all bad ones at once."""
+    from sim.core.simulation import Simulation
+    failed: dict[int, list[str]] = {}
     for i, ov in enumerate(points):
         try:
-            base.scenario(ov)
+            Simulation(base.scenario(ov), Path(base.base_dir)).check()
         except ConfigError as exc:
-            where = ", ".join(f"{k}={display_value(v)}" for k, v in ov)
-            lines.extend(f"point {i} ({where}): {line}" for line in exc.lines)
+            failed[i] = exc.lines
+    if len(points) > 1 and len(failed) == len(points) and all(v == failed[0] for v in failed.values()):
+        raise ConfigError([f"every point: {line}" for line in failed[0]])  # the base scenario itself is broken
+    lines: list[str] = []
+    for i, errs in failed.items():
+        where = ", ".join(f"{k}={display_value(v)}" for k, v in points[i])
+        lines.extend(f"point {i} ({where}): {line}" for line in errs)
     if lines:
         raise ConfigError(lines)
 

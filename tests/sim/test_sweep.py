@@ -188,13 +188,32 @@ def test_invalid_points_are_reported_before_anything_runs(tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
-def test_a_point_failing_at_run_time_is_recorded_and_retried_on_resume(tmp_path, capsys):
-    path = write_scenario(tmp_path)
+def test_a_point_that_cannot_build_is_refused_before_anything_runs(tmp_path, capsys):
+    path = write_scenario(tmp_path)  # valid by the schema; its KV budget holds no block (what `run` would refuse)
     args = ["sweep", str(path), "--grid", "kv.budget=2GiB,1KiB", "--out", str(tmp_path / "out"), "--workers", "1",
             "--no-progress"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "point 1 (kv.budget=1KiB)" in err and "holds no 16-token block" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_point_failing_at_run_time_is_recorded_and_retried_on_resume(tmp_path, capsys, monkeypatch):
+    from sim.planning.sweep import Base
+    real = Base.simulate
+
+    def simulate(self, extra=()):
+        if dict(extra).get("scheduler.max_num_seqs") == 16:
+            raise ConfigError("point broke while running")
+        return real(self, extra)
+
+    monkeypatch.setattr(Base, "simulate", simulate)
+    path = write_scenario(tmp_path)
+    args = ["sweep", str(path), "--grid", "scheduler.max_num_seqs=4,16", "--out", str(tmp_path / "out"),
+            "--workers", "1", "--no-progress"]
     assert main(args) == 1
     captured = capsys.readouterr()
-    assert "holds no 16-token block" in captured.err
+    assert "point broke while running" in captured.err
     rows = pd.read_csv(tmp_path / "out" / "results.csv")
     assert rows["error"].isna().tolist() == [True, False]
     assert main(args) == 1
@@ -229,3 +248,13 @@ def test_relative_paths_resolve_against_the_scenario_on_workers(tmp_path):
     path = write_scenario(sub, workload={"kind": "trace", "path": "trace.csv", "format": "csv"})
     res = run_sweep(path, ["workload.rate_scale=1,2"], tmp_path / "o", workers=2, progress=False, plots=False)
     assert not res.failed and res.rows["requests"].tolist() == [60, 60]
+
+
+def test_a_broken_base_scenario_is_one_error_not_one_per_point(tmp_path, capsys):
+    path = write_scenario(tmp_path)
+    args = ["sweep", str(path), "--set", "kv.budget=1KiB", "--grid", "scheduler.max_num_seqs=4,8,16",
+            "--out", str(tmp_path / "out"), "--workers", "1", "--no-progress"]
+    assert main(args) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith("error: every point: ") and "holds no 16-token block" in errors[0]
+    assert not (tmp_path / "out").exists()
