@@ -135,16 +135,14 @@ def _add_validate(sub) -> argparse.ArgumentParser:
     return p
 
 
-def cmd_validate(args) -> int:
-    """`capsim validate-scenario`: check scenario files and print every error of every file: the schema, then what
-    `run` resolves before it simulates (model, card, memory and layout, the step-time model and its profile, the
-    workload and its trace), so a file said valid here does not fail at the start of a run."""
+def scenario_errors(files: list[str], overrides: list[str]) -> list[str]:
+    """Every error of every scenario file: the schema, then what `run` resolves before it simulates."""
     from sim.core.simulation import Simulation
     from sim.io.config import load_scenario
     errors = []
-    for f in args.files:
+    for f in files:
         try:
-            scenario, base = load_scenario(f, args.overrides)
+            scenario, base = load_scenario(f, overrides)
         except ConfigError as exc:
             errors.extend(exc.lines)
             continue
@@ -152,6 +150,14 @@ def cmd_validate(args) -> int:
             Simulation(scenario, base).check()
         except ConfigError as exc:  # raised deep inside (`kv.budget: ...`): name the scenario file
             errors.extend(exc.in_file(f).lines)
+    return errors
+
+
+def cmd_validate(args) -> int:
+    """`capsim validate-scenario`: check scenario files and print every error of every file: the schema, then what
+    `run` resolves before it simulates (model, card, memory and layout, the step-time model and its profile, the
+    workload and its trace), so a file said valid here does not fail at the start of a run."""
+    errors = scenario_errors(args.files, args.overrides)
     for line in errors:
         print(line)
     if not errors:
@@ -194,6 +200,9 @@ def cmd_compare(args) -> int:
     from sim.io.outputs import check_out_dir, staged_output
     if args.out:
         check_out_dir(args.out, args.force, COMPARE_FILES)
+    errors = scenario_errors(args.scenarios, args.overrides)  # every bad file at once, before running any
+    if errors:
+        raise ConfigError(errors)
     rows = compare_rows(args.scenarios, args.overrides)
     if args.out:
         import pandas as pd

@@ -32,13 +32,13 @@ def _positive_int(value, path: Path, line: int, field: str) -> int:
     return int(f)
 
 
-def _number(value, path: Path, line: int, field: str) -> float:
+def _number(value, path: Path, line: int, field: str, unit: str = "seconds") -> float:
     try:
         f = float(value) if not isinstance(value, bool) else None
     except (TypeError, ValueError, OverflowError):
         f = None
     if f is None or not math.isfinite(f) or f < 0 or f > 1e12:
-        raise ConfigError(f"{path}: line {line}: {field}: expected a finite number of seconds in 0..1e12, "
+        raise ConfigError(f"{path}: line {line}: {field}: expected a finite number of {unit} in 0..1e12, "
                           f"got {value!r}")
     return f
 
@@ -123,7 +123,7 @@ def _read_jsonl(path: Path, keys: tuple[str, str, str], time_scale: float):
             for k in keys:
                 if k not in row:
                     raise ConfigError(f"{path}: line {i}: missing key {k!r}")
-            t.append(_number(row[keys[0]], path, i, keys[0]) * time_scale)
+            t.append(_number(row[keys[0]], path, i, keys[0], "ms" if time_scale == 1e-3 else "seconds") * time_scale)
             p.append(_positive_int(row[keys[1]], path, i, keys[1]))
             o.append(_positive_int(row[keys[2]], path, i, keys[2]))
             hashes.append(_hash_ids(row.get("hash_ids"), path, i))

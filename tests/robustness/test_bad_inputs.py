@@ -155,6 +155,15 @@ def test_trace_cells(tmp_path, body, expected):
     assert str(exc.value) == f"{p}: {expected}"
 
 
+def test_mooncake_timestamp_error_says_milliseconds(tmp_path):
+    from sim.workloads.traces import read_trace
+    p = tmp_path / "t.jsonl"
+    p.write_text('{"timestamp": -5, "input_length": 10, "output_length": 3, "hash_ids": [1]}\n')
+    with pytest.raises(ConfigError) as exc:
+        read_trace(p, "mooncake")
+    assert str(exc.value) == f"{p}: line 1: timestamp: expected a finite number of ms in 0..1e12, got -5"
+
+
 def test_trace_json_errors_are_whole(tmp_path):
     from sim.workloads.traces import read_trace
     p = tmp_path / "t.jsonl"
@@ -214,3 +223,11 @@ def test_a_layout_error_names_the_flag_as_typed(capsys):
     """`capsim memory --attention-dp 2` on a dense model names `--attention-dp`, the flag the user typed."""
     [line] = errors_of(capsys, ["memory", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--attention-dp", "2"])
     assert line.startswith("error: --attention-dp: 2 on llama-3.1-8b, a dense model (allowed: 1")
+
+
+def test_compare_names_every_bad_file_before_running_any(capsys, tmp_path):
+    bad1, bad2 = tmp_path / "a.yaml", tmp_path / "b.yaml"
+    bad1.write_text(EXAMPLE.read_text() + "\nnot_a_field: 1\n")
+    bad2.write_text(EXAMPLE.read_text().replace("hardware:", "hardware_typo:", 1))
+    lines = errors_of(capsys, ["compare", str(bad1), str(EXAMPLE), str(bad2)])
+    assert any(str(bad1) in line for line in lines) and any(str(bad2) in line for line in lines)
