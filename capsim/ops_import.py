@@ -137,6 +137,9 @@ def import_ops(src: Path, out: Path, cards: list[str] | None = None, progress=pr
     import pandas as pd
 
     need = TABLES
+    if not src.is_dir():
+        raise ConfigError(f"{src}: {'is not a folder' if src.exists() else 'no such folder'} (expected the folder of "
+                          "aiconfigurator CSVs, ../shared/data/profiling/aiconfigurator)")
     missing = [n for n in need if not (src / n).exists()]
     if missing:
         raise ConfigError(f"{src}: missing {', '.join(missing)} (expected the aiconfigurator CSVs of "

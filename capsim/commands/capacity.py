@@ -116,7 +116,7 @@ def cmd_plan(args) -> int:
 
 
 def _run_plan(args, out, parse_slo, run_plan, log):
-    return run_plan(args.scenario, out, slo=parse_slo(args.slo) if args.slo else None, target=args.attainment,
+    return run_plan(args.scenario, out, slo=parse_slo(args.slo) if args.slo is not None else None, target=args.attainment,
                    target_rps=args.target_rps, search=args.search, overrides=args.overrides,
                    replications=args.replications, requests=args.requests, tol=args.tol, start_rps=args.start_rps,
                    workers=args.workers, address=args.dask, max_replicas=args.max_replicas,

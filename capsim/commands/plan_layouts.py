@@ -49,7 +49,7 @@ def cmd_plan_layouts(args) -> int:
                           ep=parse_degrees(args.ep, "--ep", None),
                           dp=parse_degrees(args.attention_dp, "--attention-dp", None),
                           modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
-                          slo=parse_slo(args.slo) if args.slo else None, target=args.attainment,
+                          slo=parse_slo(args.slo) if args.slo is not None else None, target=args.attainment,
                           replications=args.replications, requests=args.requests, tol=args.tol,
                           overrides=args.overrides, workers=args.workers, address=args.dask,
                           log=None if args.quiet else log)

@@ -105,3 +105,12 @@ def test_a_more_folder_that_repeats_a_snapshot_card_or_misses_a_table_is_refused
     (more / "nccl.csv").unlink()
     with pytest.raises(ConfigError, match="nccl.csv: not found"):
         import_ops(src, tmp_path / "ops", None, progress=lambda _: None, more=more)
+
+
+def test_a_missing_or_file_source_is_named_as_a_folder(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        import_ops(tmp_path / "nowhere", tmp_path / "ops", ["b200"], progress=lambda _: None)
+    assert str(e.value).startswith(f"{tmp_path / 'nowhere'}: no such folder")
+    (tmp_path / "f.csv").write_text("x\n")
+    with pytest.raises(ConfigError, match="f.csv: is not a folder"):
+        import_ops(tmp_path / "f.csv", tmp_path / "ops", ["b200"], progress=lambda _: None)

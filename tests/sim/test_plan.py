@@ -175,6 +175,14 @@ def test_workloads_without_a_rate_are_refused_with_the_supported_kinds(tmp_path,
            "(workload.rate_scale)" in err
 
 
+@pytest.mark.parametrize("extra", [[], ["--gpus", "1"]])
+def test_an_empty_slo_is_refused_not_read_as_none_given(tmp_path, capsys, extra):
+    path = write(tmp_path)
+    assert main(["plan", str(path), "--slo", "", *extra, "--workers", "1", "--out", str(tmp_path / "o")]) == 2
+    assert "--slo '': give at least one of ttft, tpot, e2e, itl" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
 def test_plan_on_dask_workers_equals_the_serial_plan(tmp_path):
     wl = {**SERVER["workload"], "arrival": {"kind": "poisson", "rate_rps": 0.3}, "num_requests": 300}
     path = write(tmp_path, workload=wl)
