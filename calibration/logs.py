@@ -111,18 +111,22 @@ def _same(a: str, b: str) -> bool:
         return a.strip() == b.strip()
 
 
-def _num(row: dict, col: str, path: Path, default=None) -> float:
+def _num(row: dict, col: str, path: Path, default=None, at: str = "", whole: bool = False) -> float:
+    """The number in `row[col]` (`at`, e.g. "data row 7: ", says where; `whole`: a count, no fraction)."""
     v = row.get(col)
     if v is None or v == "":
         if default is None:
-            raise ValueError(f"{path}: column {col!r} missing or empty")
+            raise ValueError(f"{path}: {at}column {col!r} missing or empty")
         return default
     try:
         f = float(v)
     except ValueError:
-        raise ValueError(f"{path}: column {col!r}: not a number: {v!r}") from None
+        raise ValueError(f"{path}: {at}column {col!r}: not a number: {v!r}") from None
     if not math.isfinite(f) or f < 0 or f > 1e15:
-        raise ValueError(f"{path}: column {col!r}: expected a finite number >= 0, got {v!r}")
+        raise ValueError(f"{path}: {at}column {col!r}: expected a finite number >= 0, got {v!r}")
+    if whole and f != int(f):
+        raise ValueError(f"{path}: {at}column {col!r}: expected a whole number (a count of tokens or sequences), "
+                         f"got {v!r}")
     return f
 
 
@@ -215,11 +219,15 @@ def read_iterations(path: Path, columns: dict[str, str], where: dict[str, str],
         raise ValueError(f"{path}: needs prefill_tokens and/or decode_seqs columns (map with --columns); "
                          f"columns: {', '.join(sorted(header))}")
     obs = []
-    for i, r in enumerate(rows, start=2):
+    row_of = {id(r): n for n, r in enumerate(all_rows, start=1)}  # a row's place in the file, whatever --where kept
+    for r in rows:
+        at = f"data row {row_of[id(r)]}: "
+
         def get(c, default=0.0):
-            return _num(r, name[c], path, default) if name[c] in r else default
+            return _num(r, name[c], path, default, at, whole=c not in ("duration_s", "duration_ms")) \
+                if name[c] in r else default
         t = get("duration_s", None) if name["duration_s"] in r and r[name["duration_s"]] != "" else \
-            _num(r, name["duration_ms"], path) / 1e3
+            _num(r, name["duration_ms"], path, None, at) / 1e3
         if not t or t <= 0:
             count.drop("with a zero duration")
             continue
@@ -236,7 +244,7 @@ def read_iterations(path: Path, columns: dict[str, str], where: dict[str, str],
                                              int(get("decode_context_tokens")), t, pairs, maxc, done,
                                              shared_kv=int(get("shared_kv_tokens"))))
         except ValueError as exc:
-            raise ValueError(f"{path}: row {i}: {exc}") from None
+            raise ValueError(f"{path}: {at}{exc}") from None
     return obs
 
 

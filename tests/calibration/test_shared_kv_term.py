@@ -138,7 +138,7 @@ def test_a_log_row_with_more_shared_than_cached_tokens_is_refused(tmp_path):
     log = tmp_path / "it.csv"
     log.write_text("duration_ms,prefill_tokens,prefill_seqs,prefill_cached_tokens,decode_seqs,decode_context_tokens,"
                    "shared_kv_tokens\n40,100,1,200,2,300,100\n41,100,1,200,2,300,600\n")
-    with pytest.raises(ValueError, match=r"it\.csv: row 3: shared_kv_tokens 600"):
+    with pytest.raises(ValueError, match=r"it\.csv: data row 2: shared_kv_tokens 600"):
         fit_log(FitLogConfig(log=log, model=load_model(MODEL), out=tmp_path / "p.yaml"))
 
 

@@ -76,7 +76,11 @@ def test_fit_says_which_rows_it_used_and_why_not_the_others(capsys, tmp_path):
 
 @pytest.mark.parametrize("body, expected", [
     ("duration_ms,prefill_tokens\n10,64\n12,64,7\n", "data row 2: 3 cells, but the header has 2 columns"),
-    ("duration_ms,prefill_tokens\n10,64\nnan,64\n", "column 'duration_ms': expected a finite number >= 0, got 'nan'"),
+    ("duration_ms,prefill_tokens\n10,64\nnan,64\n",
+     "data row 2: column 'duration_ms': expected a finite number >= 0, got 'nan'"),
+    ("duration_ms,prefill_tokens\n10,64\n12,64.5\n",
+     "data row 2: column 'prefill_tokens': expected a whole number (a count of tokens or sequences), got '64.5'"),
+    ("duration_ms,prefill_tokens\n10,64\n12,x\n", "data row 2: column 'prefill_tokens': not a number: 'x'"),
 ])
 def test_fit_refuses_bad_rows(capsys, tmp_path, body, expected):
     log = tmp_path / "log.csv"
@@ -136,3 +140,10 @@ def test_validate_refuses_an_unusable_out_before_replaying(capsys, tmp_path):
     scenario = REPO_SCENARIOS / "validation" / "cpu-qwen0.5b-continuous.yaml"
     assert main(["validate", str(scenario), "--device", "cpu", "--out", str(afile)]) == 2
     assert capsys.readouterr().err.startswith(f"error: --out {afile}: is a file, expected a folder")
+
+
+def test_a_bad_row_is_named_by_its_place_in_the_file_whatever_where_kept(capsys, tmp_path):
+    log = tmp_path / "log.csv"
+    log.write_text("gpu,duration_ms,prefill_tokens\nb,10,64\na,11,64\nb,12,64\na,13,6.5\n")
+    assert main(["fit", str(log), "--model", "qwen2.5-0.5b", "--where", "gpu=a", "--out", str(tmp_path / "p.yaml")]) == 2
+    assert "data row 4: column 'prefill_tokens'" in capsys.readouterr().err
