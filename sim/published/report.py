@@ -37,6 +37,8 @@ def _record(row, result: dict) -> dict:
            "model": row.model_path, "precision": row.precision or None, "isl": row.isl, "osl": row.osl,
            "concurrency": row.concurrency, "tp": row.tp,
            "measured": {"ttft_ms": row.ttft_ms, "tpot_ms": row.tpot_ms}}
+    if row.note:
+        rec["note"] = row.note
     if "skipped" in result:
         rec["skipped"] = result["skipped"]
     else:
@@ -163,6 +165,10 @@ def print_report(report: dict, file=None) -> None:
         print(f"\n{sum(reasons.values())} of {len(report['rows'])} rows skipped:", file=file)
         for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
             print(f"  {n:>5}  {why}", file=file)
+    noted = sum(1 for r in report["rows"] if "note" in r)
+    if noted:
+        print(f"\n{noted} row(s) disagree with themselves on the client's concurrency; silicon_concurrency was "
+              "used (each row's `note` in --json / report.json)", file=file)
     print("\nengine settings simulated (each choice and fit: docs/fidelity.md):", file=file)
     for text in report["engines"].values():
         print(f"  {text}", file=file)

@@ -53,6 +53,8 @@ class PublishedRow:
     prefill: PoolShape | None = None
     """Disaggregated rows: the prefill pool (prefill_* columns); None for aggregated rows."""
     decode: PoolShape | None = None
+    note: str = ""
+    """Where the row's own columns disagree about what was run (its batch_size against its silicon_concurrency)."""
 
 
 def _text(row: dict, col: str) -> str:
@@ -104,14 +106,18 @@ def parse_row(row: dict, where: str, line: int) -> PublishedRow:
         ("attention_dp_size", 1, 0), ("moe_tp_size", 1, 0), ("moe_ep_size", 1, 0))}
     for c in ("pp_size", "attention_dp_size", "moe_tp_size", "moe_ep_size"):
         ints[c] = max(ints[c], 1)  # the file writes 0 for "not used"
-    pools = {}
+    pools, note = {}, ""
     if mode == "disagg":  # the pools' columns, and the concurrency the source text states
         pools = {p: pool_shape(row, p + "_", where, integer_field, _text) for p in ("prefill", "decode")}
         if ints["batch_size"] == 0:
             ints["batch_size"] = concurrency_from_source(_text(row, "silicon_data_source"), where)
     else:  # the client's concurrency where the source text states it, else the batch over all ranks
         stated = concurrency_from_source(_text(row, "silicon_data_source"), where)
-        ints["batch_size"] = stated or ints["batch_size"] * ints["attention_dp_size"]
+        by_batch = ints["batch_size"] * ints["attention_dp_size"]
+        if stated and stated != by_batch:
+            note = (f"client concurrency {stated} from silicon_concurrency; batch_size x attention_dp_size = "
+                    f"{ints['batch_size']} x {ints['attention_dp_size']} = {by_batch} disagrees")
+        ints["batch_size"] = stated or by_batch
     return PublishedRow(
         line=line, id=_text(row, "id"), backend=backend, backend_version=_text(row, "backend_version"),
         model_path=_text(row, "model_path"), system=_text(row, "system").lower(),
@@ -119,7 +125,7 @@ def parse_row(row: dict, where: str, line: int) -> PublishedRow:
         mode=mode, isl=ints["isl"], osl=ints["osl"], concurrency=ints["batch_size"], tp=ints["tp_size"],
         pp=ints["pp_size"], attention_dp=ints["attention_dp_size"], moe_tp=ints["moe_tp_size"],
         moe_ep=ints["moe_ep_size"], ttft_ms=positive_field(where, "silicon_ttft_ms", _text(row, "silicon_ttft_ms")),
-        tpot_ms=positive_field(where, "silicon_tpot_ms", _text(row, "silicon_tpot_ms")), **pools)
+        tpot_ms=positive_field(where, "silicon_tpot_ms", _text(row, "silicon_tpot_ms")), note=note, **pools)
 
 
 def read_published(path: str | Path) -> list[PublishedRow]:

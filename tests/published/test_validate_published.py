@@ -277,6 +277,14 @@ def test_concurrency_is_the_stated_silicon_concurrency(tmp_path):
 
     assert concurrency(FIXTURE) == 8   # Qwen3-32B vLLM TP2: batch_size 8, silicon_concurrency=8
     assert concurrency(_with_second_row(tmp_path, batch_size="4")) == 8
+    disagree = _with_second_row(tmp_path, batch_size="4")
+    assert read_published(disagree)[1].note == ("client concurrency 8 from silicon_concurrency; batch_size x "
+                                                "attention_dp_size = 4 x 1 = 4 disagrees")
+    assert read_published(FIXTURE)[1].note == ""
+    code, out, _ = capsim("validate-published", str(disagree), "--workers", "1", "--no-progress", "--json")
+    rows = json.loads(out)["rows"]
+    assert [r.get("note") for r in rows][1] == read_published(disagree)[1].note
+    assert sum("note" in r for r in rows) == sum(bool(r.note) for r in read_published(disagree)) >= 1
     assert concurrency(_with_second_row(tmp_path, batch_size="4", silicon_data_source="measured=2026")) == 4
     assert concurrency(_with_second_row(tmp_path, silicon_data_source="silicon_concurrency=12.0")) == 12
     path = _with_second_row(tmp_path, silicon_data_source="silicon_concurrency=abc")
