@@ -93,6 +93,11 @@ class EngineDefaults:
     silicon sample's agg rows by median |TTFT error| (docs/fidelity.md "The steady state's phases"): vLLM `random`
     (18.2% -> 15.9% on its 294 even H100 and B200 lines with seed 0, 15.2% with seed 1); TensorRT-LLM `even` (random:
     23.3% -> 24.7% on its even lines); SGLang keeps a cohort (later_waves), which has no steady state."""
+    disagg_steady_phases: str = "even"
+    """Disaggregated rows: the steady state's user phases (as steady_phases), chosen per engine on the even lines of
+    the silicon sample's disaggregated rows by the same rule (docs/disaggregation.md, measured 2026-12-04):
+    TensorRT-LLM `random` (35.6% -> 34.6% on its even lines), vLLM `random` (67.4% -> 67.3%); SGLang keeps a cohort
+    (later_waves), so its rows do not move and it keeps `even`."""
     disagg_first_token: str = "prefill"
     """Disaggregated rows: where the client's first token comes from (disaggregation.first_token). Read in each
     engine's code: vLLM's decode instance loads the prompt's KV over NIXL and computes its last token again to
@@ -131,8 +136,8 @@ class EngineDefaults:
                 f"q / k norms {'fused with RoPE' if self.qk_norm_kernels == 'fused_with_rope' else 'as kernels of their own'}; "
                 f"all-reduce: {ar}; async scheduling {'on' if self.async_scheduling else 'off'}; "
                 f"front end {self.frontend_ms[0]:g} ms + {self.frontend_ms[1]:g} ms per user (fitted); "
-                f"steady-state users' phases: {self.steady_phases}; "
-                f"disaggregated rows' first token: {self.disagg_first_token}")
+                f"steady-state users' phases: {self.steady_phases} ({self.disagg_steady_phases} on disaggregated "
+                f"rows); disaggregated rows' first token: {self.disagg_first_token}")
 
 
 AIC_SLACK_TOKENS = 1500
@@ -150,7 +155,7 @@ ENGINES: dict[str, EngineDefaults] = {
         ("chunked prefill always on; running requests first, then waiting ones, FCFS",
          "gpu_memory_utilization 0.9, 16-token blocks, prefix caching on (random prompts: no hits)"),
         moe=("vllm", "power_law_1.2"), config="aic_benchmark", all_reduce="vllm", frontend_ms=(25.0, 0.4),
-        disagg_first_token="decode_recompute", steady_phases="random"),
+        disagg_first_token="decode_recompute", steady_phases="random", disagg_steady_phases="random"),
     "sglang": EngineDefaults(
         "sglang", "0.5.x: `sglang.launch_server` on an 80 GB-class card",
         {"kind": "chunked", "max_num_seqs": 1024, "max_num_batched_tokens": 8192, "chunk_tokens": 8192},
@@ -167,7 +172,7 @@ ENGINES: dict[str, EngineDefaults] = {
         ("max_batch_size 2048, max_num_tokens 8192, chunked prefill off, GUARANTEED_NO_EVICT (reserve KV for "
          "prompt + all outputs at admission)", "kv_cache free_gpu_memory_fraction 0.9 of the memory left after weights"),
         config="aic_benchmark", all_reduce="trtllm", host_overhead_s=0.4654e-3, shared_experts_overlap="decode",
-        qk_norm_kernels="fused_with_rope", frontend_ms=(90.0, 1.5)),
+        qk_norm_kernels="fused_with_rope", frontend_ms=(90.0, 1.5), disagg_steady_phases="random"),
 }
 
 

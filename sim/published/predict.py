@@ -198,12 +198,13 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     `shared_experts_overlap` (off, decode, a token count), `frontend` (frontend_latency_s), `async_scheduling` (on,
     off); disaggregated rows: `pool_batch` (sim.published.disagg.POOL_BATCH; `engine`: DISAGG_POOL_BATCH),
     `first_token` (disaggregation.first_token; `engine`: EngineDefaults.disagg_first_token); `phases`: the steady
-    state's user phases (Case.phases; `engine`: EngineDefaults.steady_phases on agg rows, `even` on disaggregated
-    ones, where the choice was not tested); `seed`: the scenario seed (what is drawn: random phases)."""
+    state's user phases (Case.phases; `engine`: EngineDefaults.steady_phases on agg rows, disagg_steady_phases on
+    disaggregated ones); `seed`: the scenario seed (what is drawn: random phases)."""
     if phases not in ("engine", *PHASES):
         raise ConfigError(f"phases: expected one of engine, {', '.join(PHASES)}, got {phases!r}")
     if phases == "engine":
-        phases = "even" if row.mode == "disagg" else ENGINES[row.backend].steady_phases
+        engine = ENGINES[row.backend]
+        phases = engine.disagg_steady_phases if row.mode == "disagg" else engine.steady_phases
     case = _build_case(row, per_user, start, mixed, rounds, moe_kernels, moe_routing, all_reduce, engine_config,
                        host_overhead_s, shared_experts_overlap, frontend, pool_batch, async_scheduling, first_token)
     if phases == "even" and seed == 0:

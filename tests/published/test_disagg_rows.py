@@ -183,3 +183,21 @@ def test_disagg_first_token_compares_two_replays_and_chooses_on_even_lines(tmp_p
     assert groups["odd lines"]["after_ttft"][0] == pytest.approx(0.15)  # vllm -30%, trtllm 0%
     assert out["totals"]["odd lines"]["ttft"] == pytest.approx(0.2)   # vllm -30% (after), trtllm -10% (before)
     assert out["totals"]["all"]["ttft"] == pytest.approx(0.15)
+
+
+@pytest.mark.parametrize("backend, phases", [("vllm", "random"), ("trtllm", "random"), ("sglang", "even")])
+def test_a_disaggregated_rows_steady_state_takes_its_engines_disagg_phases(monkeypatch, backend, phases):
+    """EngineDefaults.disagg_steady_phases (chosen on the disaggregated rows' even lines) reaches every
+    steady-state run of the two pools; --phases overrides it."""
+    from sim.published import predict
+    from sim.published.engines import ENGINES
+    _, qwen = read_published(FIXTURE)
+    row = dataclasses.replace(qwen, concurrency=4, backend=backend)
+    assert ENGINES[backend].disagg_steady_phases == phases
+    case = build_case(row, per_user=3)
+    assert case.phases == phases and build_case(row, per_user=3, phases="even").phases == "even"
+    seen = []
+    real = predict._run
+    monkeypatch.setattr(predict, "_run", lambda sc, source: seen.append(sc["workload"]) or real(sc, source))
+    predict.steady_state(case, "test")
+    assert seen and all(w.get("ramp_phases", "even") == phases for w in seen)

@@ -412,8 +412,9 @@ def test_async_scheduling_follows_each_engine_unless_asked(capsys):
 
 
 def test_steady_state_phases_follow_each_engine_unless_asked(monkeypatch, capsys):
-    """--phases: each engine's choice on agg rows (vLLM random, the others even), even on disaggregated rows, or even /
-    random for every row (workload.ramp_phases in every steady-state run when random); anything else refused."""
+    """--phases: each engine's choice on agg rows (vLLM random, the others even; disaggregated rows:
+    test_disagg_rows.py), or even / random for every row (workload.ramp_phases in every steady-state run when
+    random); anything else refused."""
     from sim.io.errors import ConfigError
     from sim.published import predict
     from sim.published.engines import ENGINES
@@ -474,3 +475,30 @@ def test_nothing_to_validate_is_an_error(tmp_path):
     raw.write_bytes(b"id,backend\n\xff\xfe\n")
     code, _, err = capsim("validate-published", str(raw), "--no-progress")
     assert code == 2 and f"{raw}: line 1: not a UTF-8 text file" in err
+
+
+def test_phase_draws_compares_each_draw_with_the_mean_of_draws(tmp_path, capsys):
+    """benchmarks/phase_draws.py: reports grouped by seed (several per seed merge), the rows every seed predicted,
+    each draw's median |error| and the mean of the first k draws' predictions; a run of even phases is refused."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "phase_draws", Path(__file__).parents[2] / "benchmarks" / "phase_draws.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def report(name, seed, preds, phases="random"):
+        rows = [{"id": i, "line": line, "predicted": {"ttft_ms": p, "tpot_ms": 10.0},
+                 "measured": {"ttft_ms": 100.0, "tpot_ms": 10.0}} for i, line, p in preds]
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"phases": phases, "seed": seed, "rows": rows}))
+        return str(path)
+
+    paths = [report("a0", 0, [("x", 2, 80.0)]), report("b0", 0, [("y", 3, 130.0), ("z", 5, 100.0)]),
+             report("a1", 1, [("x", 2, 100.0), ("y", 3, 110.0)])]  # z: seed 1 has no prediction, left out
+    assert mod.main(paths) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[2] == "| seed 0 | 2 | 25.0% | 20.0% | 30.0% | 0.0% |"
+    assert out[3] == "| seed 1 | 2 | 5.0% | 0.0% | 10.0% | 0.0% |"
+    assert out[4] == "| mean of seeds 0, 1 | 2 | 15.0% | 10.0% | 20.0% | 0.0% |"
+    with pytest.raises(SystemExit, match="--phases 'even'"):
+        mod.main([report("e", 0, [("x", 2, 1.0)], phases="even"), paths[2]])
