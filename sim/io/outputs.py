@@ -53,6 +53,10 @@ def check_out_dir(out: str | Path, force: bool = False, names: Iterable[str] | N
     if not anchor.is_dir():
         raise ConfigError(f"{flag} {path}: lies under {anchor}, which is a file, not a folder")
     _probe(anchor, path, flag)
+    folders = [n for n in (names or ()) if (path / n).is_dir() and not (path / n).is_symlink()]
+    if folders:  # a file of ours would replace a folder of the user's, whatever --force says
+        raise ConfigError(f"{flag} {path}: {', '.join(folders)} is a folder there, where this command writes a file; "
+                          "move it or choose another folder")
     if path.is_dir() and not force:
         try:
             present = sorted(p.name for p in path.iterdir())
@@ -87,7 +91,13 @@ def staged_output(out: str | Path, force: bool = False, names: Iterable[str] | N
 def _commit(stage: Path, final: Path, flag: str) -> None:
     try:
         final.mkdir(parents=True, exist_ok=True)
-        for item in sorted(stage.iterdir()):
+        items = sorted(stage.iterdir())
+        for item in items:  # never a folder of the user's replaced by a file (its contents deleted)
+            target = final / item.name
+            if target.is_dir() and not target.is_symlink() and not item.is_dir():
+                raise ConfigError(f"{flag} {final}: {item.name} is a folder there, where this command writes a "
+                                  "file; nothing was moved into place (move it or choose another folder)")
+        for item in items:
             target = final / item.name
             if target.is_dir() and not target.is_symlink():
                 shutil.rmtree(target)

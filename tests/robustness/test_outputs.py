@@ -210,3 +210,20 @@ def test_an_empty_out_is_refused_by_every_command(capsys, argv):
     """`--out "$DIR"` with DIR unset: an error, not the current folder, not silently nothing."""
     assert main(argv + ["--out", ""]) == 2
     assert "error: --out: empty path" in capsys.readouterr().err
+
+
+def test_force_never_replaces_a_folder_of_the_users_with_a_file(capsys, tmp_path):
+    out = tmp_path / "out"
+    (out / "requests.csv").mkdir(parents=True)
+    (out / "requests.csv" / "keep.txt").write_text("mine")
+    assert main(["run", str(EXAMPLE), *SMALL, "--out", str(out), "--force"]) == 2
+    assert err_lines(capsys) == [f"error: --out {out}: requests.csv is a folder there, where this command writes a "
+                                 "file; move it or choose another folder"]
+    assert (out / "requests.csv" / "keep.txt").read_text() == "mine" and not (out / "summary.json").exists()
+    # the last guard, at the move: nothing is moved when any file would land on a folder
+    with pytest.raises(ConfigError, match="a.csv is a folder there"):
+        with staged_output(tmp_path / "o") as stage:
+            (stage / "a.csv").write_text("1")
+            (stage / "b.csv").write_text("1")
+            (tmp_path / "o" / "a.csv").mkdir(parents=True)
+    assert not (tmp_path / "o" / "b.csv").exists() and leftovers(tmp_path) == []
