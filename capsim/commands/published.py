@@ -5,6 +5,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
+
+from capsim.argtypes import count
+
+PUBLISHED_FILES = ("report.json", "rows.csv", "summary.csv")
 
 
 def add_parsers(sub) -> None:
@@ -18,10 +23,11 @@ def add_parsers(sub) -> None:
     p.add_argument("--mode", choices=["agg", "disagg"], help="only rows of this serving mode")
     p.add_argument("--json", action="store_true", help="print the report as JSON (rows and summary)")
     p.add_argument("--out", help="write report.json, rows.csv and summary.csv here")
+    p.add_argument("--force", action="store_true", help="overwrite report.json, rows.csv and summary.csv in --out")
     p.add_argument("--workers", type=int, default=None,
                    help="Dask worker processes (default: one per core; 1 = in-process)")
     p.add_argument("--requests-per-user", type=int, default=None,
-                   help="requests each simulated client sends (default 1 + ceil(16384 / OSL), 3 to 6)")
+                   help="requests each simulated client sends (default 1 + ceil(16384 / OSL), 3 to 6; 2..1000)")
     p.add_argument("--mixed", choices=["one_pass", "sum"], default="one_pass",
                    help="a chunked iteration (decodes + prefill chunks) as one forward pass (default) or as a "
                         "decode iteration plus a prefill iteration (step_time.model.mixed)")
@@ -80,7 +86,7 @@ def add_parsers(sub) -> None:
                    help="the steady state's users (--start cold's later waves, staggered): each engine's choice on "
                         "agg rows (default: vLLM random, the others even; disaggregated rows even; docs/fidelity.md), "
                         "or first requests spread evenly over one request lifetime, or at random times within it")
-    p.add_argument("--seed", type=int, default=0,
+    p.add_argument("--seed", type=count(0, 2**32 - 1), default=0,
                    help="every replayed row's scenario seed (default 0); only what is drawn depends on it "
                         "(--phases random)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
@@ -115,14 +121,14 @@ def run(args) -> int:
     """Run validate-published with the parsed arguments."""
     from sim.io.errors import ConfigError
     from sim.published.report import print_report, validate_published, write_report
-    if args.requests_per_user is not None and args.requests_per_user < 2:
-        raise ConfigError(f"--requests-per-user: expected an integer >= 2 (the first is a warm-up), "
+    if args.requests_per_user is not None and not 2 <= args.requests_per_user <= 1000:
+        raise ConfigError(f"--requests-per-user: expected an integer in 2..1000 (the first is a warm-up), "
                           f"got {args.requests_per_user}")
     if args.host_overhead_ms is not None and not 0 <= args.host_overhead_ms < float("inf"):
         raise ConfigError(f"--host-overhead-ms: expected a number >= 0 (ms), got {args.host_overhead_ms}")
-    if args.out:  # a folder it can write its three files in (they are replaced), checked before any row runs
+    if args.out:  # a folder it can write its three files in (replaced only with --force), checked before any row runs
         from sim.io.outputs import check_out_dir
-        check_out_dir(args.out, force=True)
+        check_out_dir(args.out, args.force, PUBLISHED_FILES)
     if args.rounds is not None and args.rounds < 1:
         raise ConfigError(f"--rounds: expected an integer >= 1 (requests per user of the benchmark), got {args.rounds}")
     if args.rounds is not None and args.start != "cold":
@@ -137,9 +143,12 @@ def run(args) -> int:
                                 shared_experts_overlap=args.shared_experts_overlap, frontend=args.frontend,
                                 pool_batch=args.pool_batch, async_scheduling=args.async_scheduling,
                                 first_token=args.first_token, phases=args.phases, seed=args.seed)
-    if args.out:
-        for path in write_report(report, args.out):
-            print(f"wrote {path}", file=sys.stderr)
+    if args.out:  # written whole or not at all
+        from sim.io.outputs import staged_output
+        with staged_output(args.out, args.force, PUBLISHED_FILES) as stage:
+            names = [p.name for p in write_report(report, stage)]
+        for name in names:
+            print(f"wrote {Path(args.out) / name}", file=sys.stderr)
     if args.json:
         print(json.dumps({"rows": report["rows"], "summary": report["summary"], "engines": report["engines"]},
                          indent=1))

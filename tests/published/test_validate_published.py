@@ -106,6 +106,30 @@ def test_out_dir_and_table(tmp_path):
     assert written == {"report.json", "rows.csv", "summary.csv"}
     with (tmp_path / "res" / "rows.csv").open() as fh:
         assert len(list(csv.DictReader(fh))) == 2 * 3  # one line per row and metric
+    # a second run into the same folder needs --force, refused before any row runs
+    (tmp_path / "res" / "report.json").write_text("mine")
+    code, _, err = capsim("validate-published", str(FIXTURE), "--workers", "1", "--no-progress",
+                          "--backend", "trtllm", "--out", str(tmp_path / "res"))
+    assert code == 2 and "already holds report.json, rows.csv, summary.csv; pass --force" in err
+    assert (tmp_path / "res" / "report.json").read_text() == "mine"
+    code, _, err = capsim("validate-published", str(FIXTURE), "--workers", "1", "--no-progress",
+                          "--backend", "trtllm", "--out", str(tmp_path / "res"), "--force")
+    assert code == 0, err
+    assert json.loads((tmp_path / "res" / "report.json").read_text())["rows"]
+
+
+@pytest.mark.parametrize("flag, value, words", [
+    ("--seed", "-1", "expected an integer in 0..4,294,967,295, got '-1'"),
+    ("--seed", "99999999999999999999", "expected an integer in 0..4,294,967,295"),
+    ("--requests-per-user", "1000000", "--requests-per-user: expected an integer in 2..1000"),
+    ("--requests-per-user", "1", "--requests-per-user: expected an integer in 2..1000"),
+])
+def test_out_of_range_flags_are_named(capsys, flag, value, words):
+    try:
+        code = main(["validate-published", str(FIXTURE), "--workers", "1", "--no-progress", flag, value])
+    except SystemExit as stop:  # argparse's own usage error
+        code = stop.code
+    assert code == 2 and words in capsys.readouterr().err
 
 
 def _copy_with(tmp_path, line: int, column: str, value: str) -> Path:
