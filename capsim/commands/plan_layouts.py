@@ -9,6 +9,10 @@ import sys
 from sim.io.errors import ConfigError
 
 
+MAX_GPUS = 1024
+"""The largest --gpus budget searched: the deployments to rank grow with it (about 4,600 at 1,000 cards)."""
+
+
 def add_layout_flags(p) -> None:
     """The layout search's flags on `capsim plan`."""
     g = p.add_argument_group("layout search (with --gpus: rank deployments of a GPU budget; docs/disaggregation.md)")
@@ -31,8 +35,9 @@ def cmd_plan_layouts(args) -> int:
     """Run the layout search of `capsim plan --gpus` and print its ranking."""
     from sim.planning.layouts import parse_degrees, print_layout_plan, run_layout_plan
     from sim.planning.slo import parse_slo
-    if args.gpus < 1:
-        raise ConfigError(f"--gpus: expected a positive GPU count, got {args.gpus}")
+    if not 1 <= args.gpus <= MAX_GPUS:
+        raise ConfigError(f"--gpus: expected a GPU count in 1..{MAX_GPUS:,} (the search ranks every deployment of "
+                          f"the budget), got {args.gpus}")
     if args.card is not None:  # an unknown card is the command's error, not every layout's
         from sim.io.profiles import known_names, load_hardware
         try:

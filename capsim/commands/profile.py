@@ -40,7 +40,9 @@ def _add_compose(sub) -> argparse.ArgumentParser:
     p = sub.add_parser("compose", help="write a fitted profile composed from measured kernel tables")
     _common(p)
     p.add_argument("--max-batch", type=count(1), default=256, help="largest decode batch of the profile (default 256)")
-    p.add_argument("--max-new-tokens", type=count(1), default=8192, help="largest tokens per iteration (default 8192)")
+    p.add_argument("--max-new-tokens", type=count(128), default=8192,
+                   help="largest tokens per iteration (default 8192; at least 128: the prefill efficiency is fitted "
+                        "over prompts of 16 tokens up to it)")
     p.add_argument("--max-context", type=count(1), help="longest context (default min(model's, 32768))")
     p.add_argument("--out", required=True, help="profile YAML to write")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
@@ -54,7 +56,8 @@ def _add_step(sub) -> argparse.ArgumentParser:
     p.add_argument("--batch", type=count(0), default=0, help="decode sequences")
     p.add_argument("--context", type=count(0), default=1024, help="cached tokens per decode sequence")
     p.add_argument("--prefill", type=count(0), default=0, help="prompt tokens of one prefill in the same iteration")
-    p.add_argument("--prefill-seqs", type=count(1), default=1, help="prompts of --prefill tokens (default 1)")
+    p.add_argument("--prefill-seqs", type=count(1, 65536), default=1,
+                   help="prompts of --prefill tokens (default 1; at most 65,536)")
     p.add_argument("--cached", type=count(0), default=0, help="tokens already cached before each prefill chunk")
     p.add_argument("--allow-extrapolation", action="store_true", help="extrapolate beyond the tables (warns)")
     p.add_argument("--json", action="store_true", help="print one JSON object")

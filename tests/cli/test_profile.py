@@ -165,3 +165,19 @@ def test_bad_sizes_and_outputs_are_refused_before_composing(tmp_path, capsys):
     assert f"--out {out}: exists; pass --force" in capsys.readouterr().err and out.read_text() == first
     assert main(["profile", "compose", *small, "--tp", "2", "--out", str(out), "--force"]) == 0
     assert out.read_text() != first
+
+
+def test_compose_and_step_refuse_sizes_outside_what_they_can_do(tmp_path, capsys):
+    """--max-new-tokens below 128 had failed in the fit (a traceback at 1, a profile 374% off at 16); a
+    --prefill-seqs of millions ran for minutes."""
+    for n in ("1", "16", "127"):
+        with pytest.raises(SystemExit) as stop:
+            main(["profile", "compose", "--model", "qwen3-8b", "--hardware", "h100-sxm", "--max-new-tokens", n,
+                  "--out", str(tmp_path / "p.yaml")])
+        assert stop.value.code == 2
+        assert f"--max-new-tokens: expected an integer in 128..100,000,000, got '{n}'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as stop:
+        main(["profile", "step", "--model", "qwen3-8b", "--hardware", "h100-sxm", "--prefill", "1000",
+              "--prefill-seqs", "10000000", "--allow-extrapolation"])
+    assert stop.value.code == 2 and "expected an integer in 1..65,536" in capsys.readouterr().err
+    assert not (tmp_path / "p.yaml").exists()

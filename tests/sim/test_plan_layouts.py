@@ -110,6 +110,10 @@ def test_layout_flags_without_gpus_an_unknown_card_and_a_bad_dask_address_are_re
     assert main(["plan", str(path), "--gpus", "2", "--card", "nope", "--out", str(tmp_path / "b")]) == 2
     assert "error: --card: unknown hardware 'nope'; known: " in capsys.readouterr().err
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    for gpus in ("0", "1025", "1000000000"):  # a budget past the largest searched would run for hours
+        assert main(["plan", str(path), "--gpus", gpus, "--out", str(tmp_path / "e")]) == 2
+        assert f"error: --gpus: expected a GPU count in 1..1,024 (the search ranks every deployment of the budget), " \
+               f"got {gpus}" in capsys.readouterr().err
     for argv in (["plan", str(path), "--out", str(tmp_path / "c")],
                  ["sweep", str(path), "--grid", "scheduler.max_num_seqs=2", "--out", str(tmp_path / "d")]):
         with pytest.raises(SystemExit) as stop:
