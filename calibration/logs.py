@@ -253,18 +253,30 @@ def read_splitwise(path: Path, where: dict[str, str]) -> tuple[list[fitmod.Obser
     (batch_size x prompt_size new tokens, prompt_time ms) and the mean decode iteration over
     token_size outputs (batch_size sequences, token_time ms; cached context prompt + (token_size - 2)/2
     on average, p + token_size - 1 at most). One (model, hardware, tensor_parallel) group at a time."""
-    rows = _filter(_read_csv(path), where, path)
+    all_rows = _read_csv(path)
+    need = ("model", "hardware", "tensor_parallel", "batch_size", "prompt_size", "token_size", "prompt_time",
+            "token_time")
+    missing = [c for c in need if c not in (all_rows[0] if all_rows else {})]
+    if missing:
+        raise ValueError(f"{path}: not a splitwise perf_model.csv: no {', '.join(missing)} column(s) (--format "
+                         "splitwise expects " + ", ".join(need) + "; an iteration log is --format iterations)")
+    rows = _filter(all_rows, where, path)
     groups = sorted({(r["model"], r["hardware"], r["tensor_parallel"]) for r in rows})
     if len(groups) != 1:
         listing = "; ".join(f"model={m} hardware={h} tensor_parallel={t}" for m, h, t in groups) or "none"
         raise ValueError(f"{path}: select one group with --where (found {len(groups)}: {listing})")
     obs = []
+    row_of = {id(r): n for n, r in enumerate(all_rows, start=1)}
     for r in rows:
-        b, p, t = int(r["batch_size"]), int(r["prompt_size"]), int(r["token_size"])
-        obs.append(iteration_observation(b * p, b, 0, 0, 0, float(r["prompt_time"]) / 1e3))
+        at = f"data row {row_of[id(r)]}: "
+        b, p, t = (int(_num(r, c, path, None, at, whole=True)) for c in ("batch_size", "prompt_size", "token_size"))
+        prompt_s, token_s = (_num(r, c, path, None, at) / 1e3 for c in ("prompt_time", "token_time"))
+        if b < 1 or p < 1 or t < 2 or prompt_s <= 0 or token_s <= 0:
+            raise ValueError(f"{path}: {at}expected batch_size >= 1, prompt_size >= 1, token_size >= 2 and positive "
+                             f"prompt_time / token_time, got {b}, {p}, {t}, {r['prompt_time']!r}, {r['token_time']!r}")
+        obs.append(iteration_observation(b * p, b, 0, 0, 0, prompt_s))
         mean_h = p + (t - 2) / 2
-        obs.append(iteration_observation(0, 0, 0, b, round(b * mean_h), float(r["token_time"]) / 1e3,
-                                         max_context=p + t - 1))
+        obs.append(iteration_observation(0, 0, 0, b, round(b * mean_h), token_s, max_context=p + t - 1))
     m, h, tp = groups[0]
     return obs, dict(model=m, hardware=h, tensor_parallel=tp)
 

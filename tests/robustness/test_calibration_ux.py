@@ -147,3 +147,23 @@ def test_a_bad_row_is_named_by_its_place_in_the_file_whatever_where_kept(capsys,
     log.write_text("gpu,duration_ms,prefill_tokens\nb,10,64\na,11,64\nb,12,64\na,13,6.5\n")
     assert main(["fit", str(log), "--model", "qwen2.5-0.5b", "--where", "gpu=a", "--out", str(tmp_path / "p.yaml")]) == 2
     assert "data row 4: column 'prefill_tokens'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("body, expected", [
+    ("duration_ms,prefill_tokens\n10,64\n", "not a splitwise perf_model.csv: no model, hardware, tensor_parallel"),
+    ("model,hardware,tensor_parallel,batch_size,prompt_size,token_size,prompt_time,token_time\n"
+     "m,h,1,1,512,128,100,20\nm,h,1,abc,512,128,100,20\n", "data row 2: column 'batch_size': not a number: 'abc'"),
+    ("model,hardware,tensor_parallel,batch_size,prompt_size,token_size,prompt_time,token_time\n"
+     "m,h,1,1,512,128,100,20\nm,h,1,1,512,128,,20\n", "data row 2: column 'prompt_time' missing or empty"),
+    ("model,hardware,tensor_parallel,batch_size,prompt_size,token_size,prompt_time,token_time\n"
+     "m,h,1,1,512,128,100,20\nm,h,1,1,512,128,inf,20\n", "data row 2: column 'prompt_time': expected a finite number"),
+    ("model,hardware,tensor_parallel,batch_size,prompt_size,token_size,prompt_time,token_time\n"
+     "m,h,1,1,512,128,100,20\nm,h,1,0,512,128,100,20\n", "data row 2: expected batch_size >= 1"),
+])
+def test_fit_splitwise_names_the_file_row_and_column(capsys, tmp_path, body, expected):
+    log = tmp_path / "perf.csv"
+    log.write_text(body)
+    assert main(["fit", str(log), "--model", "qwen2.5-0.5b", "--format", "splitwise",
+                 "--out", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {log}: ") and expected in err, err
