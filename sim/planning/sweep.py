@@ -21,7 +21,6 @@ Dask is imported only when a sweep fans out (`import sim` stays light).
 from __future__ import annotations
 
 import copy
-import hashlib
 import itertools
 import json
 import math
@@ -38,6 +37,8 @@ import yaml
 
 from sim.io.errors import ConfigError
 from sim.io.outputs import check_out_dir
+from sim.planning.sweep_manifest import check_manifest as _check_manifest
+from sim.planning.sweep_manifest import manifest as _manifest
 
 Override = tuple[str, Any]
 
@@ -343,10 +344,6 @@ class SweepOutcome:
     files: list[Path] = field(default_factory=list)
 
 
-def _sha256(path: str | Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
 def read_points(path: Path) -> dict[str, dict]:
     """Records of points.jsonl by key (the last one wins); a torn last line is ignored."""
     done: dict[str, dict] = {}
@@ -360,28 +357,6 @@ def read_points(path: Path) -> dict[str, dict]:
         if isinstance(rec, dict) and "key" in rec:
             done[rec["key"]] = rec
     return done
-
-
-def _manifest(scenario: str | Path, base: Base, axes: list[Axis], n: int) -> dict:
-    return {"scenario": str(scenario), "scenario_sha256": _sha256(scenario),
-            "set": [[k, v] for k, v in base.overrides],
-            "grid": [{"key": a.key, "values": list(a.values)} for a in axes], "points": n}
-
-
-def _check_manifest(path: Path, new: dict) -> None:
-    if not path.exists():
-        return
-    try:
-        old = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        old = f"not valid JSON ({getattr(exc, 'msg', exc)}, line {getattr(exc, 'lineno', '?')})"
-    if not isinstance(old, dict) or not isinstance(old.get("scenario_sha256"), str):
-        why = old if isinstance(old, str) else "not a sweep manifest"
-        raise ConfigError(f"{path}: {why}; this folder's sweep cannot be resumed: --fresh to start over, or "
-                          "another --out")
-    if old.get("scenario_sha256") != new["scenario_sha256"] or old.get("set") != new["set"]:
-        raise ConfigError(f"{path.parent}: holds a sweep of another scenario or other --set overrides "
-                          f"({old.get('scenario')}); use another --out, or --fresh to start over")
 
 
 def _validate_points(base: Base, axes: list[Axis], points: list[list[Override]]) -> None:

@@ -258,3 +258,22 @@ def test_a_broken_base_scenario_is_one_error_not_one_per_point(tmp_path, capsys)
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and errors[0].startswith("error: every point: ") and "holds no 16-token block" in errors[0]
     assert not (tmp_path / "out").exists()
+
+
+def test_resume_refuses_a_sweep_whose_trace_changed_since(tmp_path):
+    """The manifest hashes the files the scenario names (here its trace): a resumed sweep would otherwise keep the
+    points of the old trace beside new ones. --fresh starts over."""
+    trace = tmp_path / "trace.csv"
+    trace.write_text("arrival_s,prompt_tokens,output_tokens\n" + "".join(f"{0.2 * i},{300 + i},20\n" for i in range(30)))
+    path = write_scenario(tmp_path, workload={"kind": "trace", "path": "trace.csv", "format": "csv"})
+    out = tmp_path / "o"
+    run_sweep(path, ["scheduler.max_num_seqs=4,16"], out, workers=1, progress=False, plots=False)
+    manifest = json.loads((out / "sweep.json").read_text())
+    assert list(manifest["inputs_sha256"]) == ["trace.csv"]
+    again = run_sweep(path, ["scheduler.max_num_seqs=4,16"], out, workers=1, progress=False, plots=False)
+    assert again.computed == 0  # same inputs: resumed
+    trace.write_text(trace.read_text().replace(",20\n", ",60\n"))
+    with pytest.raises(ConfigError, match=r"its sweep read other inputs \(trace.csv changed since\)"):
+        run_sweep(path, ["scheduler.max_num_seqs=4,16"], out, workers=1, progress=False, plots=False)
+    fresh = run_sweep(path, ["scheduler.max_num_seqs=4,16"], out, workers=1, progress=False, plots=False, fresh=True)
+    assert fresh.computed == 2
