@@ -200,12 +200,15 @@ class Empirical(StrictModel):
 
 LengthDist = Annotated[Union[Fixed, Uniform, LogNormal, Empirical], Field(discriminator="kind")]
 
+Rate = Annotated[float, Field(ge=1e-6, description="Requests per second, at least 1e-6 (one in 11.6 days): slower "
+                                                   "runs last so long that the clock's float loses its milliseconds")]
+
 
 class Poisson(StrictModel):
     """Poisson arrivals at rate_rps."""
 
     kind: Literal["poisson"] = "poisson"
-    rate_rps: PositiveFloat
+    rate_rps: Rate
 
 
 class GammaArrivals(StrictModel):
@@ -213,7 +216,7 @@ class GammaArrivals(StrictModel):
     as in `vllm bench serve --burstiness`."""
 
     kind: Literal["gamma"] = "gamma"
-    rate_rps: PositiveFloat
+    rate_rps: Rate
     burstiness: PositiveFloat
 
 
@@ -221,7 +224,7 @@ class ConstantRate(StrictModel):
     """Evenly spaced arrivals at rate_rps."""
 
     kind: Literal["constant"] = "constant"
-    rate_rps: PositiveFloat
+    rate_rps: Rate
 
 
 class AllAtOnce(StrictModel):

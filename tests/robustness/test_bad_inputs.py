@@ -59,7 +59,12 @@ def test_union_paths_are_yaml_paths_without_variant_tags(capsys):
     assert lines == [f"error: {EXAMPLE}: kv.budget.gpu_memory_utilization: Input should be less than or equal to 1 "
                      "(got 1.5)"]
     lines = errors_of(capsys, ["run", str(EXAMPLE), "--set", "workload.arrival.rate_rps=-1", *SMALL])
-    assert lines == [f"error: {EXAMPLE}: workload.arrival.rate_rps: Input should be greater than 0 (got -1)"]
+    assert lines == [f"error: {EXAMPLE}: workload.arrival.rate_rps: Input should be greater than or equal to 0.000001 "
+                     "(got -1)"]
+    # so slow a run's clock (1e300 s) would print 300-digit makespans and zero latencies
+    lines = errors_of(capsys, ["run", str(EXAMPLE), "--set", "workload.arrival.rate_rps=1e-300", *SMALL])
+    assert lines == [f"error: {EXAMPLE}: workload.arrival.rate_rps: Input should be greater than or equal to 0.000001 "
+                     "(got 1e-300)"]
 
 
 def test_duplicate_yaml_key_is_an_error(tmp_path):
