@@ -161,10 +161,18 @@ def fit_main(args: argparse.Namespace) -> int:
     from sim.api import check_out_file, load_hardware, load_model
     try:
         check_out_file(args.out, getattr(args, "force", False))
+        try:
+            model = load_model(args.model)
+        except ConfigError as exc:
+            raise ConfigError(f"--model: {exc}") from None
+        try:
+            hardware = load_hardware(args.hardware) if args.hardware else None
+        except ConfigError as exc:
+            raise ConfigError(f"--hardware: {exc}") from None
         cfg = FitLogConfig(
-            log=Path(args.log), model=load_model(args.model), out=Path(args.out),
+            log=Path(args.log), model=model, out=Path(args.out),
             columns=_pairs(args.columns, "--columns"), where=_pairs(args.where, "--where"), fmt=args.format,
-            hardware=load_hardware(args.hardware) if args.hardware else None, devices=args.devices,
+            hardware=hardware, devices=args.devices,
             dtype=args.dtype, peak_tflops=args.peak_tflops, bandwidth_gbs=args.bandwidth_gbs,
             cuda_graphs=args.cuda_graphs, source=args.source, shape_cache_entries=args.shape_cache,
             command=_fit_command(args))

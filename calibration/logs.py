@@ -101,7 +101,12 @@ def _filter(rows: list[dict[str, str]], where: dict[str, str], path: Path) -> li
     for col in where:
         if col not in rows[0]:
             raise ValueError(f"{path}: --where {col}: no such column; columns: {', '.join(rows[0])}")
-    return [r for r in rows if all(_same(r[c], v) for c, v in where.items())]
+    kept = [r for r in rows if all(_same(r[c], v) for c, v in where.items())]
+    if not kept:
+        asked = " ".join(f"{c}={v}" for c, v in where.items())
+        seen = "; ".join(f"{c}: {', '.join(sorted({r[c] for r in rows})[:8])}" for c in where)
+        raise ValueError(f"{path}: --where {asked}: no row matches (the file has {seen})")
+    return kept
 
 
 def _same(a: str, b: str) -> bool:

@@ -167,3 +167,15 @@ def test_fit_splitwise_names_the_file_row_and_column(capsys, tmp_path, body, exp
                  "--out", str(tmp_path / "p.yaml")]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: {log}: ") and expected in err, err
+
+
+def test_fit_names_an_unmatched_where_and_an_unknown_model_or_card(capsys, tmp_path):
+    log = tmp_path / "log.csv"
+    log.write_text("gpu,duration_ms,prefill_tokens\na,10,64\nb,11,64\n")
+    out = str(tmp_path / "p.yaml")
+    assert main(["fit", str(log), "--model", "qwen2.5-0.5b", "--where", "gpu=c", "--out", out]) == 2
+    assert capsys.readouterr().err.strip() == f"error: {log}: --where gpu=c: no row matches (the file has gpu: a, b)"
+    assert main(["fit", str(log), "--model", "nosuch", "--out", out]) == 2
+    assert capsys.readouterr().err.startswith("error: --model: unknown model 'nosuch'; known: ")
+    assert main(["fit", str(log), "--model", "qwen2.5-0.5b", "--hardware", "nosuch", "--out", out]) == 2
+    assert capsys.readouterr().err.startswith("error: --hardware: unknown hardware 'nosuch'; known: ")
