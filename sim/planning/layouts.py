@@ -132,7 +132,7 @@ def parse_degrees(text: str | None, flag: str, default: list[int]) -> list[int]:
     if text is None:
         return default
     try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
+        vals = [int(x) for x in text.split(",")]  # an empty item ('1,,2') is an error, not dropped
     except ValueError:
         raise ConfigError(f"{flag}: expected positive integers separated by commas, got {text!r}") from None
     if not vals or any(v < 1 for v in vals):

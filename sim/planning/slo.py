@@ -64,6 +64,8 @@ def parse_slo(text: str) -> SLO:
         key = _SLO_NAMES.get(name.strip().lower().removesuffix("_s"))
         if key is None:
             raise ConfigError(f"--slo {text!r}: unknown SLO {name.strip()!r} (known: ttft, tpot, e2e, itl)")
+        if key in vals:
+            raise ConfigError(f"--slo {text!r}: {name.strip()} given twice")
         vals[key] = _seconds(raw, f"--slo {name.strip()}")
     if not vals:
         raise ConfigError(f"--slo {text!r}: give at least one of ttft, tpot, e2e, itl")

@@ -47,6 +47,14 @@ def dd1_capacity(n: int, slack: float, target: float) -> float:
 
 # ---- SLO parsing and attainment -------------------------------------------------------------------
 
+def test_an_slo_given_twice_is_refused():
+    from sim.io.errors import ConfigError
+    with pytest.raises(ConfigError, match="--slo 'ttft=1,ttft=2': ttft given twice"):
+        parse_slo("ttft=1,ttft=2")
+    with pytest.raises(ConfigError, match="tpot_s given twice"):
+        parse_slo("tpot=1,tpot_s=2")
+
+
 def test_parse_slo():
     assert parse_slo("ttft=2,tpot=100ms,e2e=30") == SLO(ttft_s=2.0, tpot_s=0.1, e2e_s=30.0)
     assert parse_slo("e2e_s=7s, itl=0.2") == SLO(e2e_s=7.0, itl_s=0.2)

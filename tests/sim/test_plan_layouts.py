@@ -153,3 +153,12 @@ def test_a_layout_the_cards_tables_cannot_time_is_a_problem_not_a_crash(tmp_path
         sc, base = load_scenario(path)
         problem = fit_problem(sc, base)
         assert problem == want if want is None else want in problem
+
+
+@pytest.mark.parametrize("text", ["1,,2", "1,", ",2", "1,x", "0,2"])
+def test_degree_lists_refuse_empty_items_and_non_positive_values(text):
+    from sim.io.errors import ConfigError
+    from sim.planning.layouts import parse_degrees
+    with pytest.raises(ConfigError, match=f"--tp: expected positive integers separated by commas, got '{text}'"):
+        parse_degrees(text, "--tp", [1])
+    assert parse_degrees("4, 2,2", "--tp", [1]) == [2, 4]
