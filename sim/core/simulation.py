@@ -9,6 +9,7 @@ engine loop (sim.core.engine), and the summary (sim.core.result).
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import Callable
@@ -81,6 +82,18 @@ class Simulation:
         if latency > 0:  # every request reaches the engine that long after its send: a wait outside the engine
             self.workload = replace(self.workload, outside_wait_s=self.workload.outside_wait_s + latency)
         self._check_adapters()
+        self._warn_beyond_context(stream or sys.stderr)
+
+    def _warn_beyond_context(self, stream) -> None:
+        """Say when requests need more positions (prompt + output) than the model has: the simulator serves
+        them as asked, a real engine would refuse them (vLLM: max_model_len)."""
+        limit = self.model.max_position_embeddings
+        need = self.workload.prompt_tokens + self.workload.output_tokens
+        over = int((need > limit).sum())
+        if over:
+            print(f"warning: workload: {over:,} of {len(need):,} requests need more than {self.scenario.model}'s "
+                  f"{limit:,} positions (prompt + output, up to {int(need.max()):,}); simulated as asked, a real "
+                  "engine would refuse them", file=stream)
 
     def _add_step_overheads(self) -> None:
         """Drafts, swaps, KV conversion, weight streaming and LoRA on top of the step-time model."""

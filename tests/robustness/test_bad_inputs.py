@@ -236,3 +236,12 @@ def test_compare_names_every_bad_file_before_running_any(capsys, tmp_path):
     bad2.write_text(EXAMPLE.read_text().replace("hardware:", "hardware_typo:", 1))
     lines = errors_of(capsys, ["compare", str(bad1), str(EXAMPLE), str(bad2)])
     assert any(str(bad1) in line for line in lines) and any(str(bad2) in line for line in lines)
+
+
+def test_requests_beyond_the_models_context_are_warned_about(capsys):
+    assert main(["run", str(EXAMPLE), "--set", "workload.prompt_tokens={kind: fixed, value: 100000}",
+                 "--set", "workload.num_requests=3", "--set", "kv.budget=40GiB"]) == 0
+    assert ("warning: workload: 3 of 3 requests need more than qwen3-8b's 40,960 positions (prompt + output, up to "
+            "100,") in capsys.readouterr().err
+    assert main(["run", str(EXAMPLE), *SMALL]) == 0
+    assert "positions" not in capsys.readouterr().err
