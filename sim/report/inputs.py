@@ -137,8 +137,15 @@ def load_run(folder: str | Path) -> RunData:
     if missing:
         raise ConfigError(f"{folder / 'summary.json'}: missing key(s) {', '.join(missing)} "
                           "(expected the summary `capsim run --out` writes)")
-    return RunData(folder, summary, read_table(folder / "requests.csv", REQUEST_NEEDS, REQUEST_COMPLETE),
-                   read_table(folder / "iterations.csv", ITERATION_NEEDS, ITERATION_NEEDS))
+    run = RunData(folder, summary, read_table(folder / "requests.csv", REQUEST_NEEDS, REQUEST_COMPLETE),
+                  read_table(folder / "iterations.csv", ITERATION_NEEDS, ITERATION_NEEDS))
+    for name, table, key in (("requests.csv", run.requests, "requests"), ("iterations.csv", run.iterations,
+                                                                          "iterations")):
+        said = summary.get(key)
+        if isinstance(said, int) and not isinstance(said, bool) and len(table) != said:
+            raise ConfigError(f"{folder / name}: {len(table):,} rows, but summary.json says {said:,} {key} (a file cut "
+                              "short, or files of two runs)")
+    return run
 
 
 def read_json(path: Path) -> dict:

@@ -104,6 +104,11 @@ def test_report_of_a_folder_without_scenario(quickstart, tmp_path, capsys):
     (bare / "requests.csv").write_text(cut)
     assert main(["report", str(bare), "--scenario", str(QUICKSTART)]) == 2
     assert f"requests.csv: line {cut.count(chr(10)) + 1}: no value in " in capsys.readouterr().err
+    rows = whole.splitlines(keepends=True)
+    (bare / "requests.csv").write_text("".join(rows[:-3]))  # cut at a row's end: only the count tells
+    assert main(["report", str(bare), "--scenario", str(QUICKSTART)]) == 2
+    assert (f"requests.csv: {len(rows) - 4:,} rows, but summary.json says {len(rows) - 1:,} requests (a file cut "
+            "short, or files of two runs)") in capsys.readouterr().err
     (bare / "requests.csv").write_text("id,status\n0,finished\n")
     assert main(["report", str(bare), "--scenario", str(QUICKSTART)]) == 2
     assert "requests.csv: missing column(s)" in capsys.readouterr().err
