@@ -105,6 +105,18 @@ def _read_csv(path: Path, columns: tuple[str, str, str], time_parser) -> tuple[n
     return np.array(t, dtype=float), np.array(p, dtype=np.int64), np.array(o, dtype=np.int64)
 
 
+class _DuplicateKey(ValueError):
+    """A JSON object with a key twice (json keeps the last silently)."""
+
+
+def _no_duplicate_keys(pairs: list) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set = set()
+        raise _DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return out
+
+
 def _read_jsonl(path: Path, keys: tuple[str, str, str], time_scale: float):
     t, p, o, hashes = [], [], [], []
     with _open_text(path) as fh:
@@ -112,7 +124,9 @@ def _read_jsonl(path: Path, keys: tuple[str, str, str], time_scale: float):
             if not text.strip():
                 continue
             try:
-                row = json.loads(text)
+                row = json.loads(text, object_pairs_hook=_no_duplicate_keys)
+            except _DuplicateKey as exc:
+                raise ConfigError(f"{path}: line {i}: key {exc.args[0]!r} given twice") from None
             except json.JSONDecodeError as exc:
                 raise ConfigError(f"{path}: line {i}, column {exc.pos + 1}: invalid JSON ({exc.msg}): "
                                   f"{text.strip()[:80]!r}") from None

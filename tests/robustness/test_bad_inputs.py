@@ -180,6 +180,10 @@ def test_trace_json_errors_are_whole(tmp_path):
         read_trace(p, "jsonl")
     assert str(exc.value) == (f"{p}: line 1, column 57: invalid JSON (Expecting ',' delimiter): "
                               "'{\"arrival_s\": 0, \"prompt_tokens\": 4, \"output_tokens\": 3'")
+    p.write_text('{"arrival_s": 0, "prompt_tokens": 4, "output_tokens": 3, "arrival_s": 9}\n')
+    with pytest.raises(ConfigError) as exc:
+        read_trace(p, "jsonl")
+    assert str(exc.value) == f"{p}: line 1: key 'arrival_s' given twice"
     p.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(128, 256)))
     with pytest.raises(ConfigError, match="not a UTF-8 text file"):
         read_trace(p, "jsonl")
