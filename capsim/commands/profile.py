@@ -56,7 +56,7 @@ def _add_step(sub) -> argparse.ArgumentParser:
     p.add_argument("--batch", type=count(0), default=0, help="decode sequences")
     p.add_argument("--context", type=count(0), default=1024, help="cached tokens per decode sequence")
     p.add_argument("--prefill", type=count(0), default=0, help="prompt tokens of one prefill in the same iteration")
-    p.add_argument("--prefill-seqs", type=count(1, 65536), default=1,
+    p.add_argument("--prefill-seqs", type=count(1, 65536), default=None,
                    help="prompts of --prefill tokens (default 1; at most 65,536)")
     p.add_argument("--cached", type=count(0), default=0, help="tokens already cached before each prefill chunk")
     p.add_argument("--allow-extrapolation", action="store_true", help="extrapolate beyond the tables (warns)")
@@ -130,11 +130,14 @@ def cmd_step(args) -> int:
     spec, hw = ModelSpec(load_model(args.model)), load_hardware(args.hardware)
     model = build_composed_model(_ops_cfg(args), spec, hw, cli_layout(spec, args.tp, args.pp, args.ep),
                                  args.dtype or "bf16", args.allow_extrapolation)
+    from sim.io.errors import ConfigError
+    for flag, given in (("--prefill-seqs", args.prefill_seqs is not None), ("--cached", args.cached > 0)):
+        if given and not args.prefill:  # it describes the prefill: without one it would be ignored
+            raise ConfigError(f"{flag}: only with --prefill (it describes the prefill chunk)")
     plan = decode_plan(args.batch, args.context) if args.batch else None
     if args.prefill:
-        plan = prefill_plan(args.prefill_seqs, args.prefill, args.cached, plan)
+        plan = prefill_plan(args.prefill_seqs or 1, args.prefill, args.cached, plan)
     if plan is None:
-        from sim.io.errors import ConfigError
         raise ConfigError("give --batch (decodes) and/or --prefill (prompt tokens)")
     parts = model.breakdown_s(plan.new_tokens, plan.prefill_seqs, plan.prefill_pairs, plan.decode_seqs,
                               plan.decode_kv_tokens, plan.decode_logits + plan.prefill_logits, plan.decode_positions)

@@ -123,3 +123,18 @@ def test_memory_bad_size_and_unknown_hardware(capsys):
     assert "expected a size such as 12GiB" in capsys.readouterr().err
     assert main(["memory", "--model", "qwen3-8b", "--hardware", "h900", "--batch", "1"]) == 2
     assert "unknown hardware 'h900'; known: " in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["memory", "--model", "qwen3-8b", "--activation", "5GiB"],
+     "error: --activation: only with --gpu-memory-utilization (it has no effect without it)"),
+    (["memory", "--model", "qwen3-8b", "--context", "99999"], "error: --context: only with --batch (it has no effect "
+                                                              "without it)"),
+    (["profile", "step", "--model", "qwen3-8b", "--hardware", "h100-sxm", "--batch", "8", "--cached", "100000"],
+     "error: --cached: only with --prefill (it describes the prefill chunk)"),
+    (["profile", "step", "--model", "qwen3-8b", "--hardware", "h100-sxm", "--batch", "8", "--prefill-seqs", "50"],
+     "error: --prefill-seqs: only with --prefill (it describes the prefill chunk)"),
+])
+def test_a_flag_that_would_be_ignored_is_an_error(capsys, argv, expected):
+    assert main(argv) == 2
+    assert capsys.readouterr().err.strip() == expected
