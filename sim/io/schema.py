@@ -73,6 +73,8 @@ def read_yaml_mapping(path: str | Path) -> dict[str, Any]:
     text = read_text_file(path, "a YAML file")
     data = parse_yaml(text, path)
     if not isinstance(data, dict):
+        if data is None:
+            raise ConfigError(f"{path}: empty (no YAML content); expected a mapping of fields")
         raise ConfigError(f"{path}: top level must be a mapping, got {type(data).__name__}")
     return data
 

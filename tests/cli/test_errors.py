@@ -31,12 +31,14 @@ def test_validate_prints_every_error_of_every_file(tmp_path, capsys):
     a = write(tmp_path, "a.yaml", GOOD.replace("budget: 12GiB", "budget: 12 parsecs"))
     b = write(tmp_path, "b.yaml", GOOD.replace("kind: chunked", "kind: chunkd"))
     c = write(tmp_path, "c.yaml", "- just\n- a list\n")
-    assert main(["validate-scenario", str(a), str(b), str(c)]) == 2
+    d = write(tmp_path, "d.yaml", "# nothing but a comment\n")
+    assert main(["validate-scenario", str(a), str(b), str(c), str(d)]) == 2
     out = capsys.readouterr().out
     assert (f"{a}: kv.budget: expected a size such as 12GiB, 12GB or 12884901888 (units: B, kB, MB, GB, TB, KiB, "
             "MiB, GiB, TiB), got '12 parsecs'") in out
     assert f"{b}: scheduler: Input tag 'chunkd' found using 'kind' does not match any of the expected tags" in out
     assert f"{c}: top level must be a mapping, got list" in out
+    assert f"{d}: empty (no YAML content); expected a mapping of fields" in out
 
 
 def test_validate_checks_what_run_resolves_before_simulating(tmp_path, capsys):
