@@ -200,7 +200,10 @@ class Empirical(StrictModel):
 
 LengthDist = Annotated[Union[Fixed, Uniform, LogNormal, Empirical], Field(discriminator="kind")]
 
-Rate = Annotated[float, Field(ge=1e-6, description="Requests per second, at least 1e-6 (one in 11.6 days): slower "
+MIN_RATE_RPS = 1e-6
+"""The slowest arrival rate a scenario takes (and the lowest a plan's search tries)."""
+
+Rate = Annotated[float, Field(ge=MIN_RATE_RPS, description="Requests per second, at least 1e-6 (one in 11.6 days): slower "
                                                    "runs last so long that the clock's float loses its milliseconds")]
 
 

@@ -282,8 +282,11 @@ class Planner:
                           "the replica (are the SLOs or the request count too loose?)")
 
     def _gallop_down(self, ok, hi: float, halvings: int = 14) -> tuple[float | None, float]:
+        from sim.io.config import MIN_RATE_RPS
         for _ in range(halvings):
             lo = hi / 2
+            if lo < MIN_RATE_RPS:  # slower than any scenario can be: the target is missed all the way down
+                break
             if ok(lo):
                 return lo, hi
             hi = lo

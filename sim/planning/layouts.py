@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from sim.io.config import MIN_RATE_RPS
 from sim.io.errors import ConfigError
 from sim.planning.sweep import Override
 
@@ -222,7 +223,7 @@ class Bisection:
             self.rate = 2 * self.lo
         elif self.lo is None:
             self.rate = self.hi / 2
-            if self.steps >= 14:
+            if self.steps >= 14 or self.rate < MIN_RATE_RPS:
                 self.note = f"the target is missed at every rate tried, down to {self.hi:g} req/s"
         else:
             self.rate = 0.5 * (self.lo + self.hi)

@@ -191,6 +191,20 @@ def test_an_empty_slo_is_refused_not_read_as_none_given(tmp_path, capsys, extra)
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("extra", [[], ["--gpus", "1"]])
+def test_a_target_missed_at_every_rate_stops_at_the_slowest_rate_a_scenario_takes(tmp_path, capsys, extra):
+    """Halving the rate from 0.01 req/s would pass below rate_rps's floor (1e-6): the search stops there and says
+    the target is missed, instead of failing on a rate it made up."""
+    wl = {**SERVER["workload"], "arrival": {"kind": "poisson", "rate_rps": 0.01}, "num_requests": 20}
+    path = write(tmp_path, workload=wl)
+    code = main(["plan", str(path), "--slo", "ttft=0.0001", "--workers", "1", "--replications", "1", "--quiet",
+                 *extra, "--out", str(tmp_path / "o")])
+    captured = capsys.readouterr()
+    assert "Input should be greater than or equal to" not in captured.err
+    assert code == 0  # "none" is the plan's answer
+    assert ("missed at every rate tried" if extra else "rate") in captured.out
+
+
 def test_plan_on_dask_workers_equals_the_serial_plan(tmp_path):
     wl = {**SERVER["workload"], "arrival": {"kind": "poisson", "rate_rps": 0.3}, "num_requests": 300}
     path = write(tmp_path, workload=wl)
