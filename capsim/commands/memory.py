@@ -52,8 +52,8 @@ def cmd_memory(args) -> int:
         hw = load_hardware(args.hardware) if args.hardware else None
     except ConfigError as exc:
         raise ConfigError([f"--hardware: {line}" for line in exc.lines]) from None
-    for flag, given, needs, present in (("--activation", args.activation, "--gpu-memory-utilization",
-                                         args.gpu_memory_utilization is not None),
+    for flag, given, needs, present in (("--activation", args.activation, "--gpu-memory-utilization or --hardware",
+                                         args.gpu_memory_utilization is not None or hw is not None),
                                         ("--context", args.context, "--batch", bool(args.batch))):
         if given and not present:  # it would be ignored: say so instead of printing figures without it
             raise ConfigError(f"{flag}: only with {needs} (it has no effect without it)")

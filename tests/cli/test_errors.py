@@ -129,7 +129,7 @@ def test_memory_bad_size_and_unknown_hardware(capsys):
 
 @pytest.mark.parametrize("argv, expected", [
     (["memory", "--model", "qwen3-8b", "--activation", "5GiB"],
-     "error: --activation: only with --gpu-memory-utilization (it has no effect without it)"),
+     "error: --activation: only with --gpu-memory-utilization or --hardware (it has no effect without it)"),
     (["memory", "--model", "qwen3-8b", "--context", "99999"], "error: --context: only with --batch (it has no effect "
                                                               "without it)"),
     (["profile", "step", "--model", "qwen3-8b", "--hardware", "h100-sxm", "--batch", "8", "--cached", "100000"],
@@ -140,3 +140,10 @@ def test_memory_bad_size_and_unknown_hardware(capsys):
 def test_a_flag_that_would_be_ignored_is_an_error(capsys, argv, expected):
     assert main(argv) == 2
     assert capsys.readouterr().err.strip() == expected
+
+
+def test_activation_counts_with_hardware_alone(capsys):
+    """With --hardware, --activation enters the weights-fit check even without --gpu-memory-utilization."""
+    assert main(["memory", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--kv-budget", "4GiB",
+                 "--activation", "70GiB"]) == 2
+    assert "+ 70.00 GiB of activations > 74.51 GiB usable" in capsys.readouterr().err
