@@ -40,6 +40,10 @@ from sim.workloads.workload import build_workload, prefix_stream
 __all__ = ["Simulation", "Result"]
 
 
+_CONTEXT_WARNED: set = set()
+"""The beyond-context warnings already printed in this process (Simulation._warn_beyond_context)."""
+
+
 def _load(loader, name: str, base_dir: Path):
     """A profile by name, or by a YAML path relative to the scenario."""
     return loader(base_dir / name) if name.endswith(".yaml") else loader(name)
@@ -90,7 +94,9 @@ class Simulation:
         limit = self.model.max_position_embeddings
         need = self.workload.prompt_tokens + self.workload.output_tokens
         over = int((need > limit).sum())
-        if over:
+        key = (self.scenario.name, self.scenario.model, over, int(need.max()))
+        if over and key not in _CONTEXT_WARNED:  # once per process: a plan or sweep builds it for every point
+            _CONTEXT_WARNED.add(key)
             print(f"warning: workload: {over:,} of {len(need):,} requests need more than {self.scenario.model}'s "
                   f"{limit:,} positions (prompt + output, up to {int(need.max()):,}); simulated as asked, a real "
                   "engine would refuse them", file=stream)

@@ -234,7 +234,9 @@ def test_a_layout_error_names_the_flag_as_typed(capsys):
     assert line.startswith("error: --attention-dp: 2 on llama-3.1-8b, a dense model (allowed: 1")
 
 
-def test_compare_names_every_bad_file_before_running_any(capsys, tmp_path):
+def test_compare_names_every_bad_file_before_running_any(capsys, tmp_path, monkeypatch):
+    import sim.api
+    monkeypatch.setattr(sim.api, "run_scenario", lambda *a, **k: pytest.fail("a scenario ran"))
     bad1, bad2 = tmp_path / "a.yaml", tmp_path / "b.yaml"
     bad1.write_text(EXAMPLE.read_text() + "\nnot_a_field: 1\n")
     bad2.write_text(EXAMPLE.read_text().replace("hardware:", "hardware_typo:", 1))
@@ -249,3 +251,11 @@ def test_requests_beyond_the_models_context_are_warned_about(capsys):
             "100,") in capsys.readouterr().err
     assert main(["run", str(EXAMPLE), *SMALL]) == 0
     assert "positions" not in capsys.readouterr().err
+    # a sweep builds the scenario for every point: the same warning once per process, not once per point
+    from sim.core import simulation
+    simulation._CONTEXT_WARNED.clear()
+    sc, base = load_scenario(EXAMPLE, ["workload.prompt_tokens={kind: fixed, value: 100000}", "workload.num_requests=3",
+                                       "kv.budget=40GiB"])
+    for _ in range(3):
+        simulation.Simulation(sc, base)
+    assert capsys.readouterr().err.count("positions") == 1
