@@ -63,8 +63,7 @@ def cmd_plan_layouts(args) -> int:
     else:
         print_layout_plan(res)
         print("wrote " + ", ".join(str(f) for f in res.files))
-    if res.rows and not any(r.get("capacity_rps") for r in res.rows):  # a plan with no answer is not a success
-        print(f"error: none of the {len(res.rows)} deployment(s) of {res.gpus} x {res.card} has a capacity "
+    if res.rows and not any(r.get("capacity_rps") for r in res.rows):  # an answer ("none"), as plan without --gpus
+        print(f"note: none of the {len(res.rows)} deployment(s) of {res.gpus} x {res.card} has a capacity "
               "(each row's note says why)", file=sys.stderr)
-        return 1
     return 0
