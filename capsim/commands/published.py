@@ -83,9 +83,10 @@ def add_parsers(sub) -> None:
                         "docs/disaggregation.md): each engine's (default: vLLM decode_recompute and SGLang "
                         "decode_admission as their code does, TensorRT-LLM prefill), or one for every row")
     p.add_argument("--phases", choices=["engine", "even", "random"], default="engine",
-                   help="the steady state's users (--start cold's later waves, staggered): each engine's choice on "
-                        "agg rows (default: vLLM random, the others even; disaggregated rows even; docs/fidelity.md), "
-                        "or first requests spread evenly over one request lifetime, or at random times within it")
+                   help="the steady state's users (--start cold's later waves, staggered): each engine's choice "
+                        "(default; agg rows: vLLM random, the others even; disaggregated rows: TensorRT-LLM and vLLM "
+                        "random; docs/fidelity.md), or first requests spread evenly over one request lifetime, or at "
+                        "random times within it")
     p.add_argument("--seed", type=count(0, 2**32 - 1), default=0,
                    help="every replayed row's scenario seed (default 0); only what is drawn depends on it "
                         "(--phases random)")

@@ -13,12 +13,15 @@ from sim.io.errors import ConfigError
 
 def sha256_of(path: str | Path) -> str:
     """The SHA-256 of a file's bytes (hex)."""
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    with open(path, "rb") as fh:  # in chunks: a trace may be large
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def input_files(base) -> dict[str, str]:
-    """SHA-256 of every file the scenario (with --set) names that exists (a trace, a profile, a hardware or model
-    file), by the text that names it: a resumed sweep must read the same inputs, not only the same YAML."""
+    """SHA-256 of every file the scenario (with --set) names that exists as given (absolute, or relative to the
+    scenario: a trace, a profile, a hardware or model file beside it), by the text that names it: a resumed sweep must
+    read the same inputs, not only the same YAML. Not hashed: the repository's own profiles found by name, and files
+    named only in --grid values."""
     from sim.io.config import set_dotted
     data = copy.deepcopy(base.data)
     for key, value in base.overrides:
