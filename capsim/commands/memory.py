@@ -37,6 +37,15 @@ def _add_memory(sub) -> argparse.ArgumentParser:
     return p
 
 
+def _refuse_ignored_flags(args, hw) -> None:
+    """A flag that would be ignored is an error, not figures printed without it."""
+    for flag, given, needs, present in (("--activation", args.activation, "--gpu-memory-utilization or --hardware",
+                                         args.gpu_memory_utilization is not None or hw is not None),
+                                        ("--context", args.context, "--batch", bool(args.batch))):
+        if given and not present:
+            raise ConfigError(f"{flag}: only with {needs} (it has no effect without it)")
+
+
 def cmd_memory(args) -> int:
     """`capsim memory`: weights, KV per request, how many requests fit, and what each step reads."""
     from sim.models.memory import kv_footprint
@@ -52,11 +61,7 @@ def cmd_memory(args) -> int:
         hw = load_hardware(args.hardware) if args.hardware else None
     except ConfigError as exc:
         raise ConfigError([f"--hardware: {line}" for line in exc.lines]) from None
-    for flag, given, needs, present in (("--activation", args.activation, "--gpu-memory-utilization or --hardware",
-                                         args.gpu_memory_utilization is not None or hw is not None),
-                                        ("--context", args.context, "--batch", bool(args.batch))):
-        if given and not present:  # it would be ignored: say so instead of printing figures without it
-            raise ConfigError(f"{flag}: only with {needs} (it has no effect without it)")
+    _refuse_ignored_flags(args, hw)
     layout, budget = kv_budget_of(args, spec, hw)  # --tp/--pp/--ep: the KV figures below are then per GPU
     if args.shared_prefix > args.prompt:
         raise ConfigError(f"--shared-prefix ({args.shared_prefix}) exceeds --prompt ({args.prompt})")
