@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 from pathlib import Path
@@ -121,7 +122,33 @@ def validate_mapping(cls: type[M], data: dict[str, Any], source: str | Path) -> 
     try:
         return cls.model_validate(data, strict=True, context={"from_file": True})
     except ValidationError as exc:
-        raise ConfigError(format_validation_error(source, exc, data)) from None
+        lines = format_validation_error(source, exc, data)
+        raise ConfigError(_name_the_kinds(cls, data, exc.errors(), lines)) from None
+
+
+def _name_the_kinds(cls, data: dict, errors: list, lines: list[str]) -> list[str]:
+    """pydantic's 'Unable to extract tag using discriminator' (a mapping with no `kind:`) does not say which kinds
+    there are: ask again with a kind that cannot exist, whose error lists them."""
+    for err in errors:
+        if err.get("type") != "union_tag_not_found":
+            continue
+        loc, key = tuple(err.get("loc", ())), err.get("ctx", {}).get("discriminator", "").strip("'")
+        probe = copy.deepcopy(data)
+        node = probe
+        try:
+            for part in loc:
+                node = node[part]
+            node[key] = "?"
+            cls.model_validate(probe, strict=True, context={"from_file": True})
+        except ValidationError as again:
+            tags = [e["ctx"]["expected_tags"] for e in again.errors()
+                    if e.get("type") == "union_tag_invalid" and tuple(e.get("loc", ())) == loc]
+            if tags:
+                lines = [ln.replace(f"Unable to extract tag using discriminator '{key}'",
+                                    f"no {key}: given; expected {key}: one of {tags[0]}") for ln in lines]
+        except (KeyError, IndexError, TypeError):
+            pass
+    return lines
 
 
 def load_yaml_model(cls: type[M], path: str | Path) -> M:

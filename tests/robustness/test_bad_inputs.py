@@ -259,3 +259,12 @@ def test_requests_beyond_the_models_context_are_warned_about(capsys):
     for _ in range(3):
         simulation.Simulation(sc, base)
     assert capsys.readouterr().err.count("positions") == 1
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("scheduler={}", "scheduler: no kind: given; expected kind: one of 'fixed', 'continuous', 'chunked', 'vllm_v1'"),
+    ("step_time.model={}", "step_time.model: no kind: given; expected kind: one of 'linear', 'efficiency', 'profile', "
+                           "'ops'"),
+])
+def test_a_mapping_without_its_kind_lists_the_kinds(capsys, override, expected):
+    assert errors_of(capsys, ["run", str(EXAMPLE), "--set", override]) == [f"error: {EXAMPLE}: {expected}"]
