@@ -98,8 +98,9 @@ def test_deterministic_and_filters():
 
 
 def test_out_dir_and_table(tmp_path):
-    code, out, err = capsim("validate-published", str(FIXTURE), "--workers", "1", "--no-progress",
-                            "--backend", "trtllm", "--out", str(tmp_path / "res"))
+    args = ("validate-published", str(FIXTURE), "--workers", "1", "--no-progress", "--backend", "trtllm",
+            "--out", str(tmp_path / "res"))
+    code, out, err = capsim(*args)
     assert code == 0, err
     assert "median |err|" in out and "trtllm (" in out
     written = {p.name for p in (tmp_path / "res").iterdir()}
@@ -108,12 +109,10 @@ def test_out_dir_and_table(tmp_path):
         assert len(list(csv.DictReader(fh))) == 2 * 3  # one line per row and metric
     # a second run into the same folder needs --force, refused before any row runs
     (tmp_path / "res" / "report.json").write_text("mine")
-    code, _, err = capsim("validate-published", str(FIXTURE), "--workers", "1", "--no-progress",
-                          "--backend", "trtllm", "--out", str(tmp_path / "res"))
+    code, _, err = capsim(*args)
     assert code == 2 and "already holds report.json, rows.csv, summary.csv; pass --force" in err
     assert (tmp_path / "res" / "report.json").read_text() == "mine"
-    code, _, err = capsim("validate-published", str(FIXTURE), "--workers", "1", "--no-progress",
-                          "--backend", "trtllm", "--out", str(tmp_path / "res"), "--force")
+    code, _, err = capsim(*args, "--force")
     assert code == 0, err
     assert json.loads((tmp_path / "res" / "report.json").read_text())["rows"]
 
