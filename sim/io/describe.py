@@ -33,7 +33,15 @@ def describe_setup(scenario, base_dir: str | Path) -> dict:
     slo = scenario.slo
     return {"model": scenario.model, "hardware": scenario.hardware, "scheduler": scenario.scheduler.kind,
             "slo": {"ttft_s": slo.ttft_s, "itl_s": slo.itl_s, "itl_stat": slo.itl_stat, "e2e_s": slo.e2e_s},
-            "step_time_fit": _fit_of(scenario, Path(base_dir))}
+            "step_time_fit": _fit_of(scenario, Path(base_dir)),
+            "scenario_sha256": scenario_digest(scenario)}
+
+
+def scenario_digest(scenario) -> str:
+    """sha256 of the validated scenario (after --set, defaults filled in) as JSON: two runs of one digest
+    simulated the same scenario text; `capsim report` checks it against the scenario it is given."""
+    import hashlib
+    return hashlib.sha256(scenario.model_dump_json().encode()).hexdigest()
 
 
 def slo_text(slo: dict) -> str:

@@ -75,7 +75,33 @@ def report_info(out_dir: str | Path, kind: str, scenario_path: str | None = None
         if have != (info.scenario.name, info.scenario.seed):
             raise ConfigError(f"{out / 'summary.json'}: scenario {have[0]!r} seed {have[1]} was run, but the scenario "
                               f"given is {info.scenario.name!r} seed {info.scenario.seed}")
+        _same_setup(out / "summary.json", summary.get("setup"), info)
     return info
+
+
+def _same_setup(path: Path, have: dict | None, info: ScenarioInfo) -> None:
+    """Refuse a scenario of the same name and seed whose model, hardware, scheduler, SLOs or step-time
+    model differ from what summary.json's `setup` says was run (folders written before `setup` pass)."""
+    import json
+
+    from sim.io.describe import describe_setup
+    from sim.io.errors import ConfigError
+    if not isinstance(have, dict):
+        return
+    given = json.loads(json.dumps(describe_setup(info.scenario, info.base_dir)))
+    if "scenario_sha256" not in have:   # written before the digest was recorded
+        given.pop("scenario_sha256")
+    differ = sorted((k for k in set(have) | set(given) if have.get(k) != given.get(k)),
+                    key=lambda k: (k == "scenario_sha256", k))   # a named field first, the digest last
+    if differ == ["scenario_sha256"]:
+        raise ConfigError(f"{path}: the scenario given is not the one run (setup.scenario_sha256 differs: another "
+                          "value of some field, e.g. a step-time coefficient, or another capsim version); give the "
+                          "scenario and --set overrides the run used")
+    if differ:
+        k = differ[0]
+        raise ConfigError(f"{path}: setup.{k} is {have.get(k)!r} in the run, but the scenario given has "
+                          f"{given.get(k)!r}" + (f" (also differs: {', '.join(differ[1:])})" if differ[1:] else "")
+                          + "; give the scenario and --set overrides the run used")
 
 
 def write_report(out_dir: str | Path, info: ScenarioInfo | None = None, scenario_path: str | None = None,

@@ -99,6 +99,11 @@ def test_report_of_a_folder_without_scenario(quickstart, tmp_path, capsys):
     assert "scenario 'quickstart' seed 0 was run, but the scenario given is 'capacity-example'" in err
     assert main(["report", str(bare), "--scenario", str(QUICKSTART)]) == 0
     assert (bare / "report.html").exists()
+    # the same name and seed, another scenario: a field summary.json's setup names, then one only the digest holds
+    assert main(["report", str(bare), "--scenario", str(QUICKSTART), "--set", "slo.ttft_s=3"]) == 2
+    assert "setup.slo is {'ttft_s': 2.0" in capsys.readouterr().err
+    assert main(["report", str(bare), "--scenario", str(QUICKSTART), "--set", "scheduler.max_num_seqs=63"]) == 2
+    assert "the scenario given is not the one run (setup.scenario_sha256 differs" in capsys.readouterr().err
     whole = (bare / "requests.csv").read_text()
     cut = whole[:whole.index("\n", len(whole) // 2) + 20]  # a file cut off inside a row
     (bare / "requests.csv").write_text(cut)

@@ -14,6 +14,11 @@ def test_summary_json_names_the_setup(capsys):
     assert main(["run", str(REPO_SCENARIOS / "capacity-example.yaml"), "--set", "workload.num_requests=3",
                  "--json"]) == 0
     setup = json.loads(capsys.readouterr().out)["setup"]
+    digest = setup.pop("scenario_sha256")
+    assert len(digest) == 64 and int(digest, 16) >= 0
+    assert main(["run", str(REPO_SCENARIOS / "capacity-example.yaml"), "--set", "workload.num_requests=4",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["setup"]["scenario_sha256"] != digest
     assert setup == {"model": "qwen3-8b", "hardware": "rtx-pro-6000-bw-ws", "scheduler": "chunked",
                      "slo": {"ttft_s": 2.0, "itl_s": None, "itl_stat": "max", "e2e_s": 20.0},
                      "step_time_fit": {"kind": "linear", "profile": None, "mape": None, "max_abs_rel_err": None,
