@@ -17,11 +17,11 @@ def sha256_of(path: str | Path) -> str:
         return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
-def input_files(base) -> dict[str, str]:
-    """SHA-256 of every file the scenario (with --set) names that exists as given (absolute, or relative to the
-    scenario: a trace, a profile, a hardware or model file beside it), by the text that names it: a resumed sweep must
-    read the same inputs, not only the same YAML. Not hashed: the repository's own profiles found by name, and files
-    named only in --grid values."""
+def input_files(base, axes: list = ()) -> dict[str, str]:
+    """SHA-256 of every file the scenario (with --set) or a --grid value names that exists as given (absolute, or
+    relative to the scenario: a trace, a profile, a hardware or model file beside it), by the text that names it: a
+    resumed sweep must read the same inputs, not only the same YAML. Not hashed: the repository's own profiles found
+    by name (they come with the installed capsim)."""
     from sim.io.config import set_dotted
     data = copy.deepcopy(base.data)
     for key, value in base.overrides:
@@ -43,12 +43,13 @@ def input_files(base) -> dict[str, str]:
             except OSError:
                 pass
     walk(data)
+    walk([list(a.values) for a in axes])
     return dict(sorted(found.items()))
 
 
 def manifest(scenario: str | Path, base, axes: list, n: int) -> dict:
     """sweep.json's content for a sweep of `scenario` (a sweep.Base with its --set) over `axes` (n points)."""
-    return {"scenario": str(scenario), "scenario_sha256": sha256_of(scenario), "inputs_sha256": input_files(base),
+    return {"scenario": str(scenario), "scenario_sha256": sha256_of(scenario), "inputs_sha256": input_files(base, axes),
             "set": [[k, v] for k, v in base.overrides],
             "grid": [{"key": a.key, "values": list(a.values)} for a in axes], "points": n}
 

@@ -277,3 +277,17 @@ def test_resume_refuses_a_sweep_whose_trace_changed_since(tmp_path):
         run_sweep(path, ["scheduler.max_num_seqs=4,16"], out, workers=1, progress=False, plots=False)
     fresh = run_sweep(path, ["scheduler.max_num_seqs=4,16"], out, workers=1, progress=False, plots=False, fresh=True)
     assert fresh.computed == 2
+
+
+def test_resume_refuses_a_sweep_whose_grid_file_changed_since(tmp_path):
+    """A file named only in a --grid value (here the second of two traces) is hashed as well."""
+    for name, out_tokens in (("a.csv", 20), ("b.csv", 30)):
+        (tmp_path / name).write_text("arrival_s,prompt_tokens,output_tokens\n"
+                                     + "".join(f"{0.2 * i},{300 + i},{out_tokens}\n" for i in range(20)))
+    path = write_scenario(tmp_path, workload={"kind": "trace", "path": "a.csv", "format": "csv"})
+    out, grid = tmp_path / "o", ["workload.path=a.csv,b.csv"]
+    run_sweep(path, grid, out, workers=1, progress=False, plots=False)
+    assert list(json.loads((out / "sweep.json").read_text())["inputs_sha256"]) == ["a.csv", "b.csv"]
+    (tmp_path / "b.csv").write_text((tmp_path / "b.csv").read_text().replace(",30\n", ",40\n"))
+    with pytest.raises(ConfigError, match=r"its sweep read other inputs \(b.csv changed since\)"):
+        run_sweep(path, grid, out, workers=1, progress=False, plots=False)
