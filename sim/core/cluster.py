@@ -17,7 +17,8 @@ from sim.io.schema import StrictModel
 class RouterConfig(StrictModel):
     """How requests are spread over replicas, and how fast health checks notice a replica going down."""
     kind: Literal["round_robin", "least_outstanding", "affinity"] = "least_outstanding"
-    health_check_interval_s: PositiveFloat = Field(5.0, description="Seconds between health checks")
+    health_check_interval_s: float = Field(5.0, ge=1e-3, description="Seconds between health checks (at least 1 ms: "
+                                         "each check is an event for as long as requests are in flight)")
     health_check_timeout_s: NonNegativeFloat = Field(2.0, description="A down replica is marked down this long after a check")
 
 
@@ -52,6 +53,11 @@ class ClusterConfig(StrictModel):
         for i, f in enumerate(self.faults):
             if f.replica >= self.replicas:
                 raise ValueError(f"faults.{i}.replica ({f.replica}) must be < replicas ({self.replicas})")
+        spans = sorted((f.replica, f.start_s, f.end_s, i) for i, f in enumerate(self.faults))
+        for (r0, _, end0, i0), (r1, start1, _, i1) in zip(spans, spans[1:]):
+            if r0 == r1 and start1 <= end0:  # the replica is still down: the later fault would do nothing
+                raise ValueError(f"faults.{i1} (replica {r1}, start_s {start1}) starts before faults.{i0} of the "
+                                 f"same replica has ended (end_s {end0}); give one fault for the whole interval")
         return self
 
 
@@ -134,6 +140,7 @@ class Replica:
         self.marked_up = True
         self.incarnation = 0
         self.retired: list[Replica] = []  # earlier incarnations (before a fault), for their stats
+        self.idle_get = None  # the inbox.get an idle loop waits on: its request is in neither inbox nor scheduler
 
     @property
     def outstanding(self) -> int:
@@ -142,6 +149,9 @@ class Replica:
         return len(self.inbox.items) + len(s.waiting) + len(s.running)
 
     def requests(self) -> list:
-        """Everything this replica holds (for a fault): inbox, running (admission order), waiting."""
+        """Everything this replica holds (for a fault): inbox, running (admission order), waiting, and a
+        request handed to its idle loop that the loop has not taken yet (a fault in the same instant)."""
         s = self.scheduler
-        return list(self.inbox.items) + list(s.running.values()) + list(s.waiting)
+        got = self.idle_get
+        handed = [got.value] if got is not None and got.triggered else []
+        return handed + list(self.inbox.items) + list(s.running.values()) + list(s.waiting)

@@ -127,7 +127,10 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
                 on_dropped(now)
             if plan is None:
                 if not scheduler.has_work:
-                    scheduler.admit((yield inbox.get()), env.now)
+                    replica.idle_get = inbox.get()
+                    req = yield replica.idle_get
+                    replica.idle_get = None
+                    scheduler.admit(req, env.now)
                 continue
             start, index = now, scheduler.iteration
             blocks = (pool.used_blocks, pool.cached_free.count, pool.host_used_blocks)

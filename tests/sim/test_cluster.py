@@ -2,6 +2,7 @@
 
 import pytest
 
+from sim.core.cluster import ClusterConfig, RouterConfig
 from tests.sim.helpers import run, scenario
 
 WL = {"kind": "synthetic", "num_requests": 400, "arrival": {"kind": "poisson", "rate_rps": 8.0},
@@ -99,3 +100,29 @@ def test_branches_of_a_failed_leader_go_on_their_own():
     req = out[0].requests
     assert len(req) == 3 and req.loc[req["id"] == 0, "status"].item() == "failed"
     assert (req["status"] == "finished").sum() >= 1
+
+
+def test_a_fault_at_time_zero_loses_no_request():
+    """A request handed to the idle loop in the instant its replica fails is failed (or retried) with the others;
+    it had been lost, and the health checks ran on forever waiting for it."""
+    wl = {"kind": "requests", "requests": [{"arrival_s": 0.0, "prompt_tokens": 100, "output_tokens": 4},
+                                           {"arrival_s": 6.0, "prompt_tokens": 100, "output_tokens": 4}]}
+    res = run(scenario(workload=wl, cluster=cluster(1, faults=[{"replica": 0, "start_s": 0.0, "end_s": 5.0}],
+                                                    on_failure="fail")))
+    assert res.summary["requests"] == 2 and res.summary["failed"] == 1 and res.summary["completed"] == 1
+
+
+@pytest.mark.parametrize("second, ok", [((2.0, 9.0), False), ((3.0, 9.0), False), ((3.5, 9.0), True)])
+def test_overlapping_faults_of_one_replica_are_refused(second, ok):
+    """A second fault that starts while the replica is still down did nothing: refused, naming both."""
+    faults = [{"replica": 0, "start_s": 1.0, "end_s": 3.0}, {"replica": 0, "start_s": second[0], "end_s": second[1]}]
+    if ok:
+        ClusterConfig(replicas=1, faults=faults)
+        return
+    with pytest.raises(ValueError, match=r"faults.1 \(replica 0, start_s .*\) starts before faults.0 of the same"):
+        ClusterConfig(replicas=1, faults=faults)
+
+
+def test_health_checks_have_a_floor():
+    with pytest.raises(ValueError, match="greater than or equal to 0.001"):
+        RouterConfig(health_check_interval_s=1e-9)
