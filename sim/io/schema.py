@@ -38,13 +38,15 @@ def _construct_unique_mapping(loader: _UniqueKeyLoader, node, deep: bool = False
             continue
         key = loader.construct_object(key_node, deep=deep)
         try:
-            first = seen.setdefault(key, key_node.start_mark.line)
+            first = seen.setdefault(key, key_node)
         except TypeError:  # an unhashable key: PyYAML reports it itself
             continue
-        if first != key_node.start_mark.line:
+        if first is not key_node:  # by node, not by line: `{a: 1, a: 2}` on one line is a duplicate too
+            mark = first.start_mark
             raise yaml.constructor.ConstructorError(
                 "while constructing a mapping", node.start_mark,
-                f"duplicate key {key!r} (first given on line {first + 1})", key_node.start_mark)
+                f"duplicate key {key!r} (first given on line {mark.line + 1}, column {mark.column + 1})",
+                key_node.start_mark)
     return yaml.SafeLoader.construct_mapping(loader, node, deep)
 
 

@@ -72,7 +72,13 @@ def test_duplicate_yaml_key_is_an_error(tmp_path):
     p.write_text(EXAMPLE.read_text().replace("seed: 0\n", "seed: 0\nseed: 1\n"))
     with pytest.raises(ConfigError) as exc:
         load_scenario(p)
-    assert str(exc.value) == f"{p}: line 8, column 1: invalid YAML: duplicate key 'seed' (first given on line 7)"
+    assert str(exc.value) == (f"{p}: line 8, column 1: invalid YAML: duplicate key 'seed' (first given on line 7, "
+                              "column 1)")
+    # on one line (a flow mapping, JSON, a --set value): the last one had silently won
+    p.write_text("name: dup\nkv: {block_tokens: 16, budget: 12GiB, block_tokens: 65536}\n")
+    with pytest.raises(ConfigError, match=r"line 2, column 39: invalid YAML: duplicate key 'block_tokens' \(first "
+                                          r"given on line 2, column 6\)"):
+        load_scenario(p)
 
 
 def test_merge_keys_may_still_override(tmp_path):
