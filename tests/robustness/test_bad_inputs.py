@@ -274,3 +274,21 @@ def test_requests_beyond_the_models_context_are_warned_about(capsys):
 ])
 def test_a_mapping_without_its_kind_lists_the_kinds(capsys, override, expected):
     assert errors_of(capsys, ["run", str(EXAMPLE), "--set", override]) == [f"error: {EXAMPLE}: {expected}"]
+
+
+@pytest.mark.parametrize("acceptance, expected", [
+    ("{kind: constant, a: 1.5}", "scheduler.speculative.acceptance: a[0] = 1.5 is not a probability in [0, 1]"),
+    ("{kind: per_position, a: [0.9, -0.2, 0.5, 0.5]}",
+     "scheduler.speculative.acceptance: a[1] = -0.2 is not a probability in [0, 1]"),
+    ("{kind: per_position, a: []}", "scheduler.speculative: acceptance.a has 0 positions, fewer than num_draft_tokens "
+     "(4)"),
+    ("{kind: vllm_rates, a: [0.2, 0.5, 0.9, 1.0]}", "scheduler.speculative.acceptance: per_position_rates must not "
+     "increase"),
+    ("{kind: beta, alpha: 1, beta: 1, a: 0.3}", "scheduler.speculative.acceptance: acceptance kind beta does not use a"),
+])
+def test_speculative_acceptance_is_checked_with_the_scenario(capsys, acceptance, expected):
+    """These had passed validate-scenario and then stopped the run with a ValueError traceback (or, the last, been
+    ignored)."""
+    spec = f"scheduler.speculative={{draft: {{kind: ngram}}, num_draft_tokens: 4, acceptance: {acceptance}}}"
+    lines = errors_of(capsys, ["run", str(EXAMPLE), "--set", spec, *SMALL])
+    assert len(lines) == 1 and lines[0].startswith(f"error: {EXAMPLE}: {expected}")

@@ -15,7 +15,8 @@ import numpy as np
 from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from sim.io.schema import StrictModel
-from sim.models.speculative import AcceptanceModel, adaptive_draft_length, conditional_from_rates, sample_accepted
+from sim.models.speculative import (AcceptanceModel, _acceptance_array, adaptive_draft_length, conditional_from_rates,
+                                   sample_accepted)
 from sim.io.units import parse_bytes
 
 
@@ -84,6 +85,13 @@ class AcceptanceConfig(StrictModel):
             raise ValueError("acceptance kind constant takes one number a")
         elif self.kind != "constant" and not isinstance(self.a, list):
             raise ValueError(f"acceptance kind {self.kind} takes a list a (one value per draft position)")
+        unused = [f for f in (("a",) if self.kind == "beta" else ("alpha", "beta")) if getattr(self, f) is not None]
+        if unused:
+            raise ValueError(f"acceptance kind {self.kind} does not use {' or '.join(unused)}")
+        if self.kind == "vllm_rates":
+            conditional_from_rates(self.a)  # in [0, 1] and not increasing
+        elif self.kind != "beta":
+            _acceptance_array([self.a] if self.kind == "constant" else self.a, "a")
         return self
 
     def model(self, num_drafts: int) -> AcceptanceModel:
@@ -105,6 +113,14 @@ class SpeculativeConfig(StrictModel):
     num_draft_tokens: PositiveInt = Field(description="Drafts per round (the most, when adaptive)")
     adaptive: bool = Field(False, description="Per request, lengthen drafts while dT/dN < T/N (reference section 8)")
     acceptance: AcceptanceConfig
+
+    @model_validator(mode="after")
+    def _positions(self):
+        acc = self.acceptance
+        if acc.kind in ("per_position", "vllm_rates") and len(acc.a) < self.num_draft_tokens:
+            raise ValueError(f"acceptance.a has {len(acc.a)} positions, fewer than num_draft_tokens "
+                             f"({self.num_draft_tokens})")
+        return self
 
 
 class Speculator:
