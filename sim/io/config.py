@@ -143,6 +143,9 @@ class ExplicitRequest(StrictModel):
             raise ValueError(f"prefix.tokens ({self.prefix.tokens}) exceeds prompt_tokens ({self.prompt_tokens})")
         if self.prefix is not None and self.context_of is not None:
             raise ValueError("give either prefix or context_of, not both")
+        if self.cancel_at_s is not None and self.cancel_at_s < self.arrival_s:
+            raise ValueError(f"cancel_at_s ({self.cancel_at_s}) is before arrival_s ({self.arrival_s}): a client "
+                             "cancels a request it has sent")
         return self
 
 

@@ -79,6 +79,25 @@ def test_same_seed_same_bytes(kind, tmp_path):
     assert hashlib.sha256((out2 / "requests.csv").read_bytes()).hexdigest() != digests[0][1]
 
 
+@pytest.mark.parametrize("cancel, outside, finish", [(0.012, 0.0, 0.012), (0.5, 1.0, 1.01), (0.01, 0.0, 0.01)])
+def test_a_request_cancelled_at_the_replicas_door_leaves_from_there(cancel, outside, finish):
+    """Cancelled before its replica took it from the inbox (the replica busy, or the cancel due before it reached
+    the engine): it leaves cancelled, never admitted. The cancel had stopped the run with a KeyError."""
+    reqs = [{"arrival_s": 0.0, "prompt_tokens": 3000, "output_tokens": 50},
+            {"arrival_s": 0.01, "prompt_tokens": 100, "output_tokens": 5, "cancel_at_s": cancel,
+             "outside_wait_s": outside},
+            {"arrival_s": 0.02, "prompt_tokens": 100, "output_tokens": 5}]
+    req = run(scenario(workload={"kind": "requests", "requests": reqs})).requests.set_index("id")
+    assert req["status"].tolist() == ["finished", "cancelled", "finished"]
+    assert np.isnan(req.loc[1, "admitted_s"]) and req.loc[1, "finish_s"] == pytest.approx(finish)
+
+
+def test_cancel_before_arrival_is_refused():
+    from sim.io.config import ExplicitRequest
+    with pytest.raises(ValueError, match=r"cancel_at_s \(1.0\) is before arrival_s \(5.0\)"):
+        ExplicitRequest(arrival_s=5.0, prompt_tokens=100, output_tokens=5, cancel_at_s=1.0)
+
+
 def test_cancellation_frees_blocks_after_the_in_flight_iteration():
     reqs = [{"arrival_s": 0.0, "prompt_tokens": 2048, "output_tokens": 200, "cancel_at_s": 1.0},
             {"arrival_s": 0.0, "prompt_tokens": 2048, "output_tokens": 100}]

@@ -110,6 +110,9 @@ class Scheduler:
     # ---- arrivals, cancellation -----------------------------------------------------------
     def admit(self, req: Request, now_s: float) -> None:
         """Queue an arriving request (admission into the batch happens in plan)."""
+        if req.status is Status.CANCELLED:  # the client gave up while it waited at this replica's door
+            self.dropped.append(req)
+            return
         if (blocks := self.pool.blocks_for(self._reserve_tokens(req))) > self.pool.num_blocks:
             self._reject(req, "kv: request needs more blocks than the whole pool")
             return
@@ -137,6 +140,9 @@ class Scheduler:
             self.dropped.append(req)
             return
         req.status = Status.CANCELLED
+        if req.rid not in self.running and req not in self.waiting:  # still in the inbox: `admit` drops it
+            req.finish_s = now_s
+            return
         self._cancelled_in_flight.append(req)
 
     def _enqueue(self, req: Request, front: bool = False, blocks: int | None = None) -> None:
