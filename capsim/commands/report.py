@@ -47,14 +47,32 @@ def _add_report(sub) -> argparse.ArgumentParser:
                                       "by --report; a validation also records its scenario in validation.json)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value",
                    help="the --set overrides the run used (with --scenario; repeatable)")
+    p.add_argument("--force", action="store_true", help="replace an existing OUT_DIR/report.html (and a plan's "
+                                                        "at-capacity/ run)")
     return p
 
 
+def check_report_out(out_dir: str | Path, force: bool) -> None:
+    """Refuse, before any work, to replace the report.html (and a plan's at-capacity/ folder) that OUT_DIR
+    already holds unless `force`; `run/plan/validate --report` check their own --out instead."""
+    from sim.report import REPORT_FILE, folder_kind
+    from sim.report.plan import AT_CAPACITY
+    out = Path(out_dir)
+    names = [REPORT_FILE] + ([AT_CAPACITY] if folder_kind(out) == "plan" else [])
+    if (out / REPORT_FILE).is_dir():
+        raise ConfigError(f"{out}: {REPORT_FILE} is a folder there, where capsim report writes a file; move it")
+    present = [n for n in names if (out / n).exists() or (out / n).is_symlink()]
+    if present and not force:
+        raise ConfigError(f"{out}: already holds {' and '.join(present)}; pass --force to replace "
+                          f"{'them' if len(present) > 1 else 'it'}")
+
+
 def cmd_report(args) -> int:
-    """capsim report OUT_DIR [--scenario FILE [--set k=v ...]]."""
+    """capsim report OUT_DIR [--scenario FILE [--set k=v ...]] [--force]."""
     from sim.report import write_report
     if args.overrides and not args.scenario:
         raise ConfigError("--set needs --scenario (OUT_DIR/scenario.json already holds its overrides)")
+    check_report_out(args.out_dir, args.force)
     path = write_report(args.out_dir, scenario_path=args.scenario, overrides=args.overrides)
     _announce(path, args)
     return 0

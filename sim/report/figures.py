@@ -38,6 +38,13 @@ def _figure(width: float, height: float, rows: int = 1, cols: int = 1, **kw):
     return fig, axes
 
 
+def _legend(ax, **kw) -> None:
+    """A legend, only when the axes hold something labelled (a run where nothing finished draws no curve,
+    and matplotlib warns on an empty legend)."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(**kw)
+
+
 def ecdf_points(values, max_points: int = MAX_CDF_POINTS) -> tuple[np.ndarray, np.ndarray]:
     """(x, F(x)) of the empirical CDF of the finite values; thinned to at most `max_points` steps (the
     order statistics at evenly spaced ranks, always keeping the smallest and the largest)."""
@@ -67,12 +74,13 @@ def latency_cdfs(series: dict[str, object], slo: dict[str, float | None], title:
     fig, axes = _figure(10, 6.2, 2, 2)
     styles = [dict(color="C0"), dict(color="black", linestyle="--"), dict(color="C1", linestyle=":")]
     for ax, (col, name, slo_key) in zip(axes.flat, LATENCY_PANELS):
-        everything = []
+        everything, drawn = [], False
         for (label, req), style in zip(series.items(), styles):
             fin = req.loc[req["status"] == "finished", col].to_numpy(dtype=float) * 1e3
             x, y = ecdf_points(fin)
             everything.extend(x)
             if len(x):
+                drawn = True
                 ax.step(x, y, where="post", label=f"{label} ({int(np.isfinite(fin).sum())} requests)", **style)
         bound = slo.get(slo_key) if slo_key else None
         if bound:
@@ -83,7 +91,9 @@ def latency_cdfs(series: dict[str, object], slo: dict[str, float | None], title:
         ax.set_ylabel("fraction of finished requests")
         ax.set_ylim(0, 1.02)
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7, loc="lower right")
+        if not drawn:
+            ax.text(0.5, 0.5, "no finished request has a value", transform=ax.transAxes, ha="center", va="center")
+        _legend(ax, fontsize=7, loc="lower right")
     if title:
         fig.suptitle(title)
     return _svg(fig)
@@ -132,8 +142,10 @@ def timeline(iterations, block_bytes: float, kv_capacity_bytes: float) -> tuple[
     for ax in axes[:, 0]:
         ax.grid(True, alpha=0.3)
         ax.set_ylim(bottom=0)
-    axes[0, 0].legend(fontsize=7, loc="upper right")
-    kv_ax.legend(fontsize=7, loc="lower right")
+    if not len(its):
+        axes[0, 0].text(0.5, 0.5, "no iterations ran", transform=axes[0, 0].transAxes, ha="center", va="center")
+    _legend(axes[0, 0], fontsize=7, loc="upper right")
+    _legend(kv_ax, fontsize=7, loc="lower right")
     kv_ax.set_xlabel("simulated time (s)")
     how = ("every iteration drawn as a step" if raw else
            f"{len(its):,} iterations in {TIME_BINS} time bins of {(edges[1] - edges[0]):.3g} s: thick line the "

@@ -117,6 +117,55 @@ ITERATION_NEEDS = ("replica", "start_s", "duration_s", "batch_size", "new_tokens
                    "decode_sequences", "kv_blocks_in_use")
 SUMMARY_NEEDS = ("scenario", "requests", "completed", "good", "makespan_s", "ttft_s", "tpot_s", "itl_s", "e2e_s",
                  "kv_capacity_bytes", "kv_capacity_blocks", "memory_fit")
+SHOWN_NEEDS = ("kv_budget_bytes", "weights_bytes", "peak_kv_bytes", "output_throughput_tok_s",
+               "request_throughput_rps", "goodput_rps", "slo_attainment")
+"""Keys a run's report sections read besides SUMMARY_NEEDS (an engine's measured summary need not have them)."""
+STATS = ("mean", "median", "p90", "p99", "max")
+
+NUMBER, POSITIVE, FLAG = "a number", "a number above 0", "true or false"
+LATENCY = f"a mapping of {', '.join(STATS)} to numbers or null"
+SUMMARY_FIELDS = {
+    **dict.fromkeys(("requests", "completed", "good", "makespan_s", "kv_budget_bytes", "weights_bytes",
+                     "peak_kv_bytes", "kv_need_bytes", "rejected", "cancelled", "failed", "replicas", "iterations",
+                     "kv_limited_requests", "kv_rejected_requests", "preemptions", "recomputed_tokens"),
+                    (NUMBER, False)),
+    **dict.fromkeys(("kv_capacity_bytes", "kv_capacity_blocks"), (POSITIVE, False)),
+    **dict.fromkeys(("output_throughput_tok_s", "request_throughput_rps", "goodput_rps", "slo_attainment",
+                     "gpu_seconds_per_good", "energy_j", "energy_j_per_good"), (NUMBER, True)),
+    **dict.fromkeys(("memory_fit", "card_fit"), (FLAG, False)),
+    **dict.fromkeys(("ttft_s", "itl_s", "tpot_s", "e2e_s"), (LATENCY, False)),
+}
+"""summary.json's fields the report reads: (what each must be, whether null is allowed: a run writes null
+where there is nothing to divide by, e.g. no throughput over an empty window)."""
+
+
+def _is_number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+CHECKS = {NUMBER: _is_number, POSITIVE: lambda v: _is_number(v) and v > 0, FLAG: lambda v: isinstance(v, bool),
+          LATENCY: lambda v: isinstance(v, dict)}
+
+
+def _got(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def check_summary(path: Path, summary: dict, measured: bool = False) -> None:
+    """Refuse a summary.json field the report reads that is not what `capsim run` writes (a hand-edited or
+    damaged file), naming the field; `measured`: an engine's summary, where any field may be null."""
+    for field, (kind, nullable) in SUMMARY_FIELDS.items():
+        value = summary.get(field)
+        if field not in summary or (value is None and (nullable or measured)):
+            continue
+        if not CHECKS[kind](value):
+            raise ConfigError(f"{path}: field {field!r}: expected {kind}{' or null' if nullable else ''}, "
+                              f"got {_got(value)}")
+        for stat in STATS if kind == LATENCY else ():
+            if value.get(stat) is not None and not _is_number(value[stat]):
+                raise ConfigError(f"{path}: field '{field}.{stat}': expected a number or null, "
+                                  f"got {_got(value[stat])}")
 
 
 @dataclass
@@ -129,14 +178,16 @@ class RunData:
     iterations: pd.DataFrame
 
 
-def load_run(folder: str | Path) -> RunData:
-    """Read a run's three output files, checking that they are what `capsim run --out` writes."""
+def load_run(folder: str | Path, measured: bool = False) -> RunData:
+    """Read a run's three output files, checking that they are what `capsim run --out` writes (`measured`:
+    the measured side of a validation, whose summary only needs SUMMARY_NEEDS and may hold nulls)."""
     folder = Path(folder)
     summary = _read_json(folder / "summary.json")
-    missing = [k for k in SUMMARY_NEEDS if k not in summary]
+    missing = [k for k in SUMMARY_NEEDS + (() if measured else SHOWN_NEEDS) if k not in summary]
     if missing:
         raise ConfigError(f"{folder / 'summary.json'}: missing key(s) {', '.join(missing)} "
                           "(expected the summary `capsim run --out` writes)")
+    check_summary(folder / "summary.json", summary, measured)
     run = RunData(folder, summary, read_table(folder / "requests.csv", REQUEST_NEEDS, REQUEST_COMPLETE),
                   read_table(folder / "iterations.csv", ITERATION_NEEDS, ITERATION_NEEDS))
     for name, table, key in (("requests.csv", run.requests, "requests"), ("iterations.csv", run.iterations,

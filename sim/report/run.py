@@ -6,11 +6,10 @@ from __future__ import annotations
 from sim.io.units import fmt_bytes
 from sim.report import figures, steptime
 from sim.report.html import Cell, Page, bullet_list, definition_list, figure, number, paragraph, shown_path, table
-from sim.report.inputs import RunData, ScenarioInfo
+from sim.report.inputs import STATS, RunData, ScenarioInfo
 
 LATENCIES = (("ttft_s", "TTFT (time to first token)"), ("tpot_s", "TPOT (time per output token after the first)"),
              ("itl_s", "ITL (inter-token latency, all gaps pooled)"), ("e2e_s", "E2E (end-to-end latency)"))
-STATS = ("mean", "median", "p90", "p99", "max")
 SLOWEST = 10
 
 

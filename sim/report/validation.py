@@ -143,7 +143,7 @@ def point_section(out_dir: Path, report: dict, i: int, slo: dict) -> str:
     """One point: tables, then CDF overlays and per-request scatter from its measured/simulated tables."""
     point = report["points"][i]
     d = point_dir(out_dir, report, i)
-    measured, simulated = load_run(d / "measured"), load_run(d / "simulated")
+    measured, simulated = load_run(d / "measured", measured=True), load_run(d / "simulated")
     same = point.get("replay_consistency", {})
     def n(x):   # one replay's count, or each replay's (a vLLM validation keeps them all)
         return ", ".join(map(str, x)) if isinstance(x, list) else str(x)

@@ -54,7 +54,7 @@ def test_validation_report(tmp_path, scenario, tiny_run, capsys):
     # the regenerated report (from validation.json's own record of the scenario) is the same page
     first = (out / "report.html").read_bytes()
     (out / "scenario.json").unlink()
-    assert main(["report", str(out)]) == 0
+    assert main(["report", str(out), "--force"]) == 0
     assert (out / "report.html").read_bytes() == first
     exe = find_chromium()
     if exe is None:

@@ -81,7 +81,7 @@ def test_report_command_writes_the_same_bytes(quickstart, tmp_path, capsys):
     first = (quickstart / "report.html").read_bytes()
     copy = tmp_path / "copy"
     shutil.copytree(quickstart, copy)
-    assert main(["report", str(copy)]) == 0
+    assert main(["report", str(copy), "--force"]) == 0
     assert "report.html" in capsys.readouterr().out
     again = (copy / "report.html").read_bytes()
     assert again.replace(str(copy).encode(), b"DIR") == first.replace(str(quickstart).encode(), b"DIR")
@@ -99,27 +99,29 @@ def test_report_of_a_folder_without_scenario(quickstart, tmp_path, capsys):
     assert "scenario 'quickstart' seed 0 was run, but the scenario given is 'capacity-example'" in err
     assert main(["report", str(bare), "--scenario", str(QUICKSTART)]) == 0
     assert (bare / "report.html").exists()
+    # from here on the folder holds report.html: each try passes --force to get to the check it shows
     # the same name and seed, another scenario: a field summary.json's setup names, then one only the digest holds
-    assert main(["report", str(bare), "--scenario", str(QUICKSTART), "--set", "slo.ttft_s=3"]) == 2
+    assert main(["report", str(bare), "--force", "--scenario", str(QUICKSTART), "--set", "slo.ttft_s=3"]) == 2
     assert "setup.slo is {'ttft_s': 2.0" in capsys.readouterr().err
-    assert main(["report", str(bare), "--scenario", str(QUICKSTART), "--set", "scheduler.max_num_seqs=63"]) == 2
+    assert main(["report", str(bare), "--force", "--scenario", str(QUICKSTART), "--set",
+                 "scheduler.max_num_seqs=63"]) == 2
     assert "the scenario given is not the one run (setup.scenario_sha256 differs" in capsys.readouterr().err
     whole = (bare / "requests.csv").read_text()
     cut = whole[:whole.index("\n", len(whole) // 2) + 20]  # a file cut off inside a row
     (bare / "requests.csv").write_text(cut)
-    assert main(["report", str(bare), "--scenario", str(QUICKSTART)]) == 2
+    assert main(["report", str(bare), "--force", "--scenario", str(QUICKSTART)]) == 2
     assert f"requests.csv: line {cut.count(chr(10)) + 1}: no value in " in capsys.readouterr().err
     rows = whole.splitlines(keepends=True)
     (bare / "requests.csv").write_text("".join(rows[:-3]))  # cut at a row's end: only the count tells
-    assert main(["report", str(bare), "--scenario", str(QUICKSTART)]) == 2
+    assert main(["report", str(bare), "--force", "--scenario", str(QUICKSTART)]) == 2
     assert (f"requests.csv: {len(rows) - 4:,} rows, but summary.json says {len(rows) - 1:,} requests (a file cut "
             "short, or files of two runs)") in capsys.readouterr().err
     (bare / "requests.csv").write_text("id,status\n0,finished\n")
-    assert main(["report", str(bare), "--scenario", str(QUICKSTART)]) == 2
+    assert main(["report", str(bare), "--force", "--scenario", str(QUICKSTART)]) == 2
     assert "requests.csv: missing column(s)" in capsys.readouterr().err
     (bare / "requests.csv").write_text(whole)
     (bare / "summary.json").write_bytes(b"\xff\xfe{}")
-    assert main(["report", str(bare), "--scenario", str(QUICKSTART)]) == 2
+    assert main(["report", str(bare), "--force", "--scenario", str(QUICKSTART)]) == 2
     assert "summary.json: not a UTF-8 text file" in capsys.readouterr().err
     assert main(["report", str(tmp_path / "nothing")]) == 2
     assert "not a folder" in capsys.readouterr().err
