@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.io.config import (AllAtOnce, ClosedLoop, ConstantRate, Empirical, Fixed, GammaArrivals, LogNormal, Poisson,
+from sim.io.config import (MAX_TOKENS, AllAtOnce, ClosedLoop, ConstantRate, Empirical, Fixed, GammaArrivals, LogNormal, Poisson,
                         RequestList, Synthetic, Trace, Uniform)
 from sim.io.errors import ConfigError
 from sim.workloads.trace_prefixes import prefix_segments, read_prefix_columns
@@ -83,17 +83,38 @@ def _lengths(dist, n: int, rng: np.random.Generator, base: Path, field: str) -> 
         return np.clip(x, dist.min, dist.max).astype(np.int64)
     if isinstance(dist, Empirical):
         path = (base / dist.path) if not Path(dist.path).is_absolute() else Path(dist.path)
-        import pandas as pd  # only here: a run without an empirical distribution never imports pandas
-        try:
-            col = pd.read_csv(path, usecols=[dist.column])[dist.column].to_numpy()
-        except FileNotFoundError:
-            raise ConfigError(f"workload.{field}.path: file not found: {path}") from None
-        except ValueError:
-            raise ConfigError(f"workload.{field}.column: {dist.column!r} is not a column of {path}") from None
-        if len(col) == 0 or not np.all(col >= 1):
-            raise ConfigError(f"workload.{field}: {path} column {dist.column!r} needs positive integers")
-        return rng.choice(col.astype(np.int64), size=n, replace=True)
+        return rng.choice(_empirical_column(path, dist.column, field), size=n, replace=True)
     raise AssertionError(dist)
+
+
+def _empirical_column(path: Path, column: str, field: str) -> np.ndarray:
+    """An empirical length distribution's column: whole token counts 1..MAX_TOKENS, one per data line (blank lines
+    skipped); a bad cell is named by its line."""
+    import csv
+    try:
+        with open(path, newline="", encoding="utf-8-sig") as fh:
+            reader = csv.reader(fh)
+            header = next(reader, [])
+            if column not in header:
+                raise ConfigError(f"workload.{field}.column: {column!r} is not a column of {path} (it has: "
+                                  f"{', '.join(map(repr, header)) or 'no header'})")
+            at, values = header.index(column), []
+            for row in reader:
+                if not row:
+                    continue
+                cell = row[at].strip() if at < len(row) else ""
+                if not (cell.isascii() and cell.isdigit()) or not 1 <= int(cell) <= MAX_TOKENS:
+                    raise ConfigError(f"workload.{field}: {path}: line {reader.line_num}, column {column!r}: expected a "
+                                      f"whole number of tokens, 1 to {MAX_TOKENS:,}, got {cell!r}")
+                values.append(int(cell))
+    except FileNotFoundError:
+        raise ConfigError(f"workload.{field}.path: file not found: {path}") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError, csv.Error) as exc:
+        raise ConfigError(f"workload.{field}.path: {path}: cannot be read as a CSV file "
+                          f"({type(exc).__name__}: {exc})") from None
+    if not values:
+        raise ConfigError(f"workload.{field}: {path} column {column!r} has no values")
+    return np.asarray(values, dtype=np.int64)
 
 
 def _arrivals(dist, n: int, rng: np.random.Generator, start_s: float) -> np.ndarray:

@@ -49,6 +49,28 @@ def test_length_distributions_and_seed_independence(tmp_path):
     assert np.array_equal(wl.arrival_s, wl2.arrival_s) and np.array_equal(wl.prompt_tokens, wl2.prompt_tokens)
 
 
+@pytest.mark.parametrize("text, expected", [
+    ("n\n7\nabc\n", r"lens.csv: line 3, column 'n': expected a whole number of tokens, 1 to 100,000,000, got 'abc'"),
+    ("n\n7\n\n\n1e20\n", r"lens.csv: line 5, column 'n': .* got '1e20'"),  # blank lines counted
+    ("n\n100.5\n", r"line 2, column 'n': .* got '100.5'"),
+    ("n\n200000000\n", r"line 2, column 'n': .* got '200000000'"),
+    ("n\n0\n", r"line 2, column 'n': .* got '0'"),
+    ("n\n", r"lens.csv column 'n' has no values"),
+    ("m\n5\n", r"workload.output_tokens.column: 'n' is not a column of .*lens.csv \(it has: 'm'\)"),
+])
+def test_empirical_lengths_name_the_bad_line(tmp_path, text, expected):
+    """Text had raised a TypeError, 1e20 and inf had become -9223372036854775808 tokens, 100.5 had been cut to 100."""
+    (tmp_path / "lens.csv").write_text(text)
+    cfg = synth({"kind": "poisson", "rate_rps": 1.0}, n=10, output={"kind": "empirical", "path": "lens.csv",
+                                                                    "column": "n"})
+    with pytest.raises(ConfigError, match=expected):
+        build_workload(cfg, 0, tmp_path)
+    (tmp_path / "lens.csv").unlink()
+    (tmp_path / "lens.csv").mkdir()
+    with pytest.raises(ConfigError, match=r"lens.csv: cannot be read as a CSV file \(IsADirectoryError"):
+        build_workload(cfg, 0, tmp_path)
+
+
 def test_azure_trace_window_and_scaling(shared_data):
     path = shared_data / "traces" / "azure_llm_2023" / "AzureLLMInferenceTrace_conv.csv"
     t, p, o = read_trace(path, "azure")
