@@ -152,6 +152,19 @@ def _hash_ids(value, path: Path, line: int) -> list | None:
     return value
 
 
+def _line_of_row(path: Path, k: int, header: bool) -> int:
+    """The line number of data row k (0-based) as the readers count rows: blank lines are not rows."""
+    with _open_text(path) as fh:
+        n = -1
+        for i, text in enumerate(_lines(fh, path), start=1):
+            if (header and i == 1) or not text.strip():
+                continue
+            n += 1
+            if n == k:
+                return i
+    raise AssertionError(f"{path}: no data row {k}")
+
+
 def read_trace(path: str | Path, fmt: str):
     """Returns arrival_s (relative to the first row), prompt_tokens, output_tokens."""
     t, p, o, _ = read_trace_with_blocks(path, fmt)
@@ -179,6 +192,6 @@ def read_trace_with_blocks(path: str | Path, fmt: str):
     if len(t) == 0:
         raise ConfigError(f"{path}: trace has no rows")
     if np.any(np.diff(t) < 0):
-        line = int(np.argmax(np.diff(t) < 0)) + (3 if fmt in ("azure", "csv") else 2)
+        line = _line_of_row(path, int(np.argmax(np.diff(t) < 0)) + 1, header=fmt in ("azure", "csv"))
         raise ConfigError(f"{path}: line {line}: arrival time goes backwards; traces must be sorted by time")
     return t - t[0], p, o, hashes

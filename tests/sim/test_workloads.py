@@ -105,6 +105,14 @@ def test_malformed_rows_name_file_and_line(tmp_path):
     back.write_text("arrival_s,prompt_tokens,output_tokens\n1.0,10,5\n0.5,10,5\n")
     with pytest.raises(ConfigError, match="line 3: arrival time goes backwards"):
         read_trace(back, "csv")
+    back.write_text("arrival_s,prompt_tokens,output_tokens\n0,10,5\n\n\n\n5,10,5\n1,10,5\n")  # blank lines count
+    with pytest.raises(ConfigError, match="line 7: arrival time goes backwards"):
+        read_trace(back, "csv")
+    jl.write_text('{"arrival_s": 0, "prompt_tokens": 5, "output_tokens": 5}\n\n\n'
+                  '{"arrival_s": 3, "prompt_tokens": 5, "output_tokens": 5}\n{"arrival_s": 1, "prompt_tokens": 5, '
+                  '"output_tokens": 5}\n')
+    with pytest.raises(ConfigError, match="line 5: arrival time goes backwards"):
+        read_trace(jl, "jsonl")
 
 
 def test_trace_scenario_runs_end_to_end(shared_data):
