@@ -62,7 +62,10 @@ def _drafter(scenario: Scenario) -> tuple[ModelSpec | None, int]:
         return None, 0
     d = cfg.draft
     if d.kind == "draft_model":
-        drafter = ModelSpec(load_model(d.model))
+        try:
+            drafter = ModelSpec(load_model(d.model))
+        except ConfigError as exc:
+            raise ConfigError(f"scheduler.speculative.draft.model: {exc}") from None
         return drafter, drafter.weight_bytes(scenario.weight_format)
     if d.kind in ("parallel", "heads"):
         return None, d.memory_bytes
@@ -165,8 +168,14 @@ def replica_memory(scenario: Scenario, spec: ModelSpec, hw: HardwareProfile) -> 
     budget, activation = _kv_budget(scenario, hw, gpu_weights, gpus, spec)
     num_blocks = int((budget - draft_bytes - lora_bytes) // block_bytes)
     if num_blocks < 1:
-        raise ConfigError(f"kv.budget: {budget} B holds no {kv.block_tokens}-token block ({block_bytes} B each)")
+        taken = [f"{what} take {b / 2**30:,.2f} GiB of it" for what, b in (
+            ("the drafter's weights (scheduler.speculative)", draft_bytes), ("the LoRA adapters (lora)", lora_bytes)) if b]
+        raise ConfigError(f"kv.budget: {budget} B holds no {kv.block_tokens}-token block ({block_bytes} B each)"
+                          + (f"; {' and '.join(taken)}" if taken else ""))
     host_blocks = int(kv.host_budget // block_bytes)
+    if kv.host_budget and not host_blocks:  # it would swap nothing: every preemption silently a recompute
+        raise ConfigError(f"kv.host_budget: {kv.host_budget} B holds no {kv.block_tokens}-token block ({block_bytes} B "
+                          "each); give at least one block, or 0 for no host memory")
     if host_blocks and not hw.host_link_bytes_per_s:
         raise ConfigError(f"kv.host_budget: hardware {hw.name} has no host link bandwidth to swap over")
     return ReplicaMemory(per_token if gpus == 1 else per_token_gpu * layout.rank_gpus, block_bytes, weight_bytes, budget,

@@ -3,6 +3,8 @@ traceback, never a silent default."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from capsim.cli import main
@@ -292,3 +294,21 @@ def test_speculative_acceptance_is_checked_with_the_scenario(capsys, acceptance,
     spec = f"scheduler.speculative={{draft: {{kind: ngram}}, num_draft_tokens: 4, acceptance: {acceptance}}}"
     lines = errors_of(capsys, ["run", str(EXAMPLE), "--set", spec, *SMALL])
     assert len(lines) == 1 and lines[0].startswith(f"error: {EXAMPLE}: {expected}")
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("lora={adapters: 100000, rank: 65536}", r"kv.budget: \d+ B holds no 16-token block \(\d+ B each\); the LoRA "
+     r"adapters \(lora\) take [\d,.]+ GiB of it"),
+    ("scheduler.speculative={draft: {kind: draft_model, model: llama-3.1-70b}, num_draft_tokens: 4, acceptance: "
+     "{kind: constant, a: 0.7}}", r"holds no 16-token block \(\d+ B each\); the drafter's weights "
+     r"\(scheduler.speculative\) take [\d,.]+ GiB of it"),
+    ("scheduler.speculative={draft: {kind: draft_model, model: nonexistent}, num_draft_tokens: 4, acceptance: "
+     "{kind: constant, a: 0.7}}", r"scheduler.speculative.draft.model: unknown model 'nonexistent'; known: "),
+    ("kv.host_budget=1", r"kv.host_budget: 1 B holds no 16-token block \(\d+ B each\); give at least one block, or 0"),
+])
+def test_what_took_the_kv_budget_is_named(capsys, override, expected):
+    """The budget error had blamed kv.budget alone when a drafter or LoRA adapters had taken it; a host budget
+    below one block had turned every swap into a silent recompute."""
+    lines = errors_of(capsys, ["run", str(EXAMPLE), "--set", override, *SMALL])
+    assert len(lines) == 1
+    assert re.search(expected, lines[0]), lines[0]
