@@ -26,6 +26,10 @@ MAX_TOKENS = 100_000_000
 MAX_REQUESTS = 100_000_000
 """Most requests one workload generates (100M: 100x the benchmarks' largest run)."""
 Tokens = Annotated[int, Field(gt=0, le=MAX_TOKENS)]
+MAX_START_S = 1e9
+"""A workload's latest start (about 32 years): the clock is a float, so at 1e12 s its resolution (0.1 ms) would already
+round inter-token gaps of milliseconds."""
+StartTime = Annotated[float, Field(ge=0.0, le=MAX_START_S)]
 
 # ---- step time -------------------------------------------------------------------------------
 
@@ -266,7 +270,7 @@ class Synthetic(StrictModel):
     arrival: ArrivalDist
     prompt_tokens: LengthDist
     output_tokens: LengthDist
-    start_s: NonNegativeFloat = 0.0
+    start_s: StartTime = 0.0
     shared_prefix: SharedPrefixes | None = None
     adapters: AdapterMix | None = None
 
@@ -310,7 +314,7 @@ class ClosedLoop(StrictModel):
     output_tokens: LengthDist
     think_time_s: NonNegativeFloat = Field(0.0, description="Mean pause between a reply and the user's next request")
     think_distribution: Literal["fixed", "exponential"] = "fixed"
-    start_s: NonNegativeFloat = 0.0
+    start_s: StartTime = 0.0
     ramp_up_s: NonNegativeFloat = Field(0.0, description="Spread the users' first requests over this long")
     ramp_phases: Literal["even", "random"] = Field(
         "even", description="even: user u starts at start_s + u x ramp_up_s / users; random: each user at a uniformly "

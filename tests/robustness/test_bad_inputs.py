@@ -312,3 +312,10 @@ def test_what_took_the_kv_budget_is_named(capsys, override, expected):
     lines = errors_of(capsys, ["run", str(EXAMPLE), "--set", override, *SMALL])
     assert len(lines) == 1
     assert re.search(expected, lines[0]), lines[0]
+
+
+def test_workload_start_has_a_ceiling(capsys):
+    """At 1e14 s the float clock had rounded inter-token gaps to multiples of 15.6 ms, silently."""
+    lines = errors_of(capsys, ["run", str(EXAMPLE), "--set", "workload.start_s=1e14", *SMALL])
+    assert lines == [f"error: {EXAMPLE}: workload.start_s: Input should be less than or equal to 1000000000 "
+                     "(got 100000000000000.0)"]
