@@ -69,7 +69,16 @@ def print_summary(s: dict, file=None) -> None:
 def memory_misfit(s: dict) -> list[str]:
     """Why summary.json says memory_fit false, in words (each reason with its count)."""
     why = []
-    if not s.get("card_fit", True) and s.get("parallel"):
+    pools = s.get("disaggregation") or {}
+    misfits = [(name, p) for name in ("prefill", "decode") if isinstance(p := pools.get(name), dict)
+               and p.get("card_fit") is False and "weights_bytes" in p and "kv_budget_bytes" in p]
+    if misfits:  # each pool has its own budget: name the pool that does not fit, with its own figures
+        for name, p in misfits:
+            cards = p.get("gpus_per_replica", 1)
+            why.append(f"{name} pool: weights {fmt_bytes(p['weights_bytes'])} + KV budget "
+                       f"{fmt_bytes(p['kv_budget_bytes'])} (+ activations) exceed its replica's {cards} "
+                       f"card{'s' if cards != 1 else ''}")
+    elif not s.get("card_fit", True) and s.get("parallel"):
         par = s["parallel"]
         why.append(f"per GPU, weights {fmt_bytes(par['weights_bytes_per_gpu'])} + KV budget "
                    f"{fmt_bytes(par['kv_budget_bytes_per_gpu'])} (+ activations) exceed the card")

@@ -50,3 +50,13 @@ def test_version(capsys):
         main(["--version"])
     assert exc.value.code == 0
     assert capsys.readouterr().out.strip() == f"capsim {__version__}" and __version__[0].isdigit()
+
+
+def test_a_disaggregated_misfit_names_its_pool(capsys):
+    """The verdict had quoted the scenario's own budget (which fits) instead of the pool's that does not."""
+    pools = "disaggregation={prefill: {replicas: 1, kv_budget: 200GiB}, decode: {replicas: 1}, link: {bandwidth_gbs: 50}}"
+    assert main(["run", str(REPO_SCENARIOS / "capacity-example.yaml"), "--set", "workload.num_requests=3",
+                 "--set", pools]) == 0
+    out = capsys.readouterr().out
+    assert ("memory fit NO (prefill pool: weights 15.26 GiB + KV budget 200.00 GiB (+ activations) exceed its "
+            "replica's 1 card)") in out
