@@ -113,6 +113,11 @@ def layout_problems(spec: ModelSpec, layout: Layout, field: str = "parallel") ->
     if layout.attention_dp > 1 and p.moe is None:
         out.append(f"{field}.attention_dp: {layout.attention_dp} on {p.name}, a dense model (allowed: 1; "
                    "independent copies of a dense model are replicas)")
+    if p.moe is None:  # the experts' own settings would be ignored on a dense model
+        for name, default in (("expert_imbalance", 1.0), ("routing_skew", 0.0), ("ep_communication", "all_reduce")):
+            if getattr(layout, name) != default:
+                out.append(f"{field}.{name}: {getattr(layout, name)!r} on {p.name}, a dense model without experts "
+                           f"(allowed: {default!r}, or leave it out)")
     elif p.moe is not None:
         m = p.moe
         if m.num_experts % ep:

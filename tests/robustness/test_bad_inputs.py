@@ -319,3 +319,14 @@ def test_workload_start_has_a_ceiling(capsys):
     lines = errors_of(capsys, ["run", str(EXAMPLE), "--set", "workload.start_s=1e14", *SMALL])
     assert lines == [f"error: {EXAMPLE}: workload.start_s: Input should be less than or equal to 1000000000 "
                      "(got 100000000000000.0)"]
+
+
+def test_expert_settings_on_a_dense_model_are_refused(capsys):
+    """They had been accepted and ignored, where ep and attention_dp were refused."""
+    lines = errors_of(capsys, ["run", str(EXAMPLE), "--set", "parallel={tp: 2, routing_skew: 8, expert_imbalance: 2}",
+                               *SMALL])
+    assert lines == [
+        f"error: {EXAMPLE}: parallel.expert_imbalance: 2.0 on qwen3-8b, a dense model without experts (allowed: 1.0, "
+        "or leave it out)",
+        f"error: {EXAMPLE}: parallel.routing_skew: 8.0 on qwen3-8b, a dense model without experts (allowed: 0.0, "
+        "or leave it out)"]
