@@ -359,6 +359,10 @@ class PowerConfig(StrictModel):
     def _watts(self):
         if self.model == "idle_busy" and (self.busy_w is None or self.idle_w is None):
             raise ValueError("power.model idle_busy needs power.busy_w and power.idle_w")
+        if self.model == "cap" and (self.busy_w is not None or self.idle_w is not None):
+            raise ValueError("power.model cap draws the card's power cap: busy_w and idle_w are for model idle_busy")
+        if self.model == "idle_busy" and self.idle_w > self.busy_w:
+            raise ValueError(f"power.idle_w ({self.idle_w} W) exceeds power.busy_w ({self.busy_w} W)")
         return self
 
 

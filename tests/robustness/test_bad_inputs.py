@@ -330,3 +330,13 @@ def test_expert_settings_on_a_dense_model_are_refused(capsys):
         "or leave it out)",
         f"error: {EXAMPLE}: parallel.routing_skew: 8.0 on qwen3-8b, a dense model without experts (allowed: 0.0, "
         "or leave it out)"]
+
+
+@pytest.mark.parametrize("power, expected", [
+    ("{model: cap, busy_w: 100, idle_w: 50}", "power: power.model cap draws the card's power cap: busy_w and idle_w are "
+     "for model idle_busy"),
+    ("{model: idle_busy, busy_w: 100, idle_w: 500}", "power: power.idle_w (500.0 W) exceeds power.busy_w (100.0 W)"),
+])
+def test_power_figures_that_would_be_ignored_or_inverted(capsys, power, expected):
+    lines = errors_of(capsys, ["run", str(EXAMPLE), "--set", f"power={power}", *SMALL])
+    assert len(lines) == 1 and lines[0].startswith(f"error: {EXAMPLE}: {expected}"), lines
