@@ -106,6 +106,9 @@ class KVConfig(StrictModel):
     def _swap_needs_host(self):
         if self.preemption == "swap" and self.host_budget == 0:
             raise ValueError("kv.preemption swap needs kv.host_budget > 0 (the host tier's size)")
+        if self.warm_prefixes and not self.prefix_caching:
+            raise ValueError("kv.warm_prefixes are cached before arrivals, but kv.prefix_caching is false: nothing "
+                             "would reuse them")
         return self
 
     @field_validator("budget", mode="before")
@@ -297,6 +300,9 @@ class Trace(StrictModel):
     def _window(self):
         if self.window_s and self.window_s[1] <= self.window_s[0]:
             raise ValueError(f"window_s end ({self.window_s[1]}) must be after its start ({self.window_s[0]})")
+        if self.trace_block_tokens != 512 and self.format != "mooncake":
+            raise ValueError(f"trace_block_tokens ({self.trace_block_tokens}) is for format mooncake (hash ids of "
+                             f"blocks); a {self.format} trace has none")
         return self
 
 
@@ -319,6 +325,13 @@ class ClosedLoop(StrictModel):
     ramp_phases: Literal["even", "random"] = Field(
         "even", description="even: user u starts at start_s + u x ramp_up_s / users; random: each user at a uniformly "
                             "random time within ramp_up_s (from the scenario seed)")
+
+    @model_validator(mode="after")
+    def _ramp(self):
+        if self.ramp_phases == "random" and self.ramp_up_s == 0:
+            raise ValueError("ramp_phases random draws each user's start within ramp_up_s, which is 0: give "
+                             "ramp_up_s > 0")
+        return self
 
 
 WorkloadConfig = Annotated[Union[RequestList, Synthetic, Trace, ClosedLoop], Field(discriminator="kind")]

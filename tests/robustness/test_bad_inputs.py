@@ -340,3 +340,17 @@ def test_expert_settings_on_a_dense_model_are_refused(capsys):
 def test_power_figures_that_would_be_ignored_or_inverted(capsys, power, expected):
     lines = errors_of(capsys, ["run", str(EXAMPLE), "--set", f"power={power}", *SMALL])
     assert len(lines) == 1 and lines[0].startswith(f"error: {EXAMPLE}: {expected}"), lines
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("workload={kind: trace, path: data/azure_conv_2023_first600s.csv, format: csv, trace_block_tokens: 64}",
+     "workload: trace_block_tokens (64) is for format mooncake"),
+    ("workload={kind: closed_loop, users: 2, num_requests: 4, prompt_tokens: {kind: fixed, value: 10}, "
+     "output_tokens: {kind: fixed, value: 5}, ramp_phases: random}",
+     "workload: ramp_phases random draws each user's start within ramp_up_s, which is 0"),
+    ("kv={budget: 12GiB, prefix_caching: false, warm_prefixes: [{name: sys, tokens: 64}]}",
+     "kv: kv.warm_prefixes are cached before arrivals, but kv.prefix_caching is false"),
+])
+def test_settings_that_would_do_nothing_are_refused(capsys, override, expected):
+    lines = errors_of(capsys, ["run", str(REPO_SCENARIOS / "quickstart.yaml"), "--set", override])
+    assert len(lines) == 1 and expected in lines[0], lines
