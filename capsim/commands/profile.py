@@ -93,6 +93,13 @@ def _check(args) -> None:
         raise ConfigError(f"--host-overhead-ms: expected >= 0, got {args.host_overhead_ms}")
 
 
+def _cli_advice(exc, advice: str):
+    """The ops model's out-of-range error with this command's remedy in place of the scenario's fields."""
+    from sim.io.errors import ConfigError
+    from sim.models.ops import EXTRAPOLATION_ADVICE
+    return ConfigError([line.replace(EXTRAPOLATION_ADVICE, advice) for line in exc.lines])
+
+
 def cmd_compose(args) -> int:
     """Write the composed profile and print where, with its errors against the composition."""
     from sim.io.outputs import check_out_file
@@ -102,10 +109,15 @@ def cmd_compose(args) -> int:
         from sim.io.errors import ConfigError
         raise ConfigError("--out: empty path; give the profile YAML to write")
     check_out_file(args.out, args.force)  # before composing: a folder, an unwritable place or an existing file
-    profile, report = compose_profile(args.model, args.hardware, args.tp, args.dtype, args.tables, args.mixed,
-                                      None if args.host_overhead_ms is None else args.host_overhead_ms / 1e3,
-                                      args.max_batch, args.max_new_tokens, args.max_context, args.all_reduce,
-                                      args.pp, args.ep)
+    from sim.io.errors import ConfigError
+    try:
+        profile, report = compose_profile(args.model, args.hardware, args.tp, args.dtype, args.tables, args.mixed,
+                                          None if args.host_overhead_ms is None else args.host_overhead_ms / 1e3,
+                                          args.max_batch, args.max_new_tokens, args.max_context, args.all_reduce,
+                                          args.pp, args.ep)
+    except ConfigError as exc:
+        raise _cli_advice(exc, "keep --max-batch, --max-new-tokens and --max-context within the tables "
+                               "(a profile is composed from measurements only)") from None
     command = "capsim profile " + " ".join(shlex.quote(a) for a in sys.argv[2:]) if len(sys.argv) > 2 else \
         f"capsim profile compose --model {args.model} --hardware {args.hardware} --tp {args.tp} --pp {args.pp} --ep {args.ep}"
     write_composed(profile, args.out, command)
@@ -139,9 +151,15 @@ def cmd_step(args) -> int:
         plan = prefill_plan(args.prefill_seqs or 1, args.prefill, args.cached, plan)
     if plan is None:
         raise ConfigError("give --batch (decodes) and/or --prefill (prompt tokens)")
-    parts = model.breakdown_s(plan.new_tokens, plan.prefill_seqs, plan.prefill_pairs, plan.decode_seqs,
-                              plan.decode_kv_tokens, plan.decode_logits + plan.prefill_logits, plan.decode_positions)
-    out = {"step_ms": model.step_s(plan) * 1e3, "one_pass_ms": sum(parts.values()) * 1e3,
+    try:
+        parts = model.breakdown_s(plan.new_tokens, plan.prefill_seqs, plan.prefill_pairs, plan.decode_seqs,
+                                  plan.decode_kv_tokens, plan.decode_logits + plan.prefill_logits,
+                                  plan.decode_positions)
+        step_s = model.step_s(plan)
+    except ConfigError as exc:
+        raise _cli_advice(exc, "keep --batch, --context and --prefill within the tables or pass "
+                               "--allow-extrapolation (in proportion to the work)") from None
+    out = {"step_ms": step_s * 1e3, "one_pass_ms": sum(parts.values()) * 1e3,
            "components_ms": {k: v * 1e3 for k, v in parts.items()}, "tables": model.tables.name,
            "dtype": model.dtype, "tp": model.tp, "pp": args.pp, "ep": args.ep}
     if args.json:

@@ -78,6 +78,10 @@ def kv_read_scale(kv_format: str) -> float:
                           f"got {kv_format!r}") from None
 
 
+EXTRAPOLATION_ADVICE = ("keep iterations inside the measured shapes (e.g. scheduler.max_num_batched_tokens) or set "
+                        "step_time.allow_extrapolation: true to extrapolate in proportion to the work")
+"""The remedy an out-of-range lookup names (a scenario's; `capsim profile` commands put their flags in its place)."""
+
 class OpsModel:
     """`step_s(plan)` for a StepPlan from kernel tables; see the module docstring."""
 
@@ -152,9 +156,8 @@ class OpsModel:
             return fn(*args)
         except OutOfRange as exc:
             if not self.allow:
-                raise ConfigError(f"step_time.model (kind ops, tables {self.tables.name}): {exc}; keep iterations "
-                                  "inside the measured shapes (e.g. scheduler.max_num_batched_tokens) or set "
-                                  "step_time.allow_extrapolation: true to extrapolate in proportion to the work") from None
+                raise ConfigError(f"step_time.model (kind ops, tables {self.tables.name}): {exc}; "
+                                  f"{EXTRAPOLATION_ADVICE}") from None
             if not self._warned:
                 self._warned = True
                 print(f"warning: step_time.model (kind ops, tables {self.tables.name}): {exc}; extrapolating in "

@@ -181,3 +181,18 @@ def test_compose_and_step_refuse_sizes_outside_what_they_can_do(tmp_path, capsys
               "--prefill-seqs", "10000000", "--allow-extrapolation"])
     assert stop.value.code == 2 and "expected an integer in 1..65,536" in capsys.readouterr().err
     assert not (tmp_path / "p.yaml").exists()
+
+
+def test_out_of_range_names_the_commands_own_flags(capsys, tmp_path):
+    """The tables' range error had told these commands' users to set a scenario field (and compose has no such
+    switch at all)."""
+    assert main(["profile", "step", "--model", "qwen3-8b", "--hardware", "h100-sxm", "--prefill", "100000000"]) == 2
+    err = capsys.readouterr().err
+    assert "beyond the measured range" in err and err.rstrip().endswith(
+        "keep --batch, --context and --prefill within the tables or pass --allow-extrapolation (in proportion to the "
+        "work)") and "step_time.allow_extrapolation" not in err
+    assert main(["profile", "compose", "--model", "qwen3-8b", "--hardware", "h100-sxm", "--max-context", "100000000",
+                 "--out", str(tmp_path / "p.yaml")]) == 2
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith("keep --max-batch, --max-new-tokens and --max-context within the tables (a profile "
+                                 "is composed from measurements only)") and not (tmp_path / "p.yaml").exists()
