@@ -27,23 +27,26 @@ def add_calibrate_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--out", required=True,
                         help="profile YAML path, or a folder (file named <device>__<model>__<dtype>[__graphs].yaml); "
                              "the raw points CSV goes beside it, and a rerun resumes from it")
-    parser.add_argument("--layers", type=int, default=None,
+    parser.add_argument("--layers", type=int_in(1), default=None,
                         help="time only this many layers and scale to the whole model (default: all that fit)")
     parser.add_argument("--hardware", default=None,
                         help="hardware profile name (profiles/hardware): datasheet peaks for MFU/MBU and the file name")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="replay decode shapes as CUDA graphs at padded batch sizes (a separate profile)")
-    parser.add_argument("--repeats", type=int, default=None, help="timed runs per shape (default 3 on cpu, 5 else)")
-    parser.add_argument("--max-repeats", type=int, default=None,
+    parser.add_argument("--repeats", type=int_in(1), default=None,
+                        help="timed runs per shape (default 3 on cpu, 5 else)")
+    parser.add_argument("--max-repeats", type=int_in(1), default=None,
                         help="keep repeating (up to this, default 3 x --repeats) while the times spread by more than "
                              "10%% of the median")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed runs per shape (default 1 on cpu, 2 else)")
-    parser.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--warmup", type=int_in(0), default=None,
+                        help="untimed runs per shape (default 1 on cpu, 2 else)")
+    parser.add_argument("--threads", type=int_in(1), default=None, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--clock", choices=("wall", "thread"), default="wall",
                         help="thread: time the one torch thread's CPU time instead of wall time (needs --device cpu "
                              "--threads 1; for CPUs shared with other jobs)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-points", type=int, default=None,
+    parser.add_argument("--seed", type=int_in(0, 2**32 - 1), default=0,
+                        help="seed of the reference model's weights and inputs (default 0)")
+    parser.add_argument("--max-points", type=int_in(0), default=None,
                         help="measure at most this many new points, then stop (rerun to continue)")
 
 
@@ -51,6 +54,7 @@ def calibrate_main(args: argparse.Namespace) -> int:
     """`capsim calibrate`: time the grid on this device (resumable), fit, write and summarise the profile."""
     from sim.api import load_hardware, load_model
     try:
+        _check_repeats(args)
         model = load_model(args.model)
         hardware = load_hardware(args.hardware) if args.hardware else None
     except ConfigError as exc:
@@ -89,6 +93,17 @@ def calibrate_main(args: argparse.Namespace) -> int:
     if warning:
         print(warning, file=sys.stderr)
     return 0
+
+
+def _check_repeats(args: argparse.Namespace) -> None:
+    """--max-repeats below the timed runs per shape (--repeats or its default) would be quietly raised to them."""
+    if args.max_repeats is None:
+        return
+    repeats = args.repeats if args.repeats is not None else (3 if args.device == "cpu" else 5)
+    if args.max_repeats < repeats:
+        given = "--repeats" if args.repeats is not None else f"the default --repeats on {args.device}"
+        raise ConfigError(f"--max-repeats {args.max_repeats}: below {given} ({repeats}); expected an integer "
+                          f">= {repeats} (the most timed runs per shape, --repeats being the fewest)")
 
 
 def _argv_of(args: argparse.Namespace) -> list[str]:
@@ -214,15 +229,23 @@ def _positive_float(text: str) -> float:
     return x
 
 
-def _positive_int(text: str) -> int:
-    """argparse type: an integer >= 1 (argparse names the flag in its error)."""
-    try:
-        n = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if n < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {n}")
-    return n
+def int_in(low: int, high: int | None = None):
+    """argparse type: an integer >= low (and <= high when given); argparse names the flag in its error
+    (`argument --threads: expected an integer >= 1, got '0'`)."""
+    want = f"an integer >= {low:,}" if high is None else f"an integer in {low:,}..{high:,}"
+
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            n = None
+        if n is None or n < low or (high is not None and n > high):
+            raise argparse.ArgumentTypeError(f"expected {want}, got {text!r}")
+        return n
+    return parse
+
+
+_positive_int = int_in(1)
 
 
 def _pairs(items: list[str], flag: str) -> dict[str, str]:

@@ -212,6 +212,10 @@ def read_iterations(path: Path, columns: dict[str, str], where: dict[str, str],
         raise ValueError(f"--columns: unknown column(s) {sorted(unknown)}; ours are: {', '.join(CANONICAL)}")
     all_rows = _read_csv(path)
     rows = _filter(all_rows, where, path)
+    missing = [f"--columns {ours}={theirs}: no column {theirs!r} in the file"
+               for ours, theirs in columns.items() if theirs not in all_rows[0]]
+    if missing:  # else named as a missing column of ours (`needs a duration_ms column`), which the file may have
+        raise ValueError(f"{path}: {'; '.join(missing)}; columns: {', '.join(all_rows[0])}")
     count.read, count.kept_by_where = len(all_rows), len(rows)
     name = {c: columns.get(c, c) for c in CANONICAL}
     count.ignored_columns = [c for c in (all_rows[0] if all_rows else {})
@@ -326,6 +330,9 @@ def _read_observations(cfg: FitLogConfig) -> tuple[list, str, list[str], int | N
         if fmt == "iterations" and path.exists():
             from calibration.engines.vllm_logs import sniff
             fmt = sniff(path) or fmt
+    if cfg.columns and fmt != "iterations":
+        raise ValueError(f"{path}: --columns maps the columns of a per-iteration log CSV (--format iterations); "
+                         f"this file is read as {fmt!r}, whose columns are fixed")
     if cfg.shape_cache_entries and fmt != "vllm":
         raise ValueError(f"{path}: --shape-cache needs the iterations in the order they ran, which only the `vllm` "
                          f"format (the replay driver's iterations.jsonl) has; this log is read as {fmt!r}")
@@ -409,7 +416,10 @@ def fit_log(cfg: FitLogConfig) -> FitLogResult:
     if mbus:
         extra.append(f"decode MBU {min(mbus):.1%}-{max(mbus):.1%} (median {statistics.median(mbus):.1%}) "
                      f"of {bw / 1e9:g} GB/s")
-    if peak is None:
+    if peak is None and cfg.hardware is not None:  # its datasheet gives bf16/fp16 peaks only
+        extra.append(f"hardware {cfg.hardware.name} has no {cfg.dtype} peak FLOP/s (its profile gives bf16/fp16): "
+                     "give --peak-tflops for MFU; efficiency model not fitted")
+    elif peak is None:
         extra.append("no peak FLOP/s known (give --hardware or --peak-tflops): efficiency model not fitted")
     notes = [f"Fitted by capsim fit from {path.name} ({fmt} format): " + "; ".join(extra) + ".",
              "Held-out: a quarter of the distinct shapes of each kind, picked by a hash of the shape among those "

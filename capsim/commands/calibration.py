@@ -25,6 +25,8 @@ def _add(sub, name: str, help_: str, module: str, adder: str) -> argparse.Argume
 def cmd_real_validate(args) -> int:
     """`capsim validate`: replay for real and measure the simulator's error (needs torch; --engine vllm: a
     real vLLM engine in its own interpreter, calibration/engines/)."""
+    from calibration.validate_args import check_validate_args
+    check_validate_args(args)  # flags the chosen engine would ignore: refused before any replay
     if getattr(args, "engine", "reference") == "vllm":
         from calibration.engines.validate_vllm import vllm_main
         rc = vllm_main(args)
