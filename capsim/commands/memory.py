@@ -46,6 +46,21 @@ def _refuse_ignored_flags(args, hw) -> None:
             raise ConfigError(f"{flag}: only with {needs} (it has no effect without it)")
 
 
+def _card_and_context(args, spec, hw, layout, budget, out: dict) -> None:
+    """The card (and whether weights + budget fit it: `card_fit`) into `out`; warn, as `capsim run` does, of a
+    request longer than the model's context."""
+    if hw is not None:
+        out["hardware"] = hw.name
+        out["hardware_memory_bytes"] = hw.memory_bytes
+        if budget is not None and layout.trivial:  # (a layout over several GPUs says fits per GPU)
+            out["card_fit"] = out["weight_bytes"] + budget <= hw.memory_bytes
+    limit = spec.profile.max_position_embeddings
+    if args.prompt + args.output > limit:  # a real engine would refuse such a request
+        print(f"warning: --prompt + --output = {args.prompt + args.output:,} positions, more than "
+              f"{spec.profile.name}'s {limit:,}; figures as asked, a real engine would refuse the request",
+              file=sys.stderr)
+
+
 def cmd_memory(args) -> int:
     """`capsim memory`: weights, KV per request, how many requests fit, and what each step reads."""
     from sim.models.memory import kv_footprint
@@ -75,9 +90,7 @@ def cmd_memory(args) -> int:
            "total_params": spec.total_params,
            "weight_bytes": spec.weight_bytes(args.weight_format),
            "weight_read_bytes_per_step": spec.weight_read_bytes(args.weight_format)}
-    if hw is not None:
-        out["hardware"] = hw.name
-        out["hardware_memory_bytes"] = hw.memory_bytes
+    _card_and_context(args, spec, hw, layout, budget, out)
     if args.batch:
         ctx = args.context or args.prompt
         # a replica's reads over all its GPUs' bandwidth and FLOPs (replicated parts, collectives not counted)
@@ -111,7 +124,9 @@ def cmd_memory(args) -> int:
     ]
     if budget is not None:
         rows += [("KV budget", fmt_bytes(budget)), ("fits", "yes" if plan.fits else "NO"),
-                 ("max requests", str(plan.max_requests))]
+                 ("max requests", str(plan.max_requests))] + [("card", f"NO: weights {fmt_bytes(out['weight_bytes'])} + "
+                  f"KV budget {fmt_bytes(budget)} exceed {hw.name}'s {fmt_bytes(hw.memory_bytes)}")] * (
+                      out.get("card_fit") is False)
     if "parallel" in out:
         rows += parallel_rows(out["parallel"])
     width = max(len(k) for k, _ in rows)

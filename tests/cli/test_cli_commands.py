@@ -45,3 +45,16 @@ def test_a_command_parses_as_before(capsys):
     with pytest.raises(SystemExit) as exc:   # the command's own argument errors, from its own parser
         main(["memory", "--model", "qwen3-8b", "--prompt", "many"])
     assert exc.value.code == 2 and "--prompt" in capsys.readouterr().err
+
+
+def test_memory_says_when_the_budget_cannot_exist_on_the_card(capsys):
+    """`fits yes` had been printed for a 10 TB budget on an 80 GB card, where `capsim run` says memory fit NO; a
+    prompt beyond the model's context had passed without the warning `run` gives."""
+    assert main(["memory", "--model", "qwen3-8b", "--kv-budget", "10TB", "--hardware", "h100-sxm"]) == 0
+    out = capsys.readouterr().out
+    assert "card                       NO: weights 15.26 GiB + KV budget 9313.23 GiB exceed h100-sxm's 74.51 GiB" in out
+    assert main(["memory", "--model", "qwen3-8b", "--kv-budget", "10GiB", "--hardware", "h100-sxm", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["card_fit"] is True
+    assert main(["memory", "--model", "qwen3-8b", "--prompt", "200000", "--output", "10"]) == 0
+    assert ("warning: --prompt + --output = 200,010 positions, more than qwen3-8b's 40,960"
+            in capsys.readouterr().err)
