@@ -33,6 +33,9 @@ def add_calibrate_args(parser: argparse.ArgumentParser) -> None:
                         help="hardware profile name (profiles/hardware): datasheet peaks for MFU/MBU and the file name")
     parser.add_argument("--cuda-graphs", action="store_true",
                         help="replay decode shapes as CUDA graphs at padded batch sizes (a separate profile)")
+    parser.add_argument("--attention", choices=("torch", "no-cudnn"), default="torch",
+                        help="attention kernels: torch's choice (default), or on CUDA without cuDNN's, which "
+                             "build a plan per new shape; `capsim validate` replays with the profile's setting")
     parser.add_argument("--repeats", type=int_in(1), default=None,
                         help="timed runs per shape (default 3 on cpu, 5 else)")
     parser.add_argument("--max-repeats", type=int_in(1), default=None,
@@ -69,7 +72,8 @@ def calibrate_main(args: argparse.Namespace) -> int:
     command = "capsim calibrate " + " ".join(shlex.quote(a) for a in _argv_of(args))
     try:
         cfg = RunConfig(model=model, device=args.device, dtype=args.dtype, grid=args.grid, out=Path(args.out),
-                        layers=args.layers, hardware=hardware, cuda_graphs=args.cuda_graphs, repeats=args.repeats,
+                        layers=args.layers, hardware=hardware, cuda_graphs=args.cuda_graphs, attention=args.attention,
+                        repeats=args.repeats,
                         max_repeats=args.max_repeats, warmup=args.warmup, seed=args.seed,
                         max_points=args.max_points, threads=args.threads, clock=args.clock, command=command)
         res = calibrate(cfg)
@@ -116,6 +120,8 @@ def _argv_of(args: argparse.Namespace) -> list[str]:
             out += [flag, str(value)]
     if args.cuda_graphs:
         out.append("--cuda-graphs")
+    if args.attention != "torch":
+        out += ["--attention", args.attention]
     if args.clock != "wall":
         out += ["--clock", args.clock]
     return out

@@ -20,8 +20,8 @@ from pathlib import Path
 import torch
 
 from calibration import fit as fitmod
-from calibration.model import DTYPES, ReferenceModel
-from calibration.points import append_point, read_points, repair_tail, start_points
+from calibration.model import ATTENTION, DTYPES, ReferenceModel
+from calibration.points import PointsLock, append_point, read_points, repair_tail, start_points
 from calibration.shapes import Shape, grid_shapes
 from calibration.advice import loaded_machine_warning
 from calibration.timing import (Clock, available_memory_bytes, check_device, device_name, driver_version, is_oom,
@@ -47,6 +47,7 @@ class RunConfig:
     layers: int | None = None
     hardware: HardwareProfile | None = None
     cuda_graphs: bool = False
+    attention: str = "torch"               # "no-cudnn": SDPA without cuDNN's kernels (CUDA; model.ATTENTION)
     repeats: int | None = None
     max_repeats: int | None = None         # more repeats (up to this) while the times spread widely
     warmup: int | None = None
@@ -65,6 +66,10 @@ class RunConfig:
             raise ValueError(f"--dtype {self.dtype!r}: expected one of {', '.join(DTYPES)}")
         if self.cuda_graphs and self.device != "cuda":
             raise ValueError("--cuda-graphs needs --device cuda")
+        if self.attention not in ATTENTION:
+            raise ValueError(f"--attention {self.attention!r}: expected one of {', '.join(ATTENTION)}")
+        if self.attention != "torch" and self.device != "cuda":
+            raise ValueError(f"--attention {self.attention} needs --device cuda (cuDNN attention is CUDA's)")
         self.out = Path(self.out)
         if self.stream is None:
             self.stream = sys.stderr
@@ -88,10 +93,12 @@ class RunConfig:
         return self.device
 
     def profile_path(self) -> Path:
-        """The profile YAML this run writes: --out itself, or <device>__<model>__<dtype>[__graphs].yaml in it."""
+        """The profile YAML this run writes: --out itself, or
+        <device>__<model>__<dtype>[__graphs][__no-cudnn].yaml in it."""
         if self.out.suffix in (".yaml", ".yml"):
             return self.out
-        stem = f"{self.device_tag}__{self.model.name}__{self.dtype}" + ("__graphs" if self.cuda_graphs else "")
+        stem = (f"{self.device_tag}__{self.model.name}__{self.dtype}" + ("__graphs" if self.cuda_graphs else "")
+                + ("" if self.attention == "torch" else f"__{self.attention}"))
         return self.out / f"{stem}.yaml"
 
 
@@ -180,7 +187,8 @@ class Runner:
         self.layers_total = cfg.model.num_layers
         self.layers_timed = layers_timed
         self.scale = self.layers_total / layers_timed
-        self.model = ReferenceModel(cfg.model, cfg.dtype, cfg.device, layers_timed, seed=cfg.seed)
+        self.model = ReferenceModel(cfg.model, cfg.dtype, cfg.device, layers_timed, seed=cfg.seed,
+                                    attention=cfg.attention)
         self.model.eval()
         synchronize(self.device)
         self.weights_allocated = torch.cuda.memory_allocated() if self.device == "cuda" else None
@@ -364,7 +372,7 @@ def roofline_for(cfg: RunConfig, meta: dict) -> tuple[fitmod.Roofline, str]:
 
 def _meta_for(cfg: RunConfig, layers_timed: int) -> dict:
     return dict(model=cfg.model.name, device=cfg.device, device_name=device_name(cfg.device), dtype=cfg.dtype,
-                cuda_graphs=str(cfg.cuda_graphs).lower(), layers_timed=layers_timed,
+                cuda_graphs=str(cfg.cuda_graphs).lower(), attention=cfg.attention, layers_timed=layers_timed,
                 layers_total=cfg.model.num_layers, seed=cfg.seed, torch=torch.__version__,
                 driver=driver_version(cfg.device), threads=torch.get_num_threads(),
                 hardware=cfg.hardware.name if cfg.hardware else None, clock=cfg.clock, loadavg_start=_loadavg())
@@ -377,53 +385,13 @@ def _loadavg() -> str | None:
         return None
 
 
-class _Lock:
-    """`<points>.lock` holding the writer's pid: two runs appending to one points file would mix their rows."""
-
-    def __init__(self, points_path: Path):
-        self.path = points_path.with_name(points_path.name + ".lock")
-
-    def __enter__(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(2):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                try:
-                    pid = int(self.path.read_text().strip() or 0)
-                except (OSError, ValueError):
-                    pid = 0
-                if pid and pid != os.getpid() and _alive(pid):
-                    raise ValueError(f"{self.path}: another calibration (pid {pid}) is writing these points; "
-                                     "wait for it or use another --out") from None
-                self.path.unlink(missing_ok=True)   # stale: its writer is gone
-                continue
-            with os.fdopen(fd, "w") as fh:
-                fh.write(str(os.getpid()))
-            return self
-        raise ValueError(f"{self.path}: cannot take the lock")
-
-    def __exit__(self, *exc):
-        self.path.unlink(missing_ok=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def calibrate(cfg: RunConfig) -> RunResult:
     """Measure the grid (resuming from the points CSV), fit, write the profile. Raises ValueError on a
     bad configuration or when another run writes the same points; KeyboardInterrupt passes through
     after the finished points are on disk."""
     check_device(cfg.device)  # before anything asks the device its name (CPU-only torch: an AssertionError)
     check_out_file(cfg.profile_path(), force=True)  # a rerun resumes and rewrites it; the place must be writable
-    with _Lock(cfg.profile_path().with_suffix(".csv")):
+    with PointsLock(cfg.profile_path().with_suffix(".csv")):
         return _calibrate(cfg)
 
 
@@ -437,8 +405,11 @@ def _resume_or_start(cfg: RunConfig, shapes: list, pts_path: Path, out) -> tuple
         layers_timed = cfg.layers or int(meta.get("layers_timed", cfg.model.num_layers))
         want = _meta_for(cfg, layers_timed)
         bad = [k for k in RESUME_KEYS if str(want[k]) != meta.get(k, "")]
+        if meta.get("attention", "torch") != cfg.attention:   # files from before the key mean torch's choice
+            bad.append("attention")
         if bad:
-            diffs = ", ".join(f"{k}: file {meta.get(k)!r}, now {str(want[k])!r}" for k in bad)
+            diffs = ", ".join(f"{k}: file {meta.get(k, 'torch' if k == 'attention' else None)!r}, "
+                              f"now {str(want[k])!r}" for k in bad)
             raise ValueError(f"{pts_path}: points from a different run ({diffs}); a rerun resumes only the "
                              "same settings: use another --out (e.g. out/profiles/) or delete the file")
         done = existing.done_keys
@@ -548,7 +519,9 @@ def _profile(cfg: RunConfig, meta: dict, report: fitmod.FitReport, roof: fitmod.
         + ("CUDA events" if cfg.device == "cuda" else "perf_counter" if cfg.clock == "wall" else
            "the torch thread's CPU time (time.thread_time: time other processes held the core left out; "
            "wall_s in the CSV has the wall times)")
-        + f"{' with CUDA-graph replay of decode at padded batch sizes' if cfg.cuda_graphs else ''}; "
+        + f"{' with CUDA-graph replay of decode at padded batch sizes' if cfg.cuda_graphs else ''}"
+        + ("; attention: torch's SDPA choice" if cfg.attention == "torch" else
+           "; attention: SDPA without cuDNN's kernels (flash, memory-efficient, math)") + "; "
         f"warm-up {cfg.warmup}, median of {cfg.repeats} repeats per point (up to {cfg.max_repeats} while the "
         "interquartile range exceeds 10% of the median); token ids (and KV copies where memory allows) rotated "
         "between repeats.",

@@ -14,6 +14,7 @@ context lengths and prefill chunks after a cached prefix.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -24,6 +25,8 @@ from calibration.shapes import Shape
 from sim.api import ModelProfile
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+# attention kernels: torch's own choice, or (CUDA) the same without cuDNN's (see ReferenceModel.attention_backends)
+ATTENTION = ("torch", "no-cudnn")
 _EPS = 1e-6
 
 
@@ -66,8 +69,11 @@ class ReferenceModel(torch.nn.Module):
     """`num_layers` layers (at most the profile's) of the profile's architecture, random weights."""
 
     def __init__(self, profile: ModelProfile, dtype: str, device: str | torch.device, num_layers: int | None = None,
-                 seed: int = 0):
+                 seed: int = 0, attention: str = "torch"):
         super().__init__()
+        if attention not in ATTENTION:
+            raise ValueError(f"attention {attention!r}: expected one of {', '.join(ATTENTION)}")
+        self.attention = attention
         if profile.moe is not None or profile.mla is not None:
             raise ValueError(f"model {profile.name}: the reference model covers dense Llama/Qwen layers; "
                              "MoE and MLA are not implemented")
@@ -172,9 +178,21 @@ class ReferenceModel(torch.nn.Module):
         """Every decoder layer over the batch, reading and writing each group's KV views."""
         cos = self.cos_table[batch.positions].unsqueeze(1)
         sin = self.sin_table[batch.positions].unsqueeze(1)
-        for layer, groups in zip(self.layers, cache.layers):
-            x = self._layer(layer, x, cos, sin, batch, groups)
+        with self.attention_backends():
+            for layer, groups in zip(self.layers, cache.layers):
+                x = self._layer(layer, x, cos, sin, batch, groups)
         return x
+
+    def attention_backends(self):
+        """The SDPA backends allowed: torch's own choice, or under `attention="no-cudnn"` on CUDA flash
+        attention, then memory-efficient, then math. On an H200 torch 2.11 picked cuDNN's kernels, which
+        are fast once warm but build a plan for every attention shape met for the first time (about 50 ms
+        for one decode step at a new context length, against 1.6 ms once seen: docs/validation.md, "H200");
+        a replay, where every iteration's lengths are new, pays that at each step."""
+        if self.attention == "torch" or self.device.type != "cuda":
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
 
     def head(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:
         """Final norm, lm_head on each sequence's last position, greedy sampling."""

@@ -123,3 +123,43 @@ def _fmt(v) -> str:
     if isinstance(v, float):
         return repr(v)
     return str(v)
+
+
+class PointsLock:
+    """`<points>.lock` holding the writer's pid: two runs appending to one points file would mix their rows."""
+
+    def __init__(self, points_path: Path):
+        self.path = points_path.with_name(points_path.name + ".lock")
+
+    def __enter__(self):
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(2):
+            try:
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+            except FileExistsError:
+                try:
+                    pid = int(self.path.read_text().strip() or 0)
+                except (OSError, ValueError):
+                    pid = 0
+                if pid and pid != os.getpid() and _alive(pid):
+                    raise ValueError(f"{self.path}: another calibration (pid {pid}) is writing these points; "
+                                     "wait for it or use another --out") from None
+                self.path.unlink(missing_ok=True)   # stale: its writer is gone
+                continue
+            with os.fdopen(fd, "w") as fh:
+                fh.write(str(os.getpid()))
+            return self
+        raise ValueError(f"{self.path}: cannot take the lock")
+
+    def __exit__(self, *exc):
+        self.path.unlink(missing_ok=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

@@ -43,7 +43,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from calibration.model import DTYPES, KVCache, ReferenceModel
+from calibration.model import ATTENTION, DTYPES, KVCache, ReferenceModel
 from calibration.shapes import Group, Shape
 from calibration.timing import check_device, device_name, synchronize
 from sim.api import NgramDraft, Result, Scenario, Simulation, Speculator, Status
@@ -79,6 +79,7 @@ class ReplayConfig:
     warmup: int = 2                     # untimed forward passes before the clock starts
     ngram_min: int = 1                  # n-gram draft source: shortest suffix looked up
     ngram_max: int = 4                  # ... and longest (vLLM's prompt_lookup_min / _max)
+    attention: str = "torch"            # SDPA kernels (calibration.model.ATTENTION): the profile's calibration's
     stream: object = None               # progress lines (default: none)
 
     def __post_init__(self):
@@ -86,6 +87,8 @@ class ReplayConfig:
             raise ValueError(f"dtype {self.dtype!r}: expected one of {', '.join(DTYPES)}")
         if self.clock not in CLOCKS:
             raise ValueError(f"clock {self.clock!r}: expected one of {', '.join(CLOCKS)}")
+        if self.attention not in ATTENTION:
+            raise ValueError(f"attention {self.attention!r}: expected one of {', '.join(ATTENTION)}")
 
 
 @dataclass
@@ -338,7 +341,7 @@ class Replayer:
             torch.set_flush_denormal(True)
         self.cfg = cfg
         self.profile = model_profile
-        self.model = ReferenceModel(model_profile, cfg.dtype, cfg.device, seed=cfg.seed)
+        self.model = ReferenceModel(model_profile, cfg.dtype, cfg.device, seed=cfg.seed, attention=cfg.attention)
         self.model.eval()
 
     def _log(self, text: str) -> None:
@@ -403,6 +406,7 @@ class Replayer:
         wall0 = time.perf_counter()
         result = sim.run(executor=executor)
         meta = dict(device=cfg.device, device_name=device_name(cfg.device), dtype=cfg.dtype, clock=cfg.clock,
+                    attention=cfg.attention,
                     threads=torch.get_num_threads(), torch=torch.__version__, model=self.profile.name,
                     layers=model.num_layers, kv_slots=slots.created, kv_slot_tokens=capacity,
                     loadavg_start=load_start, loadavg_end=_loadavg(), wall_s=time.perf_counter() - wall0)

@@ -130,15 +130,13 @@ class ValidateConfig:
     stream: object = None
 
 
-def _profile_threads(choice: ProfileChoice) -> int | None:
+def _profile_meta(choice: ProfileChoice) -> dict:
+    """The meta lines of the profile's calibration points CSV ({} when it has none)."""
     from calibration.points import read_points
     if not choice.profile.provenance.points_csv:
-        return None
+        return {}
     csv = choice.path.parent / choice.profile.provenance.points_csv
-    if not csv.exists():
-        return None
-    t = read_points(csv).meta.get("threads")
-    return int(t) if t else None
+    return read_points(csv).meta if csv.exists() else {}
 
 
 def _rate_override(scenario, rate: float) -> str:
@@ -231,11 +229,13 @@ def run_validation(cfg: ValidateConfig) -> dict:
     from calibration.replay import ReplayConfig, Replayer   # torch
     cfg.use = choice.use
     cfg.profile = str(choice.path)
-    threads = cfg.threads if cfg.threads is not None else _profile_threads(choice)
+    meta = _profile_meta(choice)
+    threads = cfg.threads if cfg.threads is not None else (int(meta["threads"]) if meta.get("threads") else None)
     dtype = cfg.dtype or choice.profile.dtype
     model = _model_of(scenario, base)
+    # the replay's attention kernels are the calibration's (a points file from before the key: torch's choice)
     rcfg = ReplayConfig(device=cfg.device, dtype=dtype, threads=threads, clock=cfg.clock, seed=cfg.weights_seed,
-                        stream=cfg.stream)
+                        attention=meta.get("attention") or "torch", stream=cfg.stream)
     replayer = Replayer(model, rcfg)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -15,7 +15,7 @@ from calibration import fit as fitmod  # noqa: E402
 from calibration.harness import Runner, calibrate, plan_layers  # noqa: E402
 from calibration.points import COLUMNS, read_points  # noqa: E402
 from calibration.shapes import Shape, grid_shapes, tiny_model_profile  # noqa: E402
-from sim.io.profiles import load_fitted  # noqa: E402
+from sim.io.profiles import load_fitted, load_hardware  # noqa: E402
 
 from .conftest import TINY_SHAPES, tiny_config  # noqa: E402
 
@@ -276,3 +276,39 @@ def test_two_runs_cannot_write_one_points_file(tmp_path):
     res = calibrate(tiny_config(tmp_path / "p.yaml", shapes=TINY_SHAPES[:8]))
     assert res.profile is not None and not (tmp_path / "p.csv.lock").exists()
     assert not os.path.exists(str(res.points_path) + ".lock")
+
+
+def test_attention_policy_is_checked_recorded_and_named(tmp_path):
+    with pytest.raises(ValueError, match=r"--attention no-cudnn needs --device cuda"):
+        tiny_config(tmp_path / "p.yaml", attention="no-cudnn")
+    with pytest.raises(ValueError, match=r"--attention 'flash': expected one of torch, no-cudnn"):
+        tiny_config(tmp_path / "p.yaml", attention="flash")
+    hw = load_hardware("h200-sxm")
+    cfg = tiny_config(tmp_path, device="cuda", attention="no-cudnn", hardware=hw, cuda_graphs=True)
+    assert cfg.profile_path().name == "h200-sxm__tiny__fp32__graphs__no-cudnn.yaml"
+    assert tiny_config(tmp_path, device="cuda", hardware=hw).profile_path().name == "h200-sxm__tiny__fp32.yaml"
+    res = calibrate(tiny_config(tmp_path / "p.yaml", shapes=TINY_SHAPES[:4]))
+    assert read_points(res.points_path).meta["attention"] == "torch"
+    assert "attention: torch's SDPA choice" in res.profile.provenance.notes
+
+
+def test_resume_refuses_points_of_another_attention_policy(tmp_path):
+    res = calibrate(tiny_config(tmp_path / "p.yaml", max_points=1))
+    text = res.points_path.read_text()
+    res.points_path.write_text(text.replace("# attention=torch\n", "# attention=no-cudnn\n"))
+    with pytest.raises(ValueError, match=r"attention: file 'no-cudnn', now 'torch'"):
+        calibrate(tiny_config(tmp_path / "p.yaml"))
+    # a points file from before the key was written means torch's choice: it resumes
+    res.points_path.write_text(text.replace("# attention=torch\n", ""))
+    assert calibrate(tiny_config(tmp_path / "p.yaml")).profile is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA not available: the attention policy only changes "
+                                                          "which CUDA kernels serve scaled_dot_product_attention")
+def test_no_cudnn_attention_runs_on_cuda(tmp_path):
+    res = calibrate(tiny_config(tmp_path, device="cuda", dtype="bf16", attention="no-cudnn",
+                                matmul_n=1024, copy_bytes=1 << 24))
+    assert res.profile_path.name.endswith("__no-cudnn.yaml")
+    assert read_points(res.points_path).meta["attention"] == "no-cudnn"
+    assert all(r["status"] == "ok" for r in read_points(res.points_path).rows)

@@ -145,6 +145,7 @@ def test_validate_command_on_a_tiny_model(tmp_path, tiny_scenario, tiny_run, cap
         real = json.loads((sub / "measured" / "summary.json").read_text())
         sim = json.loads((sub / "simulated" / "summary.json").read_text())
         assert real["requests"] == sim["requests"] == 10
+        assert real["replay"]["attention"] == "torch"     # the profile's calibration's kernels
         # the reported arithmetic is the tables' arithmetic
         for key in ("ttft_s", "tpot_s", "itl_s", "e2e_s"):
             for st in ("mean", "median", "p90", "p99"):
@@ -170,6 +171,22 @@ def test_validate_command_on_a_tiny_model(tmp_path, tiny_scenario, tiny_run, cap
     a = pd.read_csv(out / "rate-200" / "measured" / "requests.csv")["arrival_s"].to_numpy()
     b = pd.read_csv(out / "rate-2000" / "measured" / "requests.csv")["arrival_s"].to_numpy()
     np.testing.assert_allclose(a, 10 * b)
+
+
+def test_the_replay_uses_the_attention_kernels_of_the_profiles_calibration(tmp_path, tiny_scenario, tiny_run):
+    pytest.importorskip("torch", reason="the replay needs torch")
+    import shutil
+    from capsim.cli import main
+    prof = tiny_run[1].profile_path
+    for f in (prof, tiny_run[1].points_path):
+        shutil.copy(f, tmp_path / f.name)
+    csv = tmp_path / tiny_run[1].points_path.name
+    csv.write_text(csv.read_text().replace("# attention=torch\n", "# attention=no-cudnn\n"))
+    out = tmp_path / "val"
+    assert main(["validate", str(tiny_scenario), "--profile", str(tmp_path / prof.name), "--device", "cpu",
+                 "--out", str(out), "--seeds", "1", "--model-draws", "0", "--no-plots", "--quiet"]) == 0
+    real = json.loads((out / "measured" / "summary.json").read_text())
+    assert real["replay"]["attention"] == "no-cudnn"
 
 
 def test_validate_refuses_a_profile_of_another_model(tmp_path, tiny_scenario, capsys):
