@@ -406,8 +406,10 @@ class TableSet:
     def _need(self, stem: str) -> Path:
         p = find_table(self.folder, stem)
         if p is None:
-            have = sorted(q.name for q in self.folder.iterdir())
-            raise ConfigError(f"{self.folder}: no {stem}.csv[.gz] (this table set has: {', '.join(have)})")
+            have = sorted(q.name for q in self.folder.iterdir() if q.name.endswith((".csv", ".csv.gz")))
+            what = f"this table set has: {', '.join(have)}" if have else \
+                "no kernel tables (*.csv, *.csv.gz) at all: not a table set (see docs/ops.md)"
+            raise ConfigError(f"{self.folder}: no {stem}.csv[.gz] ({what})")
         return p
 
     def gemm(self, dtype: str) -> GemmTable:

@@ -348,3 +348,14 @@ def test_an_efficiency_model_of_nvfp4_weights_takes_the_cards_fp4_peak():
         "kind": "efficiency", "decode_table": [{"bytes": 1.0e9, "time_s": 0.001}], "prefill_mfu": 0.5}})
     spec, hw = ModelSpec(load_model("llama-3.1-8b")), load_hardware("b200")
     assert build_step_time(sc, Path("."), spec, hw).peak == hw.peak_flops_per_s("nvfp4") == 9000e12
+
+
+def test_a_folder_without_the_table_names_only_the_tables_it_has(tmp_path):
+    from sim.models.ops_tables import TableSet
+    (tmp_path / "notes.txt").write_text("x")
+    (tmp_path / "sub").mkdir()
+    with pytest.raises(ConfigError, match=r"no gemm_bf16\.csv\[\.gz\] \(no kernel tables .* not a table set"):
+        TableSet("x", tmp_path).gemm("bf16")
+    (tmp_path / "gemm_fp8.csv").write_text("m,n,k,time_ms\n")
+    with pytest.raises(ConfigError, match=r"\(this table set has: gemm_fp8\.csv\)$"):
+        TableSet("x", tmp_path).gemm("bf16")
