@@ -45,11 +45,13 @@ def print_summary(s: dict, file=None) -> None:
           f"{num(s['request_throughput_rps'])} req/s   goodput {num(s['goodput_rps'])} req/s   "
           f"SLO attainment {num(s['slo_attainment'])}"
           + (f" ({slo_text(setup['slo'])})" if setup else ""), file=file)
-    print(f"{'ms':<6}{'mean':>10}{'median':>10}{'p90':>10}{'p99':>10}{'max':>10}", file=file)
-    for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s"):
-        st = s[key]
-        print(f"{key[:-2].upper():<6}" + "".join(f"{_fmt_ms(st[k]):>10}" for k in ("mean", "median", "p90", "p99", "max")),
-              file=file)
+    stats = ("mean", "median", "p90", "p99", "max")
+    cells = {key: [_fmt_ms(s[key][k]) for k in stats] for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s")}
+    # 10 characters a column, wider where a value needs it (columns never run together)
+    widths = [max(10, 2 + max(len(row[i]) for row in cells.values())) for i in range(len(stats))]
+    print(f"{'ms':<6}" + "".join(f"{k:>{w}}" for k, w in zip(stats, widths)), file=file)
+    for key, row in cells.items():
+        print(f"{key[:-2].upper():<6}" + "".join(f"{c:>{w}}" for c, w in zip(row, widths)), file=file)
     print(f"KV peak {fmt_bytes(s['peak_kv_bytes'])} of {fmt_bytes(s['kv_capacity_bytes'])}   memory fit "
           f"{'yes' if s['memory_fit'] else 'NO (' + '; '.join(memory_misfit(s)) + ')'}   preemptions {s['preemptions']} ({s['recomputed_tokens']} tokens recomputed)",
           file=file)

@@ -58,3 +58,33 @@ def test_memory_says_when_the_budget_cannot_exist_on_the_card(capsys):
     assert main(["memory", "--model", "qwen3-8b", "--prompt", "200000", "--output", "10"]) == 0
     assert ("warning: --prompt + --output = 200,010 positions, more than qwen3-8b's 40,960"
             in capsys.readouterr().err)
+
+
+def test_the_latency_table_keeps_its_columns_apart_for_huge_values(tmp_path, capsys):
+    from pathlib import Path
+    profile = Path(__file__).resolve().parents[2] / "profiles" / "fitted" / "cpu__qwen2.5-0.5b__bf16.yaml"
+    scenario = tmp_path / "far.yaml"
+    scenario.write_text(f"""name: far
+seed: 0
+model: qwen2.5-0.5b
+hardware: cpu-epyc-2c
+weight_format: bf16
+kv: {{block_tokens: 16, format: bf16, budget: 1GiB}}
+scheduler: {{kind: continuous, max_num_seqs: 8}}
+step_time:
+  model: {{kind: profile, path: {profile}, use: linear}}
+workload:
+  kind: requests
+  requests:
+    - {{arrival_s: 0, prompt_tokens: 16, output_tokens: 8, outside_wait_s: 1.0e+9}}
+    - {{arrival_s: 1.0e+9, prompt_tokens: 16, output_tokens: 8}}
+""")
+    assert main(["run", str(scenario), "--out", str(tmp_path / "out")]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("ms "))
+    assert lines[head].split() == ["ms", "mean", "median", "p90", "p99", "max"]
+    for line in lines[head + 1:head + 5]:
+        cells = line.split()
+        assert len(cells) == 6 and cells[0] in ("TTFT", "ITL", "TPOT", "E2E"), line
+        assert all(float(c) > 0 for c in cells[1:])
+    assert float(lines[head + 4].split()[5]) > 1e12     # E2E max: the 1e9 s wait, in ms
