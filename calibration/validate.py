@@ -139,6 +139,17 @@ def _profile_meta(choice: ProfileChoice) -> dict:
     return read_points(csv).meta if csv.exists() else {}
 
 
+def attention_warning(device: str, attention: str, profile_path) -> str | None:
+    """A warning when a CUDA replay will run torch's own attention choice: on an H200 that was cuDNN's
+    kernels, which build a plan for every new attention shape, and a replay meets new ones at every step
+    (docs/validation.md, "On an H200"); a profile calibrated with --attention no-cudnn avoids it."""
+    if device != "cuda" or attention != "torch":
+        return None
+    return (f"warning: {profile_path}: calibrated with torch's attention choice, which on CUDA may build a plan per "
+            "new attention shape (cuDNN) and slow the replay at every step; for a validation, calibrate with "
+            "`capsim calibrate --attention no-cudnn` (docs/validation.md, \"On an H200\")")
+
+
 def _rate_override(scenario, rate: float) -> str:
     wl = scenario.workload
     if wl.kind == "synthetic":
@@ -236,6 +247,9 @@ def run_validation(cfg: ValidateConfig) -> dict:
     # the replay's attention kernels are the calibration's (a points file from before the key: torch's choice)
     rcfg = ReplayConfig(device=cfg.device, dtype=dtype, threads=threads, clock=cfg.clock, seed=cfg.weights_seed,
                         attention=meta.get("attention") or "torch", stream=cfg.stream)
+    warning = attention_warning(cfg.device, rcfg.attention, choice.path)
+    if warning and cfg.stream is not None:
+        print(warning, file=cfg.stream, flush=True)
     replayer = Replayer(model, rcfg)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

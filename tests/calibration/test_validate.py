@@ -189,6 +189,14 @@ def test_the_replay_uses_the_attention_kernels_of_the_profiles_calibration(tmp_p
     assert real["replay"]["attention"] == "no-cudnn"
 
 
+def test_a_cuda_replay_with_torchs_attention_choice_is_warned_of():
+    from calibration.validate import attention_warning
+    text = attention_warning("cuda", "torch", "p.yaml")
+    assert text.startswith("warning: p.yaml: calibrated with torch's attention choice") and "--attention no-cudnn" in text
+    assert attention_warning("cuda", "no-cudnn", "p.yaml") is None
+    assert attention_warning("cpu", "torch", "p.yaml") is None and attention_warning("mps", "torch", "p.yaml") is None
+
+
 def test_validate_refuses_a_profile_of_another_model(tmp_path, tiny_scenario, capsys):
     from capsim.cli import main
     rc = main(["validate", str(tiny_scenario), "--profile", "cpu__qwen2.5-0.5b__bf16.yaml", "--out",
