@@ -405,10 +405,10 @@ def _resume_or_start(cfg: RunConfig, shapes: list, pts_path: Path, out) -> tuple
         layers_timed = cfg.layers or int(meta.get("layers_timed", cfg.model.num_layers))
         want = _meta_for(cfg, layers_timed)
         bad = [k for k in RESUME_KEYS if str(want[k]) != meta.get(k, "")]
-        if meta.get("attention", "torch") != cfg.attention:   # files from before the key mean torch's choice
+        if (meta.get("attention") or "torch") != cfg.attention:   # files from before the key mean torch's choice
             bad.append("attention")
         if bad:
-            diffs = ", ".join(f"{k}: file {meta.get(k, 'torch' if k == 'attention' else None)!r}, "
+            diffs = ", ".join(f"{k}: file {(meta.get(k) or 'torch') if k == 'attention' else meta.get(k)!r}, "
                               f"now {str(want[k])!r}" for k in bad)
             raise ValueError(f"{pts_path}: points from a different run ({diffs}); a rerun resumes only the "
                              "same settings: use another --out (e.g. out/profiles/) or delete the file")

@@ -30,6 +30,13 @@ ATTENTION = ("torch", "no-cudnn")
 _EPS = 1e-6
 
 
+def no_cudnn_kernels():
+    """A context in which scaled_dot_product_attention may use flash, memory-efficient or math kernels, not cuDNN's
+    (it only sets torch's backend flags: kernels captured in a CUDA graph inside it are the allowed ones)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+
+
 def _rms(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """RMSNorm computed in float32, returned in x's dtype (what HF/vLLM do)."""
     xf = x.float()
@@ -187,12 +194,11 @@ class ReferenceModel(torch.nn.Module):
         """The SDPA backends allowed: torch's own choice, or under `attention="no-cudnn"` on CUDA flash
         attention, then memory-efficient, then math. On an H200 torch 2.11 picked cuDNN's kernels, which
         are fast once warm but build a plan for every attention shape met for the first time (about 50 ms
-        for one decode step at a new context length, against 1.6 ms once seen: docs/validation.md, "H200");
+        for one decode step at a new context length, against 1.6 ms once seen: docs/validation.md, "On an H200");
         a replay, where every iteration's lengths are new, pays that at each step."""
         if self.attention == "torch" or self.device.type != "cuda":
             return contextlib.nullcontext()
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-        return sdpa_kernel([SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH])
+        return no_cudnn_kernels()
 
     def head(self, x: torch.Tensor, batch: Batch) -> torch.Tensor:
         """Final norm, lm_head on each sequence's last position, greedy sampling."""

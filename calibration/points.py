@@ -82,8 +82,26 @@ def read_points(path: str | os.PathLike) -> PointsFile:
                 meta[key.strip()] = value.strip()
         else:
             body.append(line)
-    rows = [_convert(r) for r in csv.DictReader(io.StringIO("".join(body)))]
+    rows = []
+    for i, r in enumerate(csv.DictReader(io.StringIO("".join(body))), start=1):
+        try:
+            rows.append(_convert(r))
+        except (ValueError, TypeError) as exc:
+            raise ValueError(f"{path}: point {i} (key {r.get('key')!r}): {exc}") from None
     return PointsFile(meta, rows)
+
+
+def read_meta(path: str | os.PathLike) -> dict[str, str]:
+    """Only the `# key=value` lines at the head of a points CSV (the rows are not parsed)."""
+    meta = {}
+    with Path(path).open() as fh:
+        for line in fh:
+            if not line.startswith("#"):
+                break
+            key, sep, value = line[1:].strip().partition("=")
+            if sep:
+                meta[key.strip()] = value.strip()
+    return meta
 
 
 def start_points(path: str | os.PathLike, meta: dict[str, object]) -> None:

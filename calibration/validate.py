@@ -130,24 +130,54 @@ class ValidateConfig:
     stream: object = None
 
 
-def _profile_meta(choice: ProfileChoice) -> dict:
-    """The meta lines of the profile's calibration points CSV ({} when it has none)."""
-    from calibration.points import read_points
+def _profile_meta(choice: ProfileChoice) -> tuple[dict, Path | None]:
+    """The meta lines of the profile's calibration points CSV, and that CSV ({}, None when there is none
+    beside the profile)."""
+    from calibration.points import read_meta
     if not choice.profile.provenance.points_csv:
-        return {}
+        return {}, None
     csv = choice.path.parent / choice.profile.provenance.points_csv
-    return read_points(csv).meta if csv.exists() else {}
+    if not csv.is_file():
+        return {}, None
+    try:
+        return read_meta(csv), csv
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{csv}: cannot read the profile's points file ({exc})") from None
 
 
-def attention_warning(device: str, attention: str, profile_path) -> str | None:
+def _replay_attention(meta: dict, csv: Path | None) -> str:
+    """The attention kernels the profile was calibrated with (points from before the key: torch's choice)."""
+    from calibration.model import ATTENTION
+    value = meta.get("attention") or "torch"
+    if value not in ATTENTION:
+        raise ConfigError(f"{csv}: attention: {value!r} is not a calibration setting; expected one of "
+                          f"{', '.join(ATTENTION)}")
+    return value
+
+
+def attention_warning(device: str, attention: str, profile_path, known: bool = True) -> str | None:
     """A warning when a CUDA replay will run torch's own attention choice: on an H200 that was cuDNN's
     kernels, which build a plan for every new attention shape, and a replay meets new ones at every step
-    (docs/validation.md, "On an H200"); a profile calibrated with --attention no-cudnn avoids it."""
+    (docs/validation.md, "On an H200"); a profile calibrated with --attention no-cudnn avoids it. `known`:
+    the profile's points CSV is there to say how it was calibrated."""
     if device != "cuda" or attention != "torch":
         return None
-    return (f"warning: {profile_path}: calibrated with torch's attention choice, which on CUDA may build a plan per "
-            "new attention shape (cuDNN) and slow the replay at every step; for a validation, calibrate with "
-            "`capsim calibrate --attention no-cudnn` (docs/validation.md, \"On an H200\")")
+    how = ("calibrated with torch's attention choice" if known else
+           "no points CSV beside it says which attention kernels it was calibrated with: replaying with torch's choice")
+    return (f"warning: {profile_path}: {how}, which on CUDA may build a plan per new attention shape (cuDNN) and "
+            "slow the replay at every step; for a validation, calibrate with `capsim calibrate --attention no-cudnn` "
+            "and keep its points CSV beside the profile (docs/validation.md, \"On an H200\")")
+
+
+def _meta_threads(meta: dict, csv: Path | None) -> int | None:
+    """The torch threads of the profile's calibration run (None when not recorded)."""
+    t = meta.get("threads")
+    if not t:
+        return None
+    try:
+        return int(t)
+    except ValueError:
+        raise ConfigError(f"{csv}: threads: {t!r} is not a whole number; give --threads") from None
 
 
 def _rate_override(scenario, rate: float) -> str:
@@ -240,16 +270,16 @@ def run_validation(cfg: ValidateConfig) -> dict:
     from calibration.replay import ReplayConfig, Replayer   # torch
     cfg.use = choice.use
     cfg.profile = str(choice.path)
-    meta = _profile_meta(choice)
-    threads = cfg.threads if cfg.threads is not None else (int(meta["threads"]) if meta.get("threads") else None)
+    meta, csv = _profile_meta(choice)
+    threads = cfg.threads if cfg.threads is not None else _meta_threads(meta, csv)
     dtype = cfg.dtype or choice.profile.dtype
     model = _model_of(scenario, base)
-    # the replay's attention kernels are the calibration's (a points file from before the key: torch's choice)
+    # the replay's attention kernels are the calibration's
     rcfg = ReplayConfig(device=cfg.device, dtype=dtype, threads=threads, clock=cfg.clock, seed=cfg.weights_seed,
-                        attention=meta.get("attention") or "torch", stream=cfg.stream)
-    warning = attention_warning(cfg.device, rcfg.attention, choice.path)
-    if warning and cfg.stream is not None:
-        print(warning, file=cfg.stream, flush=True)
+                        attention=_replay_attention(meta, csv), stream=cfg.stream)
+    warning = attention_warning(cfg.device, rcfg.attention, choice.path, known=csv is not None)
+    if warning:
+        print(warning, file=sys.stderr, flush=True)
     replayer = Replayer(model, rcfg)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)

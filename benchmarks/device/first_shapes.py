@@ -1,6 +1,6 @@
 """Why a replay on CUDA runs slower the first time it meets an iteration shape (a diagnostic, by hand).
 
-The H200 validation (docs/validation.md, "H200") replayed the same 48 requests at 1 then 4 req/s in
+The H200 validation (docs/validation.md, "On an H200") replayed the same 48 requests at 1 then 4 req/s in
 one process; identical per-request decode shapes took about twice as long in the first replay. This
 times the reference model's pieces on shapes seen for the first time and again, one layer of the
 model's architecture:
@@ -105,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         _passes("linear, M tokens", list(xs), lambda m: (lambda: F.linear(xs[m], w)), dev, rows)
         chunks = list(range(200, 200 + a.count))
         _passes("chunk of n after 512", chunks, lambda n: _forward(model, Shape.of((1, n, 512))), dev, rows)
-        if dev == "cuda":
+        if dev == "cuda" and a.attention == "torch":   # under no-cudnn the model's own kernel list overrides it
             for label, shape in (("decode", Shape.of((1, 1, 1000))), ("chunk after prefix", Shape.of((1, 64, 512))),
                                  ("prefill from 0", Shape.of((1, 64, 0)))):
                 verdict = _flash_only(model, shape)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One prepared run on a lent NVIDIA H200 (the device tool; see docs/calibration.md, "H200"):
+# One prepared run on a lent NVIDIA H200 (the device tool; see docs/calibration.md, "GPU: one NVIDIA H200"):
 # calibrate Qwen3-8B and Llama-3.1-8B shapes (random BF16 weights), eager and with CUDA graphs, on the
 # quick CUDA grid; calibrate Qwen3-8B eager with `--attention no-cudnn` and replay a short trace at two
 # loads against it (`capsim validate`); run the GPU-marked tests; the standard grid with what is left.
@@ -7,7 +7,10 @@
 # showed the first-shape cost that MODE=diagnose then measured: docs/validation.md, "H200".)
 #
 # The device image has torch (CUDA), numpy, pandas, scipy, pyyaml, matplotlib but no simpy or
-# pydantic: they travel as wheels in .whl/ (see docs/calibration.md for the `pip download` line).
+# pydantic: they travel as wheels in .whl/, git-excluded (`echo /.whl/ >> .git/info/exclude`), fetched with
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl simpy==4.1.2 pydantic==2.14.4 \
+#     pydantic_core==2.50.5 annotated_types==0.8.0 typing_inspection==0.4.5 typing_extensions==4.16.0
 # Every stage has its own time limit under one deadline, so that what finished comes back even when
 # a later stage does not; after each stage the work folder is packed again into $OUT/results.tar.gz.
 #
@@ -82,7 +85,7 @@ if [ "${MODE:-calibrate}" = recheck ]; then
     ${NOCUDNN} --out "$W/first_shapes.csv"
   stage "calibrate ${MODELS%% *} eager" 30 $CAPSIM calibrate --model "${MODELS%% *}" --device $DEV --dtype bf16 \
     --grid $GRID --hardware $HW $EXTRA $NOCUDNN --out "$W/profiles/"
-  prof=$(ls "$W"/profiles/*__"${MODELS%% *}"__bf16*.yaml 2>/dev/null | head -1)
+  prof=$(ls "$W"/profiles/*__"${MODELS%% *}"__bf16${NOCUDNN:+__no-cudnn}.yaml 2>/dev/null | head -1)
   [ -n "$prof" ] && stage "validate" 60 $CAPSIM validate "$SCEN" --profile "$prof" --device $DEV --rates $RATES \
     --no-plots $VAL_EXTRA --out "$W/validation"
   echo "=== done at +$(( $(date +%s) - T0 )) s"

@@ -48,7 +48,7 @@ def print_summary(s: dict, file=None) -> None:
     stats = ("mean", "median", "p90", "p99", "max")
     cells = {key: [_fmt_ms(s[key][k]) for k in stats] for key in ("ttft_s", "itl_s", "tpot_s", "e2e_s")}
     # 10 characters a column, wider where a value needs it (columns never run together)
-    widths = [max(10, 2 + max(len(row[i]) for row in cells.values())) for i in range(len(stats))]
+    widths = [max(10, 1 + max(len(row[i]) for row in cells.values())) for i in range(len(stats))]
     print(f"{'ms':<6}" + "".join(f"{k:>{w}}" for k, w in zip(stats, widths)), file=file)
     for key, row in cells.items():
         print(f"{key[:-2].upper():<6}" + "".join(f"{c:>{w}}" for c, w in zip(row, widths)), file=file)

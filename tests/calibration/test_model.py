@@ -61,3 +61,19 @@ def test_moe_is_refused():
     from sim.io.profiles import load_model
     with pytest.raises(ValueError, match="MoE and MLA are not implemented"):
         ReferenceModel(load_model("mixtral-8x7b"), "bf16", "meta")
+
+
+def test_the_no_cudnn_context_leaves_cudnn_out_and_the_others_in():
+    from calibration.model import no_cudnn_kernels
+    b = torch.backends.cuda
+    before = (b.cudnn_sdp_enabled(), b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled())
+    with no_cudnn_kernels():
+        assert not b.cudnn_sdp_enabled()
+        assert b.flash_sdp_enabled() and b.mem_efficient_sdp_enabled() and b.math_sdp_enabled()
+    assert (b.cudnn_sdp_enabled(), b.flash_sdp_enabled(), b.mem_efficient_sdp_enabled(), b.math_sdp_enabled()) == before
+    # on a CPU model the policy changes nothing (cuDNN attention is CUDA's)
+    model = ReferenceModel(tiny_model_profile(), "fp32", "cpu", attention="no-cudnn")
+    with model.attention_backends():
+        assert b.cudnn_sdp_enabled() == before[0]
+    with pytest.raises(ValueError, match="attention 'flash': expected one of torch, no-cudnn"):
+        ReferenceModel(tiny_model_profile(), "fp32", "cpu", attention="flash")

@@ -194,7 +194,28 @@ def test_a_cuda_replay_with_torchs_attention_choice_is_warned_of():
     text = attention_warning("cuda", "torch", "p.yaml")
     assert text.startswith("warning: p.yaml: calibrated with torch's attention choice") and "--attention no-cudnn" in text
     assert attention_warning("cuda", "no-cudnn", "p.yaml") is None
+    unknown = attention_warning("cuda", "torch", "p.yaml", known=False)
+    assert "no points CSV beside it says which attention kernels" in unknown
     assert attention_warning("cpu", "torch", "p.yaml") is None and attention_warning("mps", "torch", "p.yaml") is None
+
+
+def test_a_damaged_points_file_or_a_bad_setting_in_it_is_named(tmp_path, tiny_scenario, tiny_run, capsys):
+    pytest.importorskip("torch", reason="the replay needs torch")
+    import shutil
+    from capsim.cli import main
+    prof = tiny_run[1].profile_path
+    for f in (prof, tiny_run[1].points_path):
+        shutil.copy(f, tmp_path / f.name)
+    csv = tmp_path / tiny_run[1].points_path.name
+    text = csv.read_text()
+    args = ["validate", str(tiny_scenario), "--profile", str(tmp_path / prof.name), "--device", "cpu",
+            "--seeds", "1", "--model-draws", "0", "--no-plots", "--quiet", "--threads", "1"]
+    csv.write_text(text + "k,decode,ok,abc\n")     # a damaged row (the model's residuals read every point)
+    assert main(args + ["--out", str(tmp_path / "a")]) == 2
+    assert f"{csv}: point " in capsys.readouterr().err
+    csv.write_text(text.replace("# attention=torch\n", "# attention=flash\n"))
+    assert main(args + ["--out", str(tmp_path / "b")]) == 2
+    assert f"{csv}: attention: 'flash' is not a calibration setting" in capsys.readouterr().err
 
 
 def test_validate_refuses_a_profile_of_another_model(tmp_path, tiny_scenario, capsys):
