@@ -297,7 +297,8 @@ def run_validation(cfg: ValidateConfig) -> dict:
         "scenario": scenario.name, "scenario_path": str(cfg.scenario), "overrides": cfg.overrides,
         "profile": str(choice.path), "use": choice.use, "profile_fit": choice.profile.fit.model_dump()
         if choice.profile.fit else None,
-        "device": cfg.device, "dtype": dtype, "clock": cfg.clock, "threads": points[0]["replay"]["threads"],
+        "device": cfg.device, "dtype": dtype, "clock": cfg.clock, "attention": rcfg.attention,
+        "threads": points[0]["replay"]["threads"],
         "device_name": points[0]["replay"]["device_name"], "torch": points[0]["replay"]["torch"],
         "date": _dt.date.today().isoformat(), "command": cfg.command,
         "definitions": {"rel_error": "(simulated - measured) / measured",

@@ -136,6 +136,7 @@ def test_validate_command_on_a_tiny_model(tmp_path, tiny_scenario, tiny_run, cap
     assert "rate_rps 200" in text and "rate_rps 2000" in text and "validation.json" in text
     report = json.loads((out / "validation.json").read_text())
     assert report["device"] == "cpu" and report["use"] == "linear" and len(report["points"]) == 2
+    assert report["attention"] == "torch"
     assert (out / "error_vs_load.png").exists()
     for point, rate in zip(report["points"], (200, 2000)):
         sub = out / f"rate-{rate}"
