@@ -51,6 +51,19 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 
 @dataclass
+class DecodeRows:
+    """Single-token sequences of different lengths attended in one call against the KV slabs (a replay's
+    decode batch): their K/V are written in place, their slab rows gathered up to the longest, and a mask
+    keeps each token to its own length."""
+
+    rows: torch.Tensor               # [B] packed token rows of the decode tokens
+    slots: torch.Tensor              # [B] their slab rows
+    positions: torch.Tensor          # [B] where each new K/V goes (its cached length)
+    mask: torch.Tensor               # [B, 1, 1, L] bool: the positions each token attends (up to its own)
+    groups: frozenset                # the indices of batch.shape.groups they stand for
+
+
+@dataclass
 class Batch:
     """Device tensors of one shape, prepared outside the timed region."""
 
@@ -59,17 +72,20 @@ class Batch:
     logit_rows: torch.Tensor         # [sequences] index of each sequence's last token
     masks: list[torch.Tensor | None] # per group: bool [new, cached+new] for chunks after a prefix
     tokens: int
+    decode: DecodeRows | None = None # decode groups attended together (their per-group views unused)
 
 
 class KVCache:
-    """Per layer, per group: K and V of shape [count, kv_heads, cached + new, head_dim]."""
+    """Per layer, per group: K and V of shape [count, kv_heads, cached + new, head_dim]; `slabs`, per layer,
+    the K and V slabs [slots, kv_heads, capacity, head_dim] that a batch's DecodeRows index."""
 
-    def __init__(self, layers: list[list[tuple[torch.Tensor, torch.Tensor]]]):
+    def __init__(self, layers: list[list[tuple[torch.Tensor, torch.Tensor]]], slabs: list | None = None):
         self.layers = layers
+        self.slabs = slabs
 
     @property
     def nbytes(self) -> int:
-        return sum(k.numel() * k.element_size() * 2 for groups in self.layers for k, _ in groups)
+        return sum(kv[0].numel() * kv[0].element_size() * 2 for groups in self.layers for kv in groups if kv is not None)
 
 
 class ReferenceModel(torch.nn.Module):
@@ -185,9 +201,10 @@ class ReferenceModel(torch.nn.Module):
         """Every decoder layer over the batch, reading and writing each group's KV views."""
         cos = self.cos_table[batch.positions].unsqueeze(1)
         sin = self.sin_table[batch.positions].unsqueeze(1)
+        slabs = cache.slabs if batch.decode is not None else [None] * len(cache.layers)
         with self.attention_backends():
-            for layer, groups in zip(self.layers, cache.layers):
-                x = self._layer(layer, x, cos, sin, batch, groups)
+            for layer, groups, slab in zip(self.layers, cache.layers, slabs):
+                x = self._layer(layer, x, cos, sin, batch, groups, slab)
         return x
 
     def attention_backends(self):
@@ -215,7 +232,20 @@ class ReferenceModel(torch.nn.Module):
             mark()
         return self.head(x, batch)
 
-    def _layer(self, layer, x, cos, sin, batch: Batch, groups) -> torch.Tensor:
+    def _decode_attention(self, q, k, v, dec: DecodeRows, slab) -> torch.Tensor:
+        """Batched attention of DecodeRows: K/V written into the slabs, the rows gathered up to the longest,
+        each kv head's query heads as that head's queries (no K/V repeat), a length mask."""
+        ks, vs = slab
+        ks[dec.slots, :, dec.positions] = k[dec.rows]
+        vs[dec.slots, :, dec.positions] = v[dec.rows]
+        length = dec.mask.shape[-1]
+        kg, vg = ks[dec.slots, :, :length], vs[dec.slots, :, :length]
+        b = dec.rows.shape[0]
+        qg = q[dec.rows].view(b, self.Hkv, self.H // self.Hkv, self.D)
+        o = F.scaled_dot_product_attention(qg, kg, vg, attn_mask=dec.mask)
+        return o.reshape(b, self.H * self.D)
+
+    def _layer(self, layer, x, cos, sin, batch: Batch, groups, slab=None) -> torch.Tensor:
         T, H, Hkv, D = x.shape[0], self.H, self.Hkv, self.D
         qkv = F.linear(_rms(x, layer.w_in), layer.w_qkv, layer.b_qkv)
         q, k, v = qkv.split([H * D, Hkv * D, Hkv * D], dim=-1)
@@ -223,17 +253,28 @@ class ReferenceModel(torch.nn.Module):
         if layer.q_norm is not None:
             q, k = _rms(q, layer.q_norm), _rms(k, layer.k_norm)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
-        outs, off = [], 0
-        for g, (kc, vc), mask in zip(batch.shape.groups, groups, batch.masks):
+        outs, off, dec = [], 0, batch.decode
+        if dec is not None:
+            attn = q.new_empty(T, H * D)
+            attn[dec.rows] = self._decode_attention(q, k, v, dec, slab)
+        for i, (g, kv, mask) in enumerate(zip(batch.shape.groups, groups, batch.masks)):
             t = g.count * g.new
+            if dec is not None and i in dec.groups:
+                off += t
+                continue
+            kc, vc = kv
             kc[:, :, g.cached:] = k[off:off + t].view(g.count, g.new, Hkv, D).transpose(1, 2)
             vc[:, :, g.cached:] = v[off:off + t].view(g.count, g.new, Hkv, D).transpose(1, 2)
             qg = q[off:off + t].view(g.count, g.new, H, D).transpose(1, 2)
             causal = g.new > 1 and g.cached == 0
             o = F.scaled_dot_product_attention(qg, kc, vc, attn_mask=mask, is_causal=causal, enable_gqa=Hkv != H)
-            outs.append(o.transpose(1, 2).reshape(t, H * D))
+            if dec is not None:
+                attn[off:off + t] = o.transpose(1, 2).reshape(t, H * D)
+            else:
+                outs.append(o.transpose(1, 2).reshape(t, H * D))
             off += t
-        attn = outs[0] if len(outs) == 1 else torch.cat(outs)
+        if dec is None:
+            attn = outs[0] if len(outs) == 1 else torch.cat(outs)
         x = x + F.linear(attn, layer.w_o)
         gate, up = F.linear(_rms(x, layer.w_post), layer.w_gate_up).chunk(2, dim=-1)
         return x + F.linear(F.silu(gate) * up, layer.w_down)

@@ -3,8 +3,9 @@
 The same objects as a `capsim run` replica, assembled by sim.api's Simulation and run by the same
 engine loop (sim.core.engine.replica_loop); only the step executor differs: instead of asking a
 step-time model, :class:`ReplayExecutor` runs each plan for real on calibration.model.ReferenceModel
-(one attention group per request: `count=1, new=n, cached=h`, against that request's own K/V views),
-times it, and the loop commits it at its measured end.
+(one attention group per request: `count=1, new=n, cached=h`, against that request's own K/V views; on
+CUDA the single-token decodes of an iteration share one attention call per layer over the K/V slabs,
+calibration.model.DecodeRows), times it, and the loop commits it at its measured end.
 
 - arrivals are released at their scheduled times by the simulation's own arrival process; the
   executor lines its clock up with the loop's instants (sleeping through idle time on the wall clock);
@@ -43,7 +44,8 @@ import numpy as np
 import pandas as pd
 import torch
 
-from calibration.model import ATTENTION, DTYPES, KVCache, ReferenceModel
+from calibration.model import ATTENTION, DTYPES, DecodeRows, KVCache, ReferenceModel
+from calibration.replay_slots import KVSlots
 from calibration.shapes import Group, Shape
 from calibration.timing import check_device, device_name, synchronize
 from sim.api import NgramDraft, Result, Scenario, Simulation, Speculator, Status
@@ -80,6 +82,7 @@ class ReplayConfig:
     ngram_min: int = 1                  # n-gram draft source: shortest suffix looked up
     ngram_max: int = 4                  # ... and longest (vLLM's prompt_lookup_min / _max)
     attention: str = "torch"            # SDPA kernels (calibration.model.ATTENTION): the profile's calibration's
+    batched_decode: bool | None = None  # decode tokens in one attention call per layer (None: on CUDA only)
     stream: object = None               # progress lines (default: none)
 
     def __post_init__(self):
@@ -198,52 +201,6 @@ def ngram_propose(tokens: list[int], k: int, n_min: int, n_max: int) -> list[int
 
 
 # ---------------------------------------------------------------------------------------------
-# KV slots: one K and one V tensor per layer per live request, sized for its whole sequence
-
-
-class KVSlots:
-    """Per request, per layer: K and V of shape [1, kv_heads, capacity, head_dim]; a group's cache is
-    the view [:, :, :cached + new]. Slots are reused after a request leaves."""
-
-    def __init__(self, model: ReferenceModel, capacity: int):
-        self.model, self.capacity = model, capacity
-        self.free: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
-        self.held: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
-        self.created = 0
-
-    def _new(self) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        m = self.model
-        size = (1, m.Hkv, self.capacity, m.D)
-        self.created += 1
-        return [(torch.zeros(size, dtype=m.dtype, device=m.device), torch.zeros(size, dtype=m.dtype, device=m.device))
-                for _ in range(m.num_layers)]
-
-    def reserve(self, n: int) -> None:
-        """Create n slots up front (outside the timed run)."""
-        while len(self.free) + len(self.held) < n:
-            self.free.append(self._new())
-
-    def of(self, rid: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """The K/V slot of request `rid` (taken from the free list, or made, the first time)."""
-        slot = self.held.get(rid)
-        if slot is None:
-            slot = self.free.pop() if self.free else self._new()
-            self.held[rid] = slot
-        return slot
-
-    def release(self, rid: int) -> None:
-        """Give `rid`'s slot back to the free list."""
-        slot = self.held.pop(rid, None)
-        if slot is not None:
-            self.free.append(slot)
-
-    @property
-    def bytes_per_slot(self) -> int:
-        m = self.model
-        return 2 * m.num_layers * m.Hkv * self.capacity * m.D * m.dtype.itemsize
-
-
-# ---------------------------------------------------------------------------------------------
 # The n-gram speculator: drafts from the request's tokens, acceptance from the verify pass
 
 
@@ -342,6 +299,9 @@ class Replayer:
         self.cfg = cfg
         self.profile = model_profile
         self.model = ReferenceModel(model_profile, cfg.dtype, cfg.device, seed=cfg.seed, attention=cfg.attention)
+        # one attention call for a decode batch of different lengths: per-request calls are most of a GPU step
+        # (docs/validation.md, "On an H200"); on a CPU the per-request path stays, as validated
+        self.batched_decode = cfg.device == "cuda" if cfg.batched_decode is None else cfg.batched_decode
         self.model.eval()
 
     def _log(self, text: str) -> None:
@@ -360,7 +320,17 @@ class Replayer:
                     cache = m.new_cache(shape)
                     ids = torch.zeros(batch.tokens, dtype=torch.long, device=m.device)
                     m(ids, batch, cache).tolist()
+                if self.batched_decode and slots.slabs is not None and slots.slabs[0][0].shape[0] >= 2:
+                    self._warm_batched(slots, n)
         synchronize(self.cfg.device)
+
+    def _warm_batched(self, slots: KVSlots, n: int) -> None:
+        """An untimed batched decode step over slab rows 0 and 1 (their values are rewritten before use)."""
+        m = self.model
+        batch = m.prepare(Shape.of((1, 1, n), (1, 1, max(n - 1, 1))))
+        batch.decode = _decode_rows([(0, 0, n), (1, 1, max(n - 1, 1))], {0, 1}, m.device)
+        cache = KVCache([[None, None] for _ in range(m.num_layers)], slots.slabs)
+        m(torch.zeros(2, dtype=torch.long, device=m.device), batch, cache).tolist()
 
     def run(self, scenario: Scenario, base_dir: str | Path = ".") -> ReplayRun:
         """Replay `scenario` for real on the reference model and return the measured tables."""
@@ -406,7 +376,7 @@ class Replayer:
         wall0 = time.perf_counter()
         result = sim.run(executor=executor)
         meta = dict(device=cfg.device, device_name=device_name(cfg.device), dtype=cfg.dtype, clock=cfg.clock,
-                    attention=cfg.attention,
+                    attention=cfg.attention, batched_decode=self.batched_decode,
                     threads=torch.get_num_threads(), torch=torch.__version__, model=self.profile.name,
                     layers=model.num_layers, kv_slots=slots.created, kv_slot_tokens=capacity,
                     loadavg_start=load_start, loadavg_end=_loadavg(), wall_s=time.perf_counter() - wall0)
@@ -420,10 +390,21 @@ class Replayer:
         groups, ids, rows, spec_rows = [], [], [], {}
         layer_views: list[list] = [[] for _ in range(model.num_layers)]
         drafts_of = {r.rid: k for r, k in plan.spec_items}
+        batched = _batched_items(plan.items, drafts_of, slots) if self.batched_decode else set()
+        dec: list[tuple[int, int, int]] = []   # (packed row, slab row, cached) of the batched decode tokens
         off = 0
-        for req, n, h in plan.items:
+        for i, (req, n, h) in enumerate(plan.items):
             seq = tokens[req.rid]
             k = drafts_of.get(req.rid, 0)
+            if i in batched:
+                ids.append(seq[h])
+                rows.append(off)
+                groups.append(Group(1, 1, h))
+                dec.append((off, slots.row_of(req.rid), h))
+                for layer in layer_views:
+                    layer.append(None)
+                off += 1
+                continue
             if k:
                 prop = speculator.proposals[req.rid][:k]
                 ids.extend([seq[h]] + prop)
@@ -439,8 +420,10 @@ class Replayer:
         batch = model.prepare(Shape(tuple(groups)))
         if spec_rows:
             batch.logit_rows = torch.tensor(rows, device=model.device)
+        if dec:
+            batch.decode = _decode_rows(dec, batched, model.device)
         ids_t = torch.tensor(ids, dtype=torch.long, device=model.device)
-        cache = KVCache(layer_views)
+        cache = KVCache(layer_views, slots.slabs if dec else None)
         t0, w0, c0 = clock.now(), time.perf_counter(), time.thread_time()
         out = model(ids_t, batch, cache)
         synchronize(self.cfg.device)
@@ -463,6 +446,26 @@ class Replayer:
                 emit[req.rid] = [got[pos]]
                 pos += 1
         return emit, fwd
+
+
+def _batched_items(items, drafts_of: dict, slots: KVSlots) -> set[int]:
+    """The plan items whose one new token joins the batched decode call: single-token, no drafts, a slab
+    row (at least two of them; one goes through the per-request path as before)."""
+    if slots.slabs is None:
+        return set()
+    out = {i for i, (req, n, _h) in enumerate(items)
+           if n == 1 and not drafts_of.get(req.rid) and slots.row_of(req.rid) is not None}
+    return out if len(out) >= 2 else set()
+
+
+def _decode_rows(dec: list[tuple[int, int, int]], groups: set[int], device) -> DecodeRows:
+    """The DecodeRows of (packed row, slab row, cached) triples: each token attends up to its own position."""
+    rows, slab_rows, cached = zip(*dec)
+    pos = torch.tensor(cached, device=device)
+    length = max(cached) + 1
+    mask = torch.arange(length, device=device).unsqueeze(0) <= pos.unsqueeze(1)
+    return DecodeRows(rows=torch.tensor(rows, device=device), slots=torch.tensor(slab_rows, device=device),
+                      positions=pos, mask=mask.view(len(dec), 1, 1, length), groups=frozenset(groups))
 
 
 class ReplayExecutor:

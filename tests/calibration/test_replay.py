@@ -187,3 +187,48 @@ def test_replay_on_an_accelerator(tmp_path, device):
     assert run.result.summary["replay"]["device"] == device
     check = plans_check(run, scenario, base)
     assert check["identical"] and check["max_abs_metric_difference"] < 1e-9
+
+
+@pytest.mark.parametrize("scheduler", [CONTINUOUS, CHUNKED], ids=["continuous", "chunked"])
+def test_batched_decode_attention_gives_the_per_request_paths_tokens(tmp_path, scheduler):
+    # all at once: the plans do not depend on the measured durations, so the two replays plan alike
+    wl = {"kind": "synthetic", "num_requests": 10, "arrival": {"kind": "all_at_once"},
+          "prompt_tokens": {"kind": "uniform", "low": 3, "high": 40},
+          "output_tokens": {"kind": "uniform", "low": 2, "high": 12}}
+    scenario, base = write_scenario(tmp_path, scheduler, wl)
+    runs = {b: Replayer(tiny_model_profile(), ReplayConfig(threads=1, warmup=1, batched_decode=b)).run(scenario, base)
+            for b in (False, True)}
+    assert runs[True].result.summary["replay"]["batched_decode"] is True
+    assert runs[False].result.summary["replay"]["batched_decode"] is False
+    assert runs[True].outputs == runs[False].outputs and len(runs[True].outputs) == 10
+    assert [p.items for p in runs[True].plans] == [p.items for p in runs[False].plans]
+    assert max(runs[True].detail["decode_seqs"]) >= 2     # the batched path ran
+
+
+def test_batched_decode_attention_equals_one_call_per_request():
+    from calibration.model import KVCache, ReferenceModel
+    from calibration.replay import _decode_rows
+    from calibration.replay_slots import KVSlots
+    from calibration.shapes import Group, Shape
+    torch.manual_seed(0)
+    model = ReferenceModel(tiny_model_profile(), "fp32", "cpu")
+    slots = KVSlots(model, capacity=48)
+    slots.reserve(4)
+    for k, v in slots.slabs:
+        k.normal_()
+        v.normal_()
+    # three decodes of different lengths around a prefill chunk of 6 tokens after a 9-token prefix
+    items = [(0, 1, 5), (1, 6, 9), (2, 1, 17), (3, 1, 30)]     # (slab row, new, cached)
+    shape = Shape(tuple(Group(1, n, h) for _, n, h in items))
+    x = torch.randn(sum(n for _, n, _ in items), model.profile.hidden_size)
+
+    def views(r, n, h):
+        return [(k[r:r + 1, :, :h + n], v[r:r + 1, :, :h + n]) for k, v in slots.slabs]
+
+    per_layer = list(zip(*[views(*it) for it in items]))
+    want = model.run_layers(x, model.prepare(shape), KVCache([list(g) for g in per_layer]))
+    batch = model.prepare(shape)
+    batch.decode = _decode_rows([(0, 0, 5), (7, 2, 17), (8, 3, 30)], {0, 2, 3}, "cpu")
+    mixed = [[None, views(1, 6, 9)[layer], None, None] for layer in range(model.num_layers)]
+    got = model.run_layers(x, batch, KVCache(mixed, slots.slabs))
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
