@@ -185,7 +185,7 @@ def render(results: list[dict]) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Compare, write the markdown, print the summary."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default="docs/fidelity/h200-measured-vs-composed.md", help="markdown file to write")
+    ap.add_argument("--out", default=str(ROOT / "docs/fidelity/h200-measured-vs-composed.md"), help="markdown file to write")
     ap.add_argument("--fitted", default=str(ROOT / "profiles/fitted"), help="folder of the points CSVs")
     args = ap.parse_args(argv)
     results, out = [compare(name, Path(args.fitted)) for name in FILES], Path(args.out)
