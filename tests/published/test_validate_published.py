@@ -525,3 +525,47 @@ def test_phase_draws_compares_each_draw_with_the_mean_of_draws(tmp_path, capsys)
     assert out[4] == "| mean of seeds 0, 1 | 2 | 15.0% | 10.0% | 20.0% | 0.0% |"
     with pytest.raises(SystemExit, match="--phases 'even'"):
         mod.main([report("e", 0, [("x", 2, 1.0)], phases="even"), paths[2]])
+
+
+def test_published_repeats_finds_repeated_runs_and_relabelled_measurements(tmp_path, capsys):
+    """benchmarks/published_repeats.py: rows describing the same run with different numbers are one repeated
+    configuration (a copy with the same numbers counts once), its spread is max / min - 1; the same numbers
+    under two layouts are listed as one measurement filed twice; a report's errors appear beside each row."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "published_repeats", Path(__file__).parents[2] / "benchmarks" / "published_repeats.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    header = (Path(__file__).parent / "silicon_sample_10rows.csv").read_text().splitlines()[0]
+    cols = header.split(",")
+
+    def row(i, date, tp, ep, ttft, tpot):
+        values = {"id": f"r{i}", "silicon_data_source": f"x; silicon_concurrency=4; measured={date}T00:00:00Z",
+                  "backend": "vllm", "backend_version": "0.17.0", "model_path": "org/M", "system": "b200_sxm",
+                  "precision": "fp4", "mode": "agg", "isl": "1024", "osl": "1024", "batch_size": "4",
+                  "tp_size": str(tp), "pp_size": "1", "moe_tp_size": "1", "moe_ep_size": str(ep),
+                  "silicon_ttft_ms": str(ttft), "silicon_tpot_ms": str(tpot)}
+        return ",".join(values.get(c, "") for c in cols)
+
+    csv_path = tmp_path / "sample.csv"
+    csv_path.write_text("\n".join([header,
+                                   row(1, "2026-03-27", 8, 1, 160.0, 7.5),   # line 2
+                                   row(2, "2026-04-20", 8, 1, 80.0, 7.0),    # line 3: a repeat of line 2
+                                   row(3, "2026-03-27", 8, 1, 160.0, 7.5),   # line 4: line 2 copied, not a repeat
+                                   row(4, "2026-03-11", 4, 4, 170.0, 8.4),   # line 5
+                                   row(5, "2026-03-27", 4, 16, 170.0, 8.4),  # line 6: line 5's numbers, other layout
+                                   ]) + "\n")
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"rows": [{"line": 3, "predicted": {"ttft_ms": 88.0, "tpot_ms": 7.0},
+                                            "measured": {"ttft_ms": 80.0, "tpot_ms": 7.0}}]}))
+    assert mod.main([str(csv_path), "--report", str(report)]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    repeated = [ln for ln in lines if ln.startswith("| vllm 0.17.0")]
+    assert repeated == ["| vllm 0.17.0 | b200_sxm | M | fp4 | 1024 / 1024 | 4 | tp8 | 2: 2026-03-27, 160.0 / 7.50; "
+                        "3: 2026-04-20, 80.0 / 7.00 (+10% / +0%) | 100% | 7% |"]
+    assert "1 configurations measured more than once (2 distinct measurements)" in out
+    assert "TTFT 100.0% / 100.0%, TPOT 7.1% / 7.1%" in out
+    assert "1 measurements filed under more than one description of the run" in out
+    assert "| b200_sxm | M | 1024 / 1024 | 170.0 / 8.40 | 5: 2026-03-11, 4 users, tp4 ep4; " \
+           "6: 2026-03-27, 4 users, tp4 ep16 |" in out

@@ -1,0 +1,192 @@
+"""How well the published measurements agree with themselves: the floor under any predictor's error.
+
+    python benchmarks/published_repeats.py ../shared/data/benchmarks/aiconfigurator_silicon_sample.csv \
+        [--backend vllm] [--system b200_sxm] [--report DIR/report.json ...]
+
+Reads the rows with capsim's own reader (sim/published/rows.py: the client concurrency as the replay takes it)
+and prints three Markdown tables:
+
+- **Repeats**: aggregated rows that describe the same run (engine and version, card, model, precision, ISL, OSL,
+  concurrency, tp / pp / attention-DP / MoE-TP / EP) but carry different measurements. Per such configuration:
+  its rows, their measurement dates (the `measured=` of `silicon_data_source`, where stated) and the spread
+  max / min - 1 of TTFT and TPOT; then the median and p90 of that spread over every repeated configuration.
+  A row copied into two collections with the same numbers (TTFT and TPOT within 0.1%) is one measurement, not a
+  repeat (counted once).
+- **Same numbers, different runs**: rows whose TTFT and TPOT agree within 0.1% on the same card, model,
+  precision, ISL and OSL but whose layout or concurrency differ: one measurement filed under two descriptions,
+  at most one of which is the run.
+- With `--report` (`capsim validate-published ... --out DIR`'s report.json, several allowed): capsim's signed
+  TTFT and TPOT error on every row of a repeated configuration, beside the row's date, so a miss can be set
+  against how far the data disagree.
+
+Nothing is fitted or changed; docs/fidelity.md, "How well the data agree with themselves".
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sim.published.rows import read_published  # noqa: E402
+
+MEASURED = re.compile(r"measured=(\d{4}-\d\d-\d\d)")
+
+
+def dates_by_line(path: Path) -> dict[int, str]:
+    """The `measured=` date of each line's silicon_data_source ('' when it states none)."""
+    with path.open(newline="", encoding="utf-8-sig") as handle:
+        reader = csv.DictReader(handle)
+        out = {}
+        for rec in reader:
+            found = MEASURED.search(rec.get("silicon_data_source") or "")
+            out[reader.line_num] = found.group(1) if found else ""
+    return out
+
+
+def run_key(r) -> tuple:
+    """What a row says was run; two rows with the same key and different numbers are repeats."""
+    return (r.backend, r.backend_version, r.system, r.model_path, r.precision, r.gemm_quant_mode, r.isl, r.osl,
+            r.concurrency, r.tp, r.pp, r.attention_dp, r.moe_tp, r.moe_ep)
+
+
+def same_numbers(a, b, tol: float = 1e-3) -> bool:
+    """One measurement: TTFT and TPOT agree to 0.1% (a copy rounded to two decimals still matches)."""
+    return abs(a.ttft_ms / b.ttft_ms - 1) < tol and abs(a.tpot_ms / b.tpot_ms - 1) < tol
+
+
+def _distinct(rows: list) -> list[list]:
+    """Rows clustered by same_numbers, in file order."""
+    clusters: list[list] = []
+    for r in rows:
+        for c in clusters:
+            if same_numbers(r, c[0]):
+                c.append(r)
+                break
+        else:
+            clusters.append([r])
+    return clusters
+
+
+def repeats(rows: list) -> dict[tuple, list]:
+    """Configurations measured more than once (distinct numbers), each with one row per distinct measurement."""
+    groups: dict[tuple, list] = defaultdict(list)
+    for r in rows:
+        groups[run_key(r)].append(r)
+    out = {k: [c[0] for c in _distinct(v)] for k, v in groups.items()}
+    return {k: v for k, v in out.items() if len(v) > 1}
+
+
+def relabelled(rows: list) -> list[list]:
+    """Sets of rows with the same numbers on the same card, model and lengths but different run descriptions
+    (one row per description)."""
+    groups: dict[tuple, list] = defaultdict(list)
+    for r in rows:
+        groups[(r.system, r.model_path, r.precision, r.isl, r.osl)].append(r)
+    out = []
+    for v in groups.values():
+        for cluster in _distinct(v):
+            by_run = {}
+            for r in cluster:
+                by_run.setdefault(run_key(r), r)
+            if len(by_run) > 1:
+                out.append(list(by_run.values()))
+    return out
+
+
+def spread(values: list[float]) -> float:
+    """max / min - 1."""
+    return max(values) / min(values) - 1
+
+
+def layout(r) -> str:
+    text = f"tp{r.tp}"
+    for name, size in (("pp", r.pp), ("dp", r.attention_dp), ("moe_tp", r.moe_tp), ("ep", r.moe_ep)):
+        if size > 1:
+            text += f" {name}{size}"
+    return text
+
+
+def errors_by_line(reports: list[Path]) -> dict[int, tuple[float, float]]:
+    """Signed (TTFT, TPOT) error per line from validate-published reports."""
+    out = {}
+    for path in reports:
+        for row in json.loads(path.read_text())["rows"]:
+            if "predicted" in row:
+                p, m = row["predicted"], row["measured"]
+                out[int(row["line"])] = (p["ttft_ms"] / m["ttft_ms"] - 1, p["tpot_ms"] / m["tpot_ms"] - 1)
+    return out
+
+
+def _pct(x: float) -> str:
+    return f"{x * 100:+.0f}%"
+
+
+def print_repeats(groups: dict[tuple, list], dates: dict[int, str], errs: dict) -> None:
+    print("| engine | card | model | precision | ISL / OSL | users | layout | rows (line: date, TTFT ms / TPOT ms"
+          + (", capsim TTFT / TPOT error" if errs else "") + ") | TTFT spread | TPOT spread |")
+    print("|---|---|---|---|---|---:|---|---|---:|---:|")
+    for key in sorted(groups, key=lambda k: tuple(map(str, k))):
+        rs = sorted(groups[key], key=lambda r: (dates[r.line], r.line))
+        cells = []
+        for r in rs:
+            cell = f"{r.line}: {dates[r.line] or 'no date'}, {r.ttft_ms:.1f} / {r.tpot_ms:.2f}"
+            if r.line in errs:
+                cell += f" ({_pct(errs[r.line][0])} / {_pct(errs[r.line][1])})"
+            cells.append(cell)
+        r0 = rs[0]
+        print(f"| {r0.backend} {r0.backend_version} | {r0.system} | {r0.model_path.split('/')[-1]} | {r0.precision} | "
+              f"{r0.isl} / {r0.osl} | {r0.concurrency} | {layout(r0)} | {'; '.join(cells)} | "
+              f"{spread([r.ttft_ms for r in rs]) * 100:.0f}% | {spread([r.tpot_ms for r in rs]) * 100:.0f}% |")
+
+
+def print_summary(groups: dict[tuple, list]) -> None:
+    ttft = np.array([spread([r.ttft_ms for r in rs]) for rs in groups.values()])
+    tpot = np.array([spread([r.tpot_ms for r in rs]) for rs in groups.values()])
+    print(f"\n{len(groups)} configurations measured more than once ({sum(map(len, groups.values()))} distinct "
+          "measurements); spread max / min - 1, median / p90:")
+    if len(groups):
+        print(f"TTFT {np.median(ttft) * 100:.1f}% / {np.percentile(ttft, 90) * 100:.1f}%, "
+              f"TPOT {np.median(tpot) * 100:.1f}% / {np.percentile(tpot, 90) * 100:.1f}%")
+
+
+def print_relabelled(sets: list[list], dates: dict[int, str]) -> None:
+    print(f"\n{len(sets)} measurements filed under more than one description of the run:\n")
+    print("| card | model | ISL / OSL | TTFT ms / TPOT ms | rows (line: date, users, layout) |")
+    print("|---|---|---|---|---|")
+    for rs in sorted(sets, key=lambda s: min(r.line for r in s)):
+        r0 = rs[0]
+        cells = "; ".join(f"{r.line}: {dates[r.line] or 'no date'}, {r.concurrency} users, {layout(r)}"
+                          for r in sorted(rs, key=lambda r: r.line))
+        print(f"| {r0.system} | {r0.model_path.split('/')[-1]} | {r0.isl} / {r0.osl} | "
+              f"{r0.ttft_ms:.1f} / {r0.tpot_ms:.2f} | {cells} |")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("file", type=Path, help="CSV in the schema of aiconfigurator's silicon_sample.csv")
+    ap.add_argument("--backend", help="only rows of this engine")
+    ap.add_argument("--system", action="append", default=[], help="only rows of this card (repeatable)")
+    ap.add_argument("--report", action="append", default=[], type=Path,
+                    help="a validate-published report.json whose errors to show beside the repeats (repeatable)")
+    args = ap.parse_args(argv)
+    rows = [r for r in read_published(args.file) if r.mode == "agg"
+            and (not args.backend or r.backend == args.backend) and (not args.system or r.system in args.system)]
+    dates = dates_by_line(args.file)
+    groups = repeats(rows)
+    print_repeats(groups, dates, errors_by_line(args.report))
+    print_summary(groups)
+    print_relabelled(relabelled(rows), dates)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
