@@ -36,6 +36,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sim.io.errors import ConfigError  # noqa: E402
 from sim.published.rows import read_published  # noqa: E402
 
 MEASURED = re.compile(r"measured=(\d{4}-\d\d-\d\d)")
@@ -119,7 +120,11 @@ def errors_by_line(reports: list[Path]) -> dict[int, tuple[float, float]]:
     """Signed (TTFT, TPOT) error per line from validate-published reports."""
     out = {}
     for path in reports:
-        for row in json.loads(path.read_text())["rows"]:
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            sys.exit(f"published_repeats: {path}: cannot read a validate-published report ({exc})")
+        for row in report.get("rows", []):
             if "predicted" in row:
                 p, m = row["predicted"], row["measured"]
                 out[int(row["line"])] = (p["ttft_ms"] / m["ttft_ms"] - 1, p["tpot_ms"] / m["tpot_ms"] - 1)
@@ -178,7 +183,11 @@ def main(argv=None) -> int:
     ap.add_argument("--report", action="append", default=[], type=Path,
                     help="a validate-published report.json whose errors to show beside the repeats (repeatable)")
     args = ap.parse_args(argv)
-    rows = [r for r in read_published(args.file) if r.mode == "agg"
+    try:
+        published = read_published(args.file)
+    except ConfigError as exc:
+        sys.exit(f"published_repeats: {exc}")
+    rows = [r for r in published if r.mode == "agg"
             and (not args.backend or r.backend == args.backend) and (not args.system or r.system in args.system)]
     dates = dates_by_line(args.file)
     groups = repeats(rows)

@@ -24,7 +24,10 @@ def _fit_of(scenario, base_dir: Path) -> dict:
     elif cfg.kind in ("linear", "efficiency"):
         out["unknown"] = "the coefficients are typed into the scenario, not fitted"
     else:
-        out["unknown"] = f"none is recorded for a {cfg.kind} model"
+        out["unknown"] = f"an {cfg.kind} model is composed from kernel tables, not fitted"
+        if cfg.kind == "ops":  # the end-to-end check on published serving runs of the card whose tables it reads
+            from sim.io.published_check import ops_check
+            out["published"] = ops_check(cfg, scenario.hardware)[1]
     return out
 
 
@@ -56,7 +59,13 @@ def slo_text(slo: dict) -> str:
 def fit_text(fit: dict) -> str:
     """'held-out error 4.1% (max 12.3%, 15 points) of profile X' or 'unknown: why'."""
     if fit.get("mape") is None:
-        return f"unknown ({fit.get('unknown')})"
+        text = f"unknown ({fit.get('unknown')})"
+        if fit.get("published"):
+            from sim.io.published_check import check_text
+            text += "; " + check_text(fit["published"])
+        elif "published" in fit:
+            text += "; no published serving runs checked on its tables"
+        return text
     where = f" of {fit['profile']}" if fit.get("profile") else ""
     return (f"held-out error {fit['mape']:.1%} (largest {fit['max_abs_rel_err']:.1%}, {fit['n_heldout']} points)"
             f"{where}")

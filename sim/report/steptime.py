@@ -66,6 +66,20 @@ def _provenance_rows(path: Path, prof, use: str) -> list[tuple[str, str]]:
     return rows
 
 
+def _published_rows(cfg, scenario) -> tuple[list[tuple[str, str]], dict | None]:
+    """The ops model's end-to-end error on published serving runs of the card whose tables it reads."""
+    from sim.io.published_check import ENGINE_NAMES, ops_check
+    tables, published = ops_check(cfg, scenario.hardware)
+    if published is None:
+        return [("published serving runs", f"none checked on the {tables} tables")], None
+    rows = [(f"published runs, {ENGINE_NAMES.get(g['engine'], g['engine'])} {g['mode']}",
+             f"median |error| TTFT {g['ttft_median_abs_error']:.1%} (p90 {g['ttft_p90_abs_error']:.1%}), "
+             f"TPOT {g['tpot_median_abs_error']:.1%} (p90 {g['tpot_p90_abs_error']:.1%}) on {g['runs']:,} runs")
+            for g in published["groups"]]
+    return rows + [("published check", f"{published['source']}; capsim {published['commit']}, {published['date']} "
+                                       "(docs/fidelity.md)")], published
+
+
 def _observed(run, scenario) -> dict:
     its, req = run.iterations, run.requests
     admitted = req[req["status"] != "rejected"] if "status" in req else req
@@ -133,8 +147,13 @@ def step_time_info(scenario, base_dir: Path, run) -> StepTimeInfo:
     else:
         fields = ", ".join(f"{k} {v}" for k, v in cfg.model_dump(mode="json").items() if k != "kind" and v is not None)
         info = StepTimeInfo(cfg.kind, [("kind", f"{cfg.kind} model" + (f": {fields}" if fields else ""))],
-                            [("fit error", f"none recorded for a {cfg.kind} model")])
-        info.fit_unknown = f"none is recorded for a {cfg.kind} model"
+                            [("fit error", f"none: an {cfg.kind} model is composed from kernel tables, not fitted")])
+        info.fit_unknown = f"an {cfg.kind} model is composed from kernel tables, not fitted"
+        rows, published = _published_rows(cfg, scenario)
+        info.fit += rows
+        if published is not None:
+            from sim.io.published_check import check_text
+            info.fit_unknown += "; " + check_text(published)
     if st.graph_sizes:
         info.facts.append(("CUDA graphs", "decode batches pad up to " + ", ".join(map(str, st.graph_sizes))))
     info.facts.append(("allow_extrapolation", str(st.allow_extrapolation).lower()))

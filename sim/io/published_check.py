@@ -1,0 +1,85 @@
+"""How far the `ops` step-time model's answers were from real serving runs on a card: per engine and serving
+mode, the median and p90 |error| of TTFT and TPOT over the published measurements `capsim validate-published`
+replays (docs/fidelity.md). An ops model is composed from kernel tables, not fitted, so it has no fit error of
+its own; this is the evidence a run on that card's tables can point to instead.
+
+The figures live in profiles/ops/published_check.yaml, written by benchmarks/published_check.py from
+validate-published reports (the command and commit are in the file); nothing here computes them.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+from pydantic import Field
+
+from sim.io.schema import StrictModel, load_yaml_model
+
+CHECK_FILE = "published_check.yaml"
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "trtllm": "TensorRT-LLM"}
+
+
+class CheckGroup(StrictModel):
+    """One (engine, mode) group of published runs on one card and capsim's error on them."""
+
+    engine: str = Field(description="vllm, sglang or trtllm")
+    mode: str = Field(description="agg (one replica) or disagg (prefill and decode pools)")
+    runs: int = Field(ge=1, description="published runs predicted (rows skipped with a reason are not counted)")
+    ttft_median_abs_error: float = Field(ge=0)
+    ttft_p90_abs_error: float = Field(ge=0)
+    tpot_median_abs_error: float = Field(ge=0)
+    tpot_p90_abs_error: float = Field(ge=0)
+
+
+class PublishedCheck(StrictModel):
+    """profiles/ops/published_check.yaml."""
+
+    source: str = Field(description="the measurements and the command that replayed them")
+    commit: str = Field(description="capsim commit of the replay")
+    date: str
+    cards: dict[str, list[CheckGroup]] = Field(description="table-set folder under profiles/ops -> its groups")
+
+
+def check_path() -> Path:
+    """profiles/ops/published_check.yaml of this checkout (or of $CAPSIM_PROFILES)."""
+    from sim.io.profiles import profiles_dir
+    return profiles_dir() / "ops" / CHECK_FILE
+
+
+@lru_cache(maxsize=4)
+def _load(path: str) -> PublishedCheck:
+    return load_yaml_model(PublishedCheck, path)
+
+
+def card_check(tables: str) -> dict | None:
+    """The published check of a table set (a folder name under profiles/ops), as summary.json's
+    `setup.step_time_fit.published` holds it; None where the file has no entry for it (or is absent)."""
+    path = check_path()
+    if not path.is_file():
+        return None
+    check = _load(str(path))
+    groups = check.cards.get(tables)
+    if not groups:
+        return None
+    return {"tables": tables, "source": check.source, "commit": check.commit, "date": check.date,
+            "groups": [g.model_dump() for g in groups]}
+
+
+def ops_check(cfg, hardware: str) -> tuple[str, dict | None]:
+    """An ops step-time config's table set (its `tables`, else the scenario's card) and that set's published
+    check; None for a table folder given as a path, or a set the file does not cover."""
+    tables = cfg.tables or hardware
+    if "/" in tables or "\\" in tables:
+        return tables, None
+    return tables, card_check(tables)
+
+
+def check_text(published: dict) -> str:
+    """'against published serving runs on h100-sxm, median |error| TTFT / TPOT: vLLM 20.6% / 6.9% over 153 runs;
+    ...; docs/fidelity.md'."""
+    parts = [f"{ENGINE_NAMES.get(g['engine'], g['engine'])}{'' if g['mode'] == 'agg' else ' ' + g['mode']} "
+             f"{g['ttft_median_abs_error']:.1%} / {g['tpot_median_abs_error']:.1%} over {g['runs']:,} runs"
+             for g in published["groups"]]
+    return (f"against published serving runs on {published['tables']}, median |error| TTFT / TPOT: "
+            + "; ".join(parts) + "; docs/fidelity.md")

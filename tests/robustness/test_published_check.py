@@ -1,0 +1,115 @@
+"""An ops step-time model has no fit error of its own; a run on a card's kernel tables quotes how far the ops
+model was from published serving runs on that card (profiles/ops/published_check.yaml, written by
+benchmarks/published_check.py), and says so when none were checked."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from capsim.cli import main
+from sim.io.errors import ConfigError
+from sim.io.published_check import CHECK_FILE, PublishedCheck, card_check, check_path, check_text
+from sim.models.ops_tables import known_table_sets
+from tests.sim.helpers import REPO_SCENARIOS
+
+REPO = Path(__file__).resolve().parents[2]
+TP4 = REPO_SCENARIOS / "parallel" / "llama-3.1-70b-tp4-h100.yaml"
+
+
+def _generator():
+    spec = importlib.util.spec_from_file_location("published_check", REPO / "benchmarks" / "published_check.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_the_shipped_check_covers_table_sets_that_exist():
+    check = PublishedCheck.model_validate(yaml.safe_load(check_path().read_text()))
+    assert check.cards and set(check.cards) <= set(known_table_sets())
+    for groups in check.cards.values():
+        assert {g.engine for g in groups} <= {"vllm", "sglang", "trtllm"} and {g.mode for g in groups} <= {"agg", "disagg"}
+        for g in groups:
+            assert g.ttft_median_abs_error <= g.ttft_p90_abs_error and g.tpot_median_abs_error <= g.tpot_p90_abs_error
+
+
+def test_a_run_on_checked_tables_quotes_the_check(capsys):
+    assert main(["run", str(TP4), "--set", "workload.num_requests=3", "--json"]) == 0
+    fit = json.loads(capsys.readouterr().out)["setup"]["step_time_fit"]
+    assert fit["unknown"] == "an ops model is composed from kernel tables, not fitted"
+    published = fit["published"]
+    assert published == card_check("h100-sxm") and published["tables"] == "h100-sxm"
+    vllm = [g for g in published["groups"] if g["engine"] == "vllm" and g["mode"] == "agg"]
+    assert len(vllm) == 1 and vllm[0]["runs"] > 100
+    assert main(["run", str(TP4), "--set", "workload.num_requests=3"]) == 0
+    line = capsys.readouterr().out.splitlines()[1]
+    assert line.endswith("; " + check_text(published))
+    assert (f"vLLM {vllm[0]['ttft_median_abs_error']:.1%} / {vllm[0]['tpot_median_abs_error']:.1%} over "
+            f"{vllm[0]['runs']:,} runs") in line
+
+
+def test_tables_without_a_check_say_so(capsys, tmp_path):
+    # tables given as a folder path: the check is per named table set, so none applies
+    folder = REPO / "profiles" / "ops" / "h100-sxm"
+    assert main(["run", str(TP4), "--set", "workload.num_requests=3", "--set", f"step_time.model.tables={folder}",
+                 "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["setup"]["step_time_fit"]["published"] is None
+    assert main(["run", str(TP4), "--set", "workload.num_requests=3", "--set", f"step_time.model.tables={folder}"]) == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith("; no published serving runs checked on its tables")
+
+
+def test_a_malformed_check_file_names_the_file_and_field(tmp_path, monkeypatch):
+    (tmp_path / "ops").mkdir()
+    bad = tmp_path / "ops" / CHECK_FILE
+    bad.write_text("source: s\ncommit: c\ndate: d\ncards:\n  h100-sxm:\n  - {engine: vllm, mode: agg, runs: 0,\n"
+                   "     ttft_median_abs_error: 0.1, ttft_p90_abs_error: 0.2, tpot_median_abs_error: 0.1,\n"
+                   "     tpot_p90_abs_error: 0.2}\n")
+    monkeypatch.setenv("CAPSIM_PROFILES", str(tmp_path))
+    with pytest.raises(ConfigError) as exc:
+        card_check("h100-sxm")
+    assert str(bad) in str(exc.value) and "runs" in str(exc.value)
+    bad.unlink()
+    assert card_check("h100-sxm") is None  # no file: no check, not an error
+
+
+def _report(path: Path, rows: list[dict], **settings) -> Path:
+    base = {"file": "../x/sample.csv", "start": "cold", "rounds": 10, "mixed": "one_pass", "frontend_ms": "engine",
+            "phases": "engine", "seed": 0}
+    path.write_text(json.dumps({**base, **settings, "rows": rows}))
+    return path
+
+
+def _row(line, system, backend, mode, ttft, tpot):
+    return {"line": line, "system": system, "backend": backend, "mode": mode,
+            "measured": {"ttft_ms": 100.0, "tpot_ms": 10.0}, "predicted": {"ttft_ms": ttft, "tpot_ms": tpot}}
+
+
+def test_the_generator_groups_reports_by_card_engine_and_mode(tmp_path):
+    gen = _generator()
+    agg = _report(tmp_path / "agg.json", [_row(2, "h100_sxm", "vllm", "agg", 110.0, 9.0),
+                                          _row(3, "h100_sxm", "vllm", "agg", 80.0, 10.5),
+                                          _row(4, "b200_sxm", "trtllm", "agg", 150.0, 10.0),
+                                          {"line": 5, "system": "h100_sxm", "backend": "vllm", "mode": "agg",
+                                           "skipped": "no model profile"},
+                                          _row(6, "mi300x", "vllm", "agg", 100.0, 10.0)])  # a card without tables
+    disagg = _report(tmp_path / "disagg.json", [_row(7, "b200_sxm", "sglang", "disagg", 50.0, 12.0)])
+    out = tmp_path / "check.yaml"
+    assert gen.main([str(agg), str(disagg), "--out", str(out), "--commit", "abc1234", "--date", "2026-12-04"]) == 0
+    doc = yaml.safe_load(out.read_text())
+    assert doc["commit"] == "abc1234" and doc["date"] == "2026-12-04" and "sample.csv" in doc["source"]
+    assert doc["cards"] == {
+        "b200": [{"engine": "trtllm", "mode": "agg", "runs": 1, "ttft_median_abs_error": 0.5,
+                  "ttft_p90_abs_error": 0.5, "tpot_median_abs_error": 0.0, "tpot_p90_abs_error": 0.0},
+                 {"engine": "sglang", "mode": "disagg", "runs": 1, "ttft_median_abs_error": 0.5,
+                  "ttft_p90_abs_error": 0.5, "tpot_median_abs_error": 0.2, "tpot_p90_abs_error": 0.2}],
+        "h100-sxm": [{"engine": "vllm", "mode": "agg", "runs": 2, "ttft_median_abs_error": 0.15,
+                      "ttft_p90_abs_error": 0.19, "tpot_median_abs_error": 0.075, "tpot_p90_abs_error": 0.095}]}
+    PublishedCheck.model_validate(doc)
+    with pytest.raises(SystemExit, match="not a run with the default settings"):
+        gen.main([str(_report(tmp_path / "burst.json", [], start="burst")), "--out", str(out)])
+    with pytest.raises(SystemExit, match="line 2 .agg. is predicted by"):
+        gen.main([str(agg), str(agg), "--out", str(out)])
