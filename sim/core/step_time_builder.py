@@ -41,7 +41,7 @@ _DTYPE_CLASS = {"bf16": "16-bit", "fp16": "16-bit", "fp32": "fp32", "fp8": "fp8"
 
 
 def build_step_time(scenario: Scenario, base_dir: Path, spec: ModelSpec, hw, stream=None):
-    """The scenario's step-time model (inline, or from a fitted profile), wrapped for graphs and valid range."""
+    """The scenario's step-time model (inline, or from a fitted profile), wrapped for graphs, valid range and scale."""
     st = scenario.step_time
     cfg = st.model
     valid = source = None
@@ -89,4 +89,6 @@ def build_step_time(scenario: Scenario, base_dir: Path, spec: ModelSpec, hw, str
         model = costmod.GraphPadded(model, st.graph_sizes)
     if valid is not None:
         model = costmod.RangeChecked(model, valid, source, st.allow_extrapolation, stream)
+    if st.scale != 1.0:
+        model = costmod.Scaled(model, st.scale)
     return model

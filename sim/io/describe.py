@@ -34,9 +34,12 @@ def _fit_of(scenario, base_dir: Path) -> dict:
 def describe_setup(scenario, base_dir: str | Path) -> dict:
     """summary.json's `setup`: model, hardware, scheduler, SLOs and the step-time model's fit error."""
     slo = scenario.slo
+    fit = _fit_of(scenario, Path(base_dir))
+    if scenario.step_time.scale != 1.0:  # step_time.scale: every step time multiplied (absent at 1)
+        fit["scale"] = scenario.step_time.scale
     return {"model": scenario.model, "hardware": scenario.hardware, "scheduler": scenario.scheduler.kind,
             "slo": {"ttft_s": slo.ttft_s, "itl_s": slo.itl_s, "itl_stat": slo.itl_stat, "e2e_s": slo.e2e_s},
-            "step_time_fit": _fit_of(scenario, Path(base_dir)),
+            "step_time_fit": fit,
             "scenario_sha256": scenario_digest(scenario)}
 
 
@@ -54,6 +57,11 @@ def slo_text(slo: dict) -> str:
              f"E2E <= {slo['e2e_s']:g} s" if slo.get("e2e_s") else ""]
     parts = [p for p in parts if p]
     return ", ".join(parts) if parts else "no SLO set: every completed, correct request counts"
+
+
+def kind_text(fit: dict) -> str:
+    """'ops', or 'ops, every step x 1.1 (step_time.scale)' when the scenario scales its step times."""
+    return fit["kind"] + (f", every step x {fit['scale']:g} (step_time.scale)" if fit.get("scale") is not None else "")
 
 
 def fit_text(fit: dict) -> str:

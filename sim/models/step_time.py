@@ -251,6 +251,22 @@ class GraphPadded:
         return self.inner.step_s(padded)
 
 
+class Scaled:
+    """Every step `factor` times the inner model's (`step_time.scale`): a sensitivity knob for the step-time
+    model's error, outermost, so CUDA-graph padding and the valid-range check see the unscaled shapes."""
+
+    def __init__(self, inner, factor: float):
+        self.inner, self.factor = inner, factor
+
+    def prefill_part_s(self, plan) -> float:
+        """The inner model's prefill part, scaled."""
+        return self.inner.prefill_part_s(plan) * self.factor
+
+    def step_s(self, plan) -> float:
+        """The inner model's step, scaled."""
+        return self.inner.step_s(plan) * self.factor
+
+
 class RangeChecked:
     """Refuses shapes outside a fitted profile's calibrated range, or warns once when allowed."""
 

@@ -157,6 +157,9 @@ def step_time_info(scenario, base_dir: Path, run) -> StepTimeInfo:
     if st.graph_sizes:
         info.facts.append(("CUDA graphs", "decode batches pad up to " + ", ".join(map(str, st.graph_sizes))))
     info.facts.append(("allow_extrapolation", str(st.allow_extrapolation).lower()))
+    if st.scale != 1.0:
+        info.facts.append(("step_time.scale", f"every iteration's modelled time x {st.scale:g} (a sensitivity run, "
+                                              "not the model's own numbers)"))
     obs = _observed(run, scenario)
     if valid is not None:
         info.checks += _range_checks(valid, obs)
