@@ -7,7 +7,9 @@ from __future__ import annotations
 from pathlib import Path
 
 
-def _fit_of(scenario, base_dir: Path) -> dict:
+def step_time_fit(scenario, base_dir: Path) -> dict:
+    """summary.json's `setup.step_time_fit`: the step-time model's kind and held-out fit error, or why none is
+    known (and, for an ops model, its error on published serving runs of the card)."""
     cfg = scenario.step_time.model
     out = {"kind": cfg.kind, "profile": None, "mape": None, "max_abs_rel_err": None, "n_heldout": None,
            "unknown": None}
@@ -34,7 +36,7 @@ def _fit_of(scenario, base_dir: Path) -> dict:
 def describe_setup(scenario, base_dir: str | Path) -> dict:
     """summary.json's `setup`: model, hardware, scheduler, SLOs and the step-time model's fit error."""
     slo = scenario.slo
-    fit = _fit_of(scenario, Path(base_dir))
+    fit = step_time_fit(scenario, Path(base_dir))
     if scenario.step_time.scale != 1.0:  # step_time.scale: every step time multiplied (absent at 1)
         fit["scale"] = scenario.step_time.scale
     return {"model": scenario.model, "hardware": scenario.hardware, "scheduler": scenario.scheduler.kind,

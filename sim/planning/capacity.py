@@ -29,6 +29,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
+from sim.io.describe import fit_text, kind_text, step_time_fit
 from sim.io.errors import ConfigError
 from sim.planning.plane import plot_plane
 from sim.planning.slo import SLO, attainment, slo_from_scenario
@@ -175,6 +176,7 @@ class PlanResult:
     search_rate_rps: float | None = None
     plane: list[dict] | None = None
     files: list[Path] = field(default_factory=list)
+    step_time_fit: dict | None = None           # the base scenario's step-time fit error (sim.io.describe)
 
     def per_replica(self, x):
         """A cluster-wide rate as a per-replica one (None stays None)."""
@@ -195,6 +197,7 @@ class PlanResult:
             "rates": [p.row() for p in sorted(self.points.values(), key=lambda p: p.rate)],
             "target_rps": self.target_rps, "replicas": self.replicas,
             "search_rate_rps": self.search_rate_rps, "search": self.search, "plane": self.plane,
+            "step_time_fit": self.step_time_fit,
         }
 
 
@@ -450,6 +453,7 @@ def run_plan(scenario: str | Path, out_dir: str | Path, slo: SLO | None = None, 
         pl = Planner(base, slo, target, replications, requests, runner, log)
         log(f"plan for {scenario}: {slo.describe()}, attainment >= {target:g}; running {runner.describe()}")
         res = PlanResult(str(scenario), slo, target, replications, pl.requests, pl.base_replicas, pl.knob.kind, tol)
+        res.step_time_fit = step_time_fit(sc, Path(base.base_dir))
         cap, res.bracket, res.interval, res.note = pl.capacity(tol, start_rps)
         res.capacity_rps = cap
         res.points = pl.cache
@@ -553,6 +557,8 @@ def print_plan(res: PlanResult, file=None) -> None:
     n = res.requests_per_run
     print(f"plan {res.scenario}: {res.slo.describe()}, attainment >= {res.target:g} "
           f"({res.replications} replication(s){f' of {n} requests' if n else ''} per rate)", file=file)
+    if res.step_time_fit is not None:
+        print(f"step-time model {kind_text(res.step_time_fit)}: fit error {fit_text(res.step_time_fit)}", file=file)
     if res.capacity_rps is None:
         print(f"goodput capacity: none ({res.note})", file=file)
     else:

@@ -129,6 +129,9 @@ def test_a_target_tighter_than_the_service_time_has_no_capacity(tmp_path, capsys
                  "--out", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert "goodput capacity: none" in out and "tighter than a lone request's service" in out
+    # how far to trust the plan: the step-time model's fit error, as `capsim run` states it
+    assert out.splitlines()[1] == ("step-time model linear: fit error unknown (the coefficients are typed into the "
+                                   "scenario, not fitted)")
 
 
 # ---- replicas and search ------------------------------------------------------------------------
@@ -220,6 +223,7 @@ def test_cli_plan_json(tmp_path, capsys):
                  "--replications", "1", "--workers", "1", "--quiet", "--json", "--out", str(tmp_path / "o")]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["slo"] == {"e2e_s": 1.5} and d["attainment_target"] == 0.99
+    assert d["step_time_fit"]["kind"] == "linear" and d["step_time_fit"]["mape"] is None
     assert d["replicas"]["simulated_replicas"] == 3
     assert {p.name for p in (tmp_path / "o").iterdir()} >= {"plan.json", "rates.csv", "replicas.csv",
                                                            "attainment.png", "memory_deadline_plane.png"}
