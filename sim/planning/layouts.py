@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from sim.io.config import MIN_RATE_RPS
+from sim.io.describe import fit_text, kind_text, step_time_fit
 from sim.io.errors import ConfigError
 from sim.planning.sweep import Override
 
@@ -239,13 +240,15 @@ class LayoutPlan:
     price_per_gpu_hour: float | None
     rows: list[dict]
     files: list[Path]
+    step_time_fit: dict | None = None
+    """The base scenario's step-time fit error on this card (sim.io.describe.step_time_fit)."""
 
     def as_dict(self) -> dict:
         """layouts.json's content."""
         return {"scenario": self.scenario, "gpu_budget": self.gpus, "card": self.card,
                 "price_per_gpu_hour": self.price_per_gpu_hour,
                 "ranked_by": "goodput_per_dollar" if self.price_per_gpu_hour else "goodput_per_gpu",
-                "deployments": self.rows}
+                "deployments": self.rows, "step_time_fit": self.step_time_fit}
 
 
 def rank(rows: list[dict], price_per_gpu_hour: float | None) -> list[dict]:
@@ -381,7 +384,8 @@ def run_layout_plan(scenario: str | Path, out_dir: str | Path, gpus: int, card: 
             f"running {runner.describe()}")
         rows = search_layouts(base, deps, slo, target, replications, requests, tol, runner, log)
     ranked = rank(rows, price_per_gpu_hour)
-    res = LayoutPlan(str(scenario), gpus, sc.hardware, price_per_gpu_hour, ranked, [])
+    res = LayoutPlan(str(scenario), gpus, sc.hardware, price_per_gpu_hour, ranked, [],
+                     step_time_fit(sc, Path(base.base_dir)))
     res.files = write_layout_plan(res, Path(out_dir))
     return res
 
@@ -402,6 +406,8 @@ def print_layout_plan(res: LayoutPlan, file=None) -> None:
     per = "req/$" if res.price_per_gpu_hour else "rps/GPU"
     print(f"layout plan {res.scenario}: {res.gpus} x {res.card}"
           f"{f' at {res.price_per_gpu_hour:g} per GPU-hour' if res.price_per_gpu_hour else ''}", file=file)
+    if res.step_time_fit is not None:
+        print(f"step-time model {kind_text(res.step_time_fit)}: fit error {fit_text(res.step_time_fit)}", file=file)
     print(f"{'rank':>4}  {'deployment':<34}{'GPUs':>5}{'capacity rps':>14}{per:>10}  note", file=file)
     for r in res.rows:
         val = r["requests_per_dollar"] if res.price_per_gpu_hour else r["goodput_per_gpu_rps"]

@@ -1,5 +1,6 @@
 """capsim plan --gpus: deployments of a GPU budget, ranked by goodput per GPU (sim.planning.layouts)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -174,6 +175,10 @@ def test_a_plan_where_no_deployment_has_a_capacity_says_so(tmp_path: Path, capsy
                  "--out", str(tmp_path / "o")]) == 0
     captured = capsys.readouterr()
     assert "parallel.tp: 3 does not divide qwen3-8b's 32 attention heads" in captured.out
+    assert captured.out.splitlines()[1] == ("step-time model linear: fit error unknown (the coefficients are typed "
+                                            "into the scenario, not fitted)")
+    saved = json.loads((tmp_path / "o" / "layouts.json").read_text())["step_time_fit"]
+    assert saved["kind"] == "linear" and saved["mape"] is None
     assert "note: none of the 1 deployment(s) of 3 x h100-sxm has a capacity (each row's note says why)" \
         in captured.err
     assert (tmp_path / "o" / "layouts.json").exists()
