@@ -34,13 +34,13 @@ def print_summary(s: dict, file=None) -> None:
     file = file or sys.stdout
     def num(x, fmt="{:.3f}"):
         return "-" if x is None else fmt.format(x)
-    from sim.io.describe import fit_text, kind_text, slo_text
+    from sim.io.describe import slo_text, step_time_line
     setup = s.get("setup") or {}
     print(f"scenario {s['scenario']}: {s['completed']}/{s['requests']} completed, {s['rejected']} rejected, "
           f"{s['cancelled']} cancelled, {s['good']} good", file=file)
     if setup:
-        print(f"{setup['model']} on {setup['hardware']}, {setup['scheduler']} scheduler; step-time model "
-              f"{kind_text(setup['step_time_fit'])}: fit error {fit_text(setup['step_time_fit'])}", file=file)
+        print(f"{setup['model']} on {setup['hardware']}, {setup['scheduler']} scheduler; "
+              f"{step_time_line(setup['step_time_fit'])}", file=file)
     print(f"makespan {num(s['makespan_s'])} s   throughput {num(s['output_throughput_tok_s'], '{:.1f}')} tok/s, "
           f"{num(s['request_throughput_rps'])} req/s   goodput {num(s['goodput_rps'])} req/s   "
           f"SLO attainment {num(s['slo_attainment'])}"

@@ -66,6 +66,11 @@ def kind_text(fit: dict) -> str:
     return fit["kind"] + (f", every step x {fit['scale']:g} (step_time.scale)" if fit.get("scale") is not None else "")
 
 
+def step_time_line(fit: dict) -> str:
+    """'step-time model KIND: fit error ...', the line run and plan print about how far to trust their step times."""
+    return f"step-time model {kind_text(fit)}: fit error {fit_text(fit)}"
+
+
 def fit_text(fit: dict) -> str:
     """'held-out error 4.1% (max 12.3%, 15 points) of profile X' or 'unknown: why'."""
     if fit.get("mape") is None:

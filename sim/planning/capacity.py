@@ -29,7 +29,7 @@ from typing import Callable, Iterable
 
 import numpy as np
 
-from sim.io.describe import fit_text, kind_text, step_time_fit
+from sim.io.describe import step_time_fit, step_time_line
 from sim.io.errors import ConfigError
 from sim.planning.plane import plot_plane
 from sim.planning.slo import SLO, attainment, slo_from_scenario
@@ -558,7 +558,7 @@ def print_plan(res: PlanResult, file=None) -> None:
     print(f"plan {res.scenario}: {res.slo.describe()}, attainment >= {res.target:g} "
           f"({res.replications} replication(s){f' of {n} requests' if n else ''} per rate)", file=file)
     if res.step_time_fit is not None:
-        print(f"step-time model {kind_text(res.step_time_fit)}: fit error {fit_text(res.step_time_fit)}", file=file)
+        print(step_time_line(res.step_time_fit), file=file)
     if res.capacity_rps is None:
         print(f"goodput capacity: none ({res.note})", file=file)
     else:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Callable
 
 from sim.io.config import MIN_RATE_RPS
-from sim.io.describe import fit_text, kind_text, step_time_fit
+from sim.io.describe import step_time_fit, step_time_line
 from sim.io.errors import ConfigError
 from sim.planning.sweep import Override
 
@@ -407,7 +407,7 @@ def print_layout_plan(res: LayoutPlan, file=None) -> None:
     print(f"layout plan {res.scenario}: {res.gpus} x {res.card}"
           f"{f' at {res.price_per_gpu_hour:g} per GPU-hour' if res.price_per_gpu_hour else ''}", file=file)
     if res.step_time_fit is not None:
-        print(f"step-time model {kind_text(res.step_time_fit)}: fit error {fit_text(res.step_time_fit)}", file=file)
+        print(step_time_line(res.step_time_fit), file=file)
     print(f"{'rank':>4}  {'deployment':<34}{'GPUs':>5}{'capacity rps':>14}{per:>10}  note", file=file)
     for r in res.rows:
         val = r["requests_per_dollar"] if res.price_per_gpu_hour else r["goodput_per_gpu_rps"]
