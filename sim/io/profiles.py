@@ -379,6 +379,9 @@ class FittedProfile(StrictModel):
                                                              "say it; a scenario on another layout is refused). "
                                                              "Absent: not stated")
     fit: FitSummary | None = None
+    composed_from: str | None = Field(None, description="Kernel table set (profiles/ops) a composed profile was fitted "
+                                                        "to (capsim profile compose): its fit error is against that "
+                                                        "composition, not a measurement")
     provenance: Provenance
 
     @model_validator(mode="after")

@@ -9,6 +9,7 @@ validate-published reports (the command and commit are in the file); nothing her
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -73,6 +74,18 @@ def ops_check(cfg, hardware: str) -> tuple[str, dict | None]:
     if "/" in tables or "\\" in tables:
         return tables, None
     return tables, card_check(tables)
+
+
+_COMPOSED = re.compile(r"^capsim profile compose; kernel tables profiles/ops/([^/:\s]+):")
+
+
+def composed_tables(profile) -> str | None:
+    """The table set a fitted profile was composed from (its `composed_from`, or for a profile written before that
+    field its provenance source), None for a profile measured on a device or fitted from an engine's log."""
+    if profile.composed_from:
+        return profile.composed_from
+    found = _COMPOSED.match(profile.provenance.source)
+    return found.group(1) if found else None
 
 
 def check_text(published: dict) -> str:

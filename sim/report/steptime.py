@@ -68,16 +68,28 @@ def _provenance_rows(path: Path, prof, use: str) -> list[tuple[str, str]]:
 
 def _published_rows(cfg, scenario) -> tuple[list[tuple[str, str]], dict | None]:
     """The ops model's end-to-end error on published serving runs of the card whose tables it reads."""
-    from sim.io.published_check import ENGINE_NAMES, ops_check
+    from sim.io.published_check import ops_check
     tables, published = ops_check(cfg, scenario.hardware)
+    return _rows_of(tables, published), published
+
+
+def _published_rows_of(tables: str) -> tuple[list[tuple[str, str]], dict | None]:
+    """The same rows for a named table set (a composed profile's)."""
+    from sim.io.published_check import card_check
+    published = card_check(tables)
+    return _rows_of(tables, published), published
+
+
+def _rows_of(tables: str, published: dict | None) -> list[tuple[str, str]]:
+    from sim.io.published_check import ENGINE_NAMES
     if published is None:
-        return [("published serving runs", f"none checked on the {tables} tables")], None
+        return [("published serving runs", f"none checked on the {tables} tables")]
     rows = [(f"published runs, {ENGINE_NAMES.get(g['engine'], g['engine'])} {g['mode']}",
              f"median |error| TTFT {g['ttft_median_abs_error']:.1%} (p90 {g['ttft_p90_abs_error']:.1%}), "
              f"TPOT {g['tpot_median_abs_error']:.1%} (p90 {g['tpot_p90_abs_error']:.1%}) on {g['runs']:,} runs")
             for g in published["groups"]]
     return rows + [("published check", f"{published['source']}; capsim {published['commit']}, {published['date']} "
-                                       "(docs/fidelity.md)")], published
+                                       "(docs/fidelity.md)")]
 
 
 def _observed(run, scenario) -> dict:
@@ -140,6 +152,12 @@ def step_time_info(scenario, base_dir: Path, run) -> StepTimeInfo:
         cfg, valid = getattr(prof, use), prof.valid_range
         if prof.fit is None:
             info.fit_unknown = "the profile records none (its numbers are not a fit by capsim)"
+        from sim.io.published_check import composed_tables
+        tables = composed_tables(prof)
+        if tables is not None:  # fitted to a composition of kernel tables: its error is against those, not a device
+            info.fit.append(("fitted against", f"its composition from the {tables} kernel tables (capsim profile "
+                                               "compose), not a measurement"))
+            info.fit += _published_rows_of(tables)[0]
     elif cfg.kind in ("linear", "efficiency"):
         info = StepTimeInfo(cfg.kind, [("kind", f"{cfg.kind} model written in the scenario")],
                             [("fit error", "none: the coefficients are typed into the scenario, not fitted")])

@@ -113,3 +113,35 @@ def test_the_generator_groups_reports_by_card_engine_and_mode(tmp_path):
         gen.main([str(_report(tmp_path / "burst.json", [], start="burst")), "--out", str(out)])
     with pytest.raises(SystemExit, match="line 2 .agg. is predicted by"):
         gen.main([str(agg), str(agg), "--out", str(out)])
+
+
+def test_a_composed_profile_says_its_fit_is_against_the_composition(tmp_path, capsys):
+    """A profile from `capsim profile compose` fits its own composition (a few %), which says nothing of a real
+    engine: the run says so and quotes the tables' published check; a profile composed before `composed_from`
+    existed is recognised by its provenance."""
+    out = tmp_path / "h100-sxm__llama-3.1-8b__bf16.yaml"
+    assert main(["profile", "compose", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--max-batch", "64",
+                 "--out", str(out)]) == 0
+    assert "composed_from: h100-sxm" in out.read_text()
+    capsys.readouterr()
+    step = f"step_time={{model: {{kind: profile, path: {out}, use: efficiency}}}}"
+    args = ["run", str(TP4), "--set", "parallel=null", "--set", "model=llama-3.1-8b", "--set", step,
+            "--set", "workload.num_requests=3"]
+    expected = ("against its composition from the h100-sxm kernel tables, not a measurement; "
+                + check_text(card_check("h100-sxm")))
+    assert main(args) == 0
+    assert capsys.readouterr().out.splitlines()[1].endswith(expected)
+    old = tmp_path / "old.yaml"
+    old.write_text("\n".join(ln for ln in out.read_text().splitlines() if not ln.startswith("composed_from")) + "\n")
+    assert main(args[:-4] + ["--set", step.replace(str(out), str(old)), "--set", "workload.num_requests=3",
+                             "--json"]) == 0
+    fit = json.loads(capsys.readouterr().out)["setup"]["step_time_fit"]
+    assert fit["composed_from"] == "h100-sxm" and fit["published"] == card_check("h100-sxm")
+    assert fit["mape"] is not None and fit["mape"] < 0.2
+
+
+def test_a_measured_profile_quotes_its_own_fit_only(capsys):
+    scenario = REPO_SCENARIOS / "validation" / "cpu-qwen0.5b-continuous.yaml"
+    assert main(["run", str(scenario), "--set", "workload.num_requests=3", "--json"]) == 0
+    fit = json.loads(capsys.readouterr().out)["setup"]["step_time_fit"]
+    assert "composed_from" not in fit and "published" not in fit and fit["mape"] is not None

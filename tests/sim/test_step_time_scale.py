@@ -39,3 +39,10 @@ def test_scale_one_is_the_unscaled_run():
 def test_a_scale_must_be_positive():
     with pytest.raises(Exception, match="scale"):
         scenario(step_time__scale=0)
+
+
+def test_a_scaled_scenario_has_its_own_digest_and_an_unscaled_one_keeps_its_own():
+    """The goldens pin every shipped scenario's digest (none sets a scale); a scale makes another scenario."""
+    from sim.io.describe import scenario_digest
+    assert scenario_digest(scenario(step_time__scale=1.0)) == scenario_digest(scenario())
+    assert scenario_digest(scenario(step_time__scale=1.1)) != scenario_digest(scenario())
