@@ -74,6 +74,9 @@ def _add_plan(sub) -> argparse.ArgumentParser:
     p.add_argument("--start-rps", type=number(1e-6, 1e9, what="a rate in req/s"),
                    help="first rate tried (default: the scenario's; at least 1e-6)")
     p.add_argument("--max-replicas", type=count(1, 100_000), default=64, help="largest cluster the replica check tries")
+    p.add_argument("--step-time-error", type=number(0.0, 0.99, low_open=True, what="a fraction (0.07 = 7%)"),
+                   help="also find the capacity (and replicas) with every step this fraction faster and slower: "
+                        "how far the answer moves with the step-time model's error, e.g. the one the run quotes")
     p.add_argument("--out", required=True, help="plan.json, rates.csv, search.csv and plots go here (all or nothing)")
     p.add_argument("--force", action="store_true", help="overwrite files already in --out")
     _add_fanout(p)
@@ -96,7 +99,8 @@ def cmd_plan(args) -> int:
     if given:
         raise ConfigError(f"{', '.join(given)}: only with --gpus N (the layout search); without it plan sizes the "
                           "scenario's own layout")
-    from sim.planning.capacity import print_plan, run_plan
+    from sim.planning.capacity import run_plan
+    from sim.planning.plan_text import print_plan
     from sim.planning.slo import parse_slo
 
     def log(line: str) -> None:
@@ -121,7 +125,7 @@ def _run_plan(args, out, parse_slo, run_plan, log):
                    target_rps=args.target_rps, search=args.search, overrides=args.overrides,
                    replications=args.replications, requests=args.requests, tol=args.tol, start_rps=args.start_rps,
                    workers=args.workers, address=args.dask, max_replicas=args.max_replicas,
-                    log=None if args.quiet else log)
+                    log=None if args.quiet else log, step_time_error=args.step_time_error)
 
 
 def _add_plane(sub) -> argparse.ArgumentParser:

@@ -35,6 +35,9 @@ def cmd_plan_layouts(args) -> int:
     """Run the layout search of `capsim plan --gpus` and print its ranking."""
     from sim.planning.layouts import parse_degrees, print_layout_plan, run_layout_plan
     from sim.planning.slo import parse_slo
+    if getattr(args, "step_time_error", None) is not None:
+        raise ConfigError("--step-time-error: only without --gpus (it bands one deployment's capacity: plan the "
+                          "deployment the layout search ranks first with it)")
     if not 1 <= args.gpus <= MAX_GPUS:
         raise ConfigError(f"--gpus: expected a GPU count in 1..{MAX_GPUS:,} (the search ranks every deployment of "
                           f"the budget), got {args.gpus}")

@@ -22,16 +22,16 @@ from __future__ import annotations
 
 import json
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable
 
 import numpy as np
 
-from sim.io.describe import step_time_fit, step_time_line
+from sim.io.describe import step_time_fit
 from sim.io.errors import ConfigError
 from sim.planning.plane import plot_plane
+from sim.planning.sensitivity import check_error, step_time_sensitivity
 from sim.planning.slo import SLO, attainment, slo_from_scenario
 from sim.planning.sweep import Axis, Base, Override, Runner, display_value, flatten, grid_points, parse_axes, write_tables
 
@@ -177,6 +177,7 @@ class PlanResult:
     plane: list[dict] | None = None
     files: list[Path] = field(default_factory=list)
     step_time_fit: dict | None = None           # the base scenario's step-time fit error (sim.io.describe)
+    sensitivity: dict | None = None             # capacity with steps faster / slower (sim.planning.sensitivity)
 
     def per_replica(self, x):
         """A cluster-wide rate as a per-replica one (None stays None)."""
@@ -197,7 +198,7 @@ class PlanResult:
             "rates": [p.row() for p in sorted(self.points.values(), key=lambda p: p.rate)],
             "target_rps": self.target_rps, "replicas": self.replicas,
             "search_rate_rps": self.search_rate_rps, "search": self.search, "plane": self.plane,
-            "step_time_fit": self.step_time_fit,
+            "step_time_fit": self.step_time_fit, "sensitivity": self.sensitivity,
         }
 
 
@@ -423,8 +424,10 @@ def run_plan(scenario: str | Path, out_dir: str | Path, slo: SLO | None = None, 
              target_rps: float | None = None, search: Iterable[str | Axis] = (), overrides: Iterable[str] = (),
              replications: int = 3, requests: int | None = None, tol: float = 0.02, start_rps: float | None = None,
              workers: int | None = None, address: str | None = None, max_replicas: int = 64,
-             log: Callable[[str], None] | None = None, plots: bool = True) -> PlanResult:
-    """`capsim plan`: capacity, replicas for a target rate and the ranked search, written to `out_dir`."""
+             log: Callable[[str], None] | None = None, plots: bool = True,
+             step_time_error: float | None = None) -> PlanResult:
+    """`capsim plan`: capacity, replicas for a target rate and the ranked search, written to `out_dir`; with
+    `step_time_error` also the capacity with every step that much faster and slower (sim.planning.sensitivity)."""
     if not 0 < target <= 1:
         raise ConfigError(f"--attainment: expected a fraction in (0, 1], got {target}")
     if replications < 1:
@@ -438,6 +441,7 @@ def run_plan(scenario: str | Path, out_dir: str | Path, slo: SLO | None = None, 
     axes = parse_axes(search, "--search")
     base = Base.load(scenario, overrides)
     sc = base.scenario()
+    check_error(step_time_error, sc.step_time.scale)
     slo = slo or slo_from_scenario(sc)
     if not slo.given():
         raise ConfigError(f"{scenario}: no SLO to plan for: give --slo ttft=..,tpot=..,e2e=.. or set slo: in the scenario")
@@ -464,6 +468,10 @@ def run_plan(scenario: str | Path, out_dir: str | Path, slo: SLO | None = None, 
         if axes and rate:
             res.search_rate_rps = rate
             res.search = pl.search(axes, rate, (res.replicas or {}).get("simulated_replicas"))
+        if step_time_error is not None:
+            res.sensitivity = step_time_sensitivity(
+                lambda extra: Planner(Base.load(scenario, [*overrides, *extra]), slo, target, replications, requests,
+                                      runner, log), step_time_error, tol, cap or start_rps, target_rps, max_replicas, log)
         if res.search:
             res.plane = plane_points_from_search(res.search)
         elif cap:
@@ -544,53 +552,3 @@ def plot_attainment(res: PlanResult, path: Path) -> Path:
 
 
 # ---- printing -----------------------------------------------------------------------------------
-
-def _f(x, fmt="{:.4g}") -> str:
-    return "-" if x is None else fmt.format(x)
-
-
-def print_plan(res: PlanResult, file=None) -> None:
-    """The plan as text tables on `file` (stdout by default)."""
-    file = file or sys.stdout
-    d = res.as_dict()
-    cap = d["capacity"]
-    n = res.requests_per_run
-    print(f"plan {res.scenario}: {res.slo.describe()}, attainment >= {res.target:g} "
-          f"({res.replications} replication(s){f' of {n} requests' if n else ''} per rate)", file=file)
-    if res.step_time_fit is not None:
-        print(step_time_line(res.step_time_fit), file=file)
-    if res.capacity_rps is None:
-        print(f"goodput capacity: none ({res.note})", file=file)
-    else:
-        rep = f" ({res.base_replicas} replicas: {_f(res.capacity_rps)} req/s in all)" if res.base_replicas > 1 else ""
-        print(f"goodput capacity: {_f(cap['per_replica_rps'])} req/s per replica{rep}", file=file)
-        lo, hi = cap["bracket_per_replica_rps"]
-        ilo, ihi = cap["interval_per_replica_rps"]
-        print(f"  bisection bracket [{_f(lo)}, {_f(hi)}]; interval over seeds [{_f(ilo)}, {_f(ihi)}] req/s per replica",
-              file=file)
-    keys = [k for k in (d["rates"][0] if d["rates"] else {}) if k.startswith("attainment_") and k not in
-            ("attainment_min", "attainment_max")]
-    print(f"{'rate/replica':>13}{'attain':>8}{'min':>7}{'max':>7}" + "".join(f"{k[11:]:>7}" for k in keys)
-          + f"{'goodput/rep':>12}{'TTFT p99':>10}{'E2E p99':>9}", file=file)
-    for r in d["rates"]:
-        print(f"{r['rate_per_replica_rps']:>13.4f}{r['attainment']:>8.3f}{r['attainment_min']:>7.3f}"
-              f"{r['attainment_max']:>7.3f}" + "".join(f"{_f(r[k], '{:.3f}'):>7}" for k in keys)
-              + f"{_f(r['request_goodput_rps_per_replica'], '{:.4f}'):>12}{_f(r['ttft_s_p99'], '{:.3f}'):>10}"
-              f"{_f(r['e2e_s_p99'], '{:.2f}'):>9}", file=file)
-    if res.replicas:
-        r = res.replicas
-        sim_n = r["simulated_replicas"]
-        found = str(sim_n) if sim_n is not None else "more than {}".format(r["max_replicas"])
-        print(f"replicas for {r['target_rps']:g} req/s: division {r['division_estimate']:.3f} -> "
-              f"{r['division_replicas']}; simulated: {found}", file=file)
-        for t in r["tried"]:
-            print(f"  {t['replicas']:>4} replicas: attainment {t['attainment']:.4f} "
-                  f"[{t['attainment_min']:.4f}, {t['attainment_max']:.4f}]", file=file)
-    if res.search:
-        print(f"search at {res.search_rate_rps:g} req/s, ranked by GPU-hours per million good requests:", file=file)
-        print(f"{'rank':>4}  {'configuration':<44}{'attain':>8}{'feasible':>9}{'GPU-h/M good':>13}{'J/good':>9}"
-              f"{'KV/budget':>10}{'E2E/SLO':>8}", file=file)
-        for r in res.search:
-            print(f"{r['rank']:>4}  {r['config'][:44]:<44}{r['attainment']:>8.3f}{'yes' if r['feasible'] else 'no':>9}"
-                  f"{_f(r['gpu_hours_per_million_good'], '{:.2f}'):>13}{_f(r['energy_j_per_good'], '{:.1f}'):>9}"
-                  f"{r['memory_ratio']:>10.2f}{_f(r['deadline_ratio'], '{:.2f}'):>8}", file=file)

@@ -100,6 +100,39 @@ def test_capacity_of_a_deterministic_queue_is_found_within_the_interval(tmp_path
     assert np.allclose(below["request_goodput_rps"], 200 / (199 / below["rate_rps"] + 1.0))
 
 
+def test_step_time_error_bands_the_capacity_with_faster_and_slower_steps(tmp_path, capsys):
+    """--step-time-error 0.1: the D/D/1 server's capacity again with 0.9 s and 1.1 s of service (step_time.scale):
+    request i meets e2e <= 1.5 while f + i (f - 1/r) <= 1.5, so the capacity is 1 / (f - (1.5 - f) / 197)."""
+    res = run_plan(write(tmp_path), tmp_path / "out", slo=SLO(e2e_s=1.5), target=0.99, replications=1,
+                   workers=1, plots=False, step_time_error=0.1)
+    faster, slower = res.sensitivity["cases"]
+    assert (faster["steps"], slower["steps"]) == ("faster", "slower") and res.sensitivity["step_time_error"] == 0.1
+    for case, f in ((faster, 0.9), (slower, 1.1)):
+        exact = 1.0 / (f - (1.5 - f) / 197)
+        lo, hi = case["bracket_rps"]
+        assert case["scale"] == pytest.approx(f) and lo <= exact <= hi and hi - lo <= 0.02 * hi
+    assert faster["capacity_rps"] > res.capacity_rps > slower["capacity_rps"]
+    assert json.loads((tmp_path / "out" / "plan.json").read_text())["sensitivity"] == res.sensitivity
+    from sim.planning.plan_text import print_plan
+    print_plan(res)
+    assert (f"if every step were 10% faster / as modelled / 10% slower: capacity {faster['per_replica_rps']:.4g} / "
+            f"{res.capacity_rps:.4g} / {slower['per_replica_rps']:.4g} req/s per replica") in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra, message", [(["--step-time-error", "1.5"], "--step-time-error: expected a fraction"),
+                                            (["--step-time-error", "0.1", "--set", "step_time.scale=1.2"],
+                                             "already sets step_time.scale: 1.2"),
+                                            (["--step-time-error", "0.1", "--gpus", "2"], "only without --gpus")])
+def test_step_time_error_is_refused_where_it_cannot_apply(tmp_path, capsys, extra, message):
+    code = None
+    try:
+        code = main(["plan", str(write(tmp_path)), "--slo", "e2e=1.5", "--workers", "1", "--quiet",
+                     "--out", str(tmp_path / "o"), *extra])
+    except SystemExit as exc:
+        code = exc.code
+    assert code == 2 and message in capsys.readouterr().err
+
+
 def test_capacity_of_an_md1_queue_matches_erlang_within_the_interval(tmp_path):
     """M/D/1 with D = 1 s: P(wait <= t) = (1 - rho) e^(lambda t) for t < D (Erlang), so with
     e2e <= 1.5 s the highest rate at 80 % attainment solves (1 - l) e^(l / 2) = 0.8."""
