@@ -29,8 +29,10 @@ sys.path.insert(0, str(REPO))
 
 from sim.published.predict import SYSTEMS, error_summary  # noqa: E402
 
-DEFAULTS = {"start": "cold", "rounds": 10, "mixed": "one_pass", "frontend_ms": "engine", "phases": "engine",
-            "seed": 0}
+DEFAULTS = {"requests_per_user": "1 + ceil(16384 / osl), 3 to 6", "start": "cold", "rounds": 10, "mixed": "one_pass",
+            "moe_kernels": "engine", "moe_routing": "engine", "all_reduce": "engine", "engine_config": "engine",
+            "host_overhead_s": None, "shared_experts_overlap": "engine", "frontend_ms": "engine", "pool_batch": "engine",
+            "async_scheduling": "engine", "first_token": "engine", "phases": "engine", "seed": 0}
 """The settings a report must have been run with (validate-published's defaults)."""
 
 
@@ -49,8 +51,10 @@ def read_reports(paths: list[Path]) -> tuple[list[dict], list[str]]:
             sys.exit(f"{path}: not a run with the default settings: {off}; expected {DEFAULTS}")
         files.append(Path(report["file"]).name)
         for row in report["rows"]:
-            if "predicted" not in row:
+            if not isinstance(row, dict) or "predicted" not in row:
                 continue
+            if not {"line", "mode", "system", "backend", "measured"} <= set(row):
+                sys.exit(f"{path}: a predicted row without line, mode, system, backend or measured: {row}")
             key = (row["line"], row["mode"])
             if key in seen:
                 sys.exit(f"{path}: line {row['line']} ({row['mode']}) is predicted by {seen[key]} too")
@@ -90,8 +94,12 @@ def main(argv=None) -> int:
     ap.add_argument("--date", help="date of the run (default: today, UTC)")
     args = ap.parse_args(argv)
     rows, files = read_reports(args.reports)
-    commit = args.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                                           text=True, check=True).stdout.strip()
+    commit = args.commit
+    if commit is None:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+        if head.returncode != 0:
+            sys.exit("published_check: not in a git checkout; give --commit (the capsim commit of the reports)")
+        commit = head.stdout.strip()
     doc = {"source": (f"capsim validate-published {', '.join(files)} with its default settings (cold start, "
                       "N = 10, each engine's defaults and front end; docs/fidelity.md); real TTFT / TPOT of "
                       "published vLLM, SGLang and TensorRT-LLM runs (../shared/data/SOURCES.md)"),

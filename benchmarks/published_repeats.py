@@ -43,13 +43,15 @@ MEASURED = re.compile(r"measured=(\d{4}-\d\d-\d\d)")
 
 
 def dates_by_line(path: Path) -> dict[int, str]:
-    """The `measured=` date of each line's silicon_data_source ('' when it states none)."""
+    """The `measured=` date of each record's silicon_data_source by the line it starts on, as sim/published/rows.py
+    numbers rows ('' when it states none)."""
     with path.open(newline="", encoding="utf-8-sig") as handle:
         reader = csv.DictReader(handle)
-        out = {}
+        out, start = {}, 2
         for rec in reader:
             found = MEASURED.search(rec.get("silicon_data_source") or "")
-            out[reader.line_num] = found.group(1) if found else ""
+            out[start] = found.group(1) if found else ""
+            start = reader.line_num + 1
     return out
 
 
@@ -124,10 +126,17 @@ def errors_by_line(reports: list[Path]) -> dict[int, tuple[float, float]]:
             report = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
             sys.exit(f"published_repeats: {path}: cannot read a validate-published report ({exc})")
-        for row in report.get("rows", []):
-            if "predicted" in row:
-                p, m = row["predicted"], row["measured"]
-                out[int(row["line"])] = (p["ttft_ms"] / m["ttft_ms"] - 1, p["tpot_ms"] / m["tpot_ms"] - 1)
+        rows = report.get("rows") if isinstance(report, dict) else None
+        if not isinstance(rows, list):
+            sys.exit(f"published_repeats: {path}: no 'rows' list; expected a validate-published report.json")
+        for row in rows:
+            if isinstance(row, dict) and "predicted" in row:
+                try:
+                    p, m = row["predicted"], row["measured"]
+                    out[int(row["line"])] = (p["ttft_ms"] / m["ttft_ms"] - 1, p["tpot_ms"] / m["tpot_ms"] - 1)
+                except (KeyError, TypeError, ValueError, ZeroDivisionError):
+                    sys.exit(f"published_repeats: {path}: a predicted row without line, or TTFT / TPOT measured and "
+                             f"predicted: {row}")
     return out
 
 
@@ -140,10 +149,10 @@ def print_repeats(groups: dict[tuple, list], dates: dict[int, str], errs: dict) 
           + (", capsim TTFT / TPOT error" if errs else "") + ") | TTFT spread | TPOT spread |")
     print("|---|---|---|---|---|---:|---|---|---:|---:|")
     for key in sorted(groups, key=lambda k: tuple(map(str, k))):
-        rs = sorted(groups[key], key=lambda r: (dates[r.line], r.line))
+        rs = sorted(groups[key], key=lambda r: (dates.get(r.line, ""), r.line))
         cells = []
         for r in rs:
-            cell = f"{r.line}: {dates[r.line] or 'no date'}, {r.ttft_ms:.1f} / {r.tpot_ms:.2f}"
+            cell = f"{r.line}: {dates.get(r.line) or 'no date'}, {r.ttft_ms:.1f} / {r.tpot_ms:.2f}"
             if r.line in errs:
                 cell += f" ({_pct(errs[r.line][0])} / {_pct(errs[r.line][1])})"
             cells.append(cell)
@@ -169,7 +178,7 @@ def print_relabelled(sets: list[list], dates: dict[int, str]) -> None:
     print("|---|---|---|---|---|")
     for rs in sorted(sets, key=lambda s: min(r.line for r in s)):
         r0 = rs[0]
-        cells = "; ".join(f"{r.line}: {dates[r.line] or 'no date'}, {r.concurrency} users, {layout(r)}"
+        cells = "; ".join(f"{r.line}: {dates.get(r.line) or 'no date'}, {r.concurrency} users, {layout(r)}"
                           for r in sorted(rs, key=lambda r: r.line))
         print(f"| {r0.system} | {r0.model_path.split('/')[-1]} | {r0.isl} / {r0.osl} | "
               f"{r0.ttft_ms:.1f} / {r0.tpot_ms:.2f} | {cells} |")

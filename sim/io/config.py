@@ -49,8 +49,9 @@ class StepTimeConfig(StrictModel):
                      Field(discriminator="kind")]
     graph_sizes: list[PositiveInt] | None = Field(None, description="Captured CUDA-graph batch sizes; decode batches pad up")
     allow_extrapolation: bool = Field(False, description="Allow shapes beyond a fitted profile's valid_range (warns once)")
-    scale: PositiveFloat = Field(1.0, description="Multiply every iteration's modelled time: how an answer moves "
-                                                  "with the step-time model's error (1.1 = steps 10% slower)")
+    scale: PositiveFloat = Field(1.0, description="Multiply the step-time model's time of every iteration (not the "
+                                                  "draft, swap, conversion or adapter-load times added to it): how an "
+                                                  "answer moves with the model's error (1.1 = steps 10% slower)")
 
 
 # ---- KV cache --------------------------------------------------------------------------------

@@ -33,7 +33,9 @@ def step_time_fit(scenario, base_dir: Path) -> dict:
         out["unknown"] = f"an {cfg.kind} model is composed from kernel tables, not fitted"
         if cfg.kind == "ops":  # the end-to-end check on published serving runs of the card whose tables it reads
             from sim.io.published_check import ops_check
-            out["published"] = ops_check(cfg, scenario.hardware)[1]
+            out["published"] = ops_check(cfg, scenario.hardware, base_dir)[1]
+    if scenario.step_time.scale != 1.0:  # step_time.scale: every step time multiplied (absent at 1)
+        out["scale"] = scenario.step_time.scale
     return out
 
 
@@ -41,8 +43,6 @@ def describe_setup(scenario, base_dir: str | Path) -> dict:
     """summary.json's `setup`: model, hardware, scheduler, SLOs and the step-time model's fit error."""
     slo = scenario.slo
     fit = step_time_fit(scenario, Path(base_dir))
-    if scenario.step_time.scale != 1.0:  # step_time.scale: every step time multiplied (absent at 1)
-        fit["scale"] = scenario.step_time.scale
     return {"model": scenario.model, "hardware": scenario.hardware, "scheduler": scenario.scheduler.kind,
             "slo": {"ttft_s": slo.ttft_s, "itl_s": slo.itl_s, "itl_stat": slo.itl_stat, "e2e_s": slo.e2e_s},
             "step_time_fit": fit,

@@ -67,9 +67,18 @@ def card_check(tables: str) -> dict | None:
             "groups": [g.model_dump() for g in groups]}
 
 
-def ops_check(cfg, hardware: str) -> tuple[str, dict | None]:
+def ops_check(cfg, hardware: str, base_dir: Path | None = None) -> tuple[str, dict | None]:
     """An ops step-time config's table set (its `tables`, else the scenario's card) and that set's published
-    check; None for a table folder given as a path, or a set the file does not cover."""
+    check; None for a table folder given as a path, or a set the file does not cover. A card given as a YAML path
+    (relative to `base_dir`) reads its profile's name, as the ops model does."""
+    if cfg.tables is None and hardware.endswith((".yaml", ".yml")):
+        from sim.io.errors import ConfigError
+        from sim.io.profiles import load_hardware
+        path = Path(hardware) if base_dir is None or Path(hardware).is_absolute() else Path(base_dir) / hardware
+        try:
+            hardware = load_hardware(path).name
+        except ConfigError:  # the run itself reports an unreadable card; here it only has no check
+            return hardware, None
     tables = cfg.tables or hardware
     if "/" in tables or "\\" in tables:
         return tables, None

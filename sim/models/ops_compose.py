@@ -198,7 +198,9 @@ def compose_profile(model: str, hardware: str, tp: int = 1, dtype: str | None = 
         "cuda_graphs": True, "linear": lin, "efficiency": eff,
         "valid_range": ValidRange(max_batch=max_batch, max_new_tokens=max_new_tokens, max_context_tokens=max_context),
         "parallel": {"tp": tp, "pp": pp, "ep": ep},
-        "fit": fit, "composed_from": ops.tables.name,
+        "fit": fit,
+        # the named set under profiles/ops whose published check applies (not a folder given by path)
+        "composed_from": ops.tables.name if tables is None or ("/" not in tables and "\\" not in tables) else None,
         "provenance": Provenance(source=f"capsim profile compose; kernel tables profiles/ops/{ops.tables.name}: {ops.tables.source()}",
                                  date=_dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%d"),
                                  grid=f"{len(plans)} iterations: decode batch 1-{max_batch} x context 128-{max_context}, "

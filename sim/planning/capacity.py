@@ -442,6 +442,7 @@ def run_plan(scenario: str | Path, out_dir: str | Path, slo: SLO | None = None, 
     base = Base.load(scenario, overrides)
     sc = base.scenario()
     check_error(step_time_error, sc.step_time.scale)
+    fit = step_time_fit(sc, Path(base.base_dir))  # before any simulation: a bad file costs no compute
     slo = slo or slo_from_scenario(sc)
     if not slo.given():
         raise ConfigError(f"{scenario}: no SLO to plan for: give --slo ttft=..,tpot=..,e2e=.. or set slo: in the scenario")
@@ -457,7 +458,7 @@ def run_plan(scenario: str | Path, out_dir: str | Path, slo: SLO | None = None, 
         pl = Planner(base, slo, target, replications, requests, runner, log)
         log(f"plan for {scenario}: {slo.describe()}, attainment >= {target:g}; running {runner.describe()}")
         res = PlanResult(str(scenario), slo, target, replications, pl.requests, pl.base_replicas, pl.knob.kind, tol)
-        res.step_time_fit = step_time_fit(sc, Path(base.base_dir))
+        res.step_time_fit = fit
         cap, res.bracket, res.interval, res.note = pl.capacity(tol, start_rps)
         res.capacity_rps = cap
         res.points = pl.cache
@@ -549,6 +550,3 @@ def plot_attainment(res: PlanResult, path: Path) -> Path:
     ax.legend(fontsize=8)
     fig.savefig(path, dpi=110)
     return path
-
-
-# ---- printing -----------------------------------------------------------------------------------

@@ -371,6 +371,7 @@ def run_layout_plan(scenario: str | Path, out_dir: str | Path, gpus: int, card: 
     extra = [f"hardware={card}"] if card else []
     base = Base.load(scenario, [*overrides, *extra])
     sc = base.scenario()
+    fit = step_time_fit(sc, Path(base.base_dir))  # before the search: a bad file costs no compute
     slo = slo or slo_from_scenario(sc)
     if not slo.given():
         raise ConfigError(f"{scenario}: no SLO to plan for: give --slo ttft=..,tpot=..,e2e=.. or set slo: in the scenario")
@@ -384,8 +385,7 @@ def run_layout_plan(scenario: str | Path, out_dir: str | Path, gpus: int, card: 
             f"running {runner.describe()}")
         rows = search_layouts(base, deps, slo, target, replications, requests, tol, runner, log)
     ranked = rank(rows, price_per_gpu_hour)
-    res = LayoutPlan(str(scenario), gpus, sc.hardware, price_per_gpu_hour, ranked, [],
-                     step_time_fit(sc, Path(base.base_dir)))
+    res = LayoutPlan(str(scenario), gpus, sc.hardware, price_per_gpu_hour, ranked, [], fit)
     res.files = write_layout_plan(res, Path(out_dir))
     return res
 

@@ -52,6 +52,8 @@ def print_plan(res, file=None) -> None:
                   f"[{t['attainment_min']:.4f}, {t['attainment_max']:.4f}]", file=file)
     if res.sensitivity:
         sim_n = (res.replicas or {}).get("simulated_replicas")
+        if res.replicas and sim_n is None:
+            sim_n = f"more than {res.replicas['max_replicas']}"
         for line in sensitivity_lines(res.sensitivity, cap["per_replica_rps"], sim_n, res.target_rps):
             print(line, file=file)
     if res.search:

@@ -35,22 +35,27 @@ def step_time_sensitivity(make_planner: Callable[[list[str]], object], error: fl
     cases = []
     for label, scale in (("faster", 1.0 - error), ("slower", 1.0 + error)):
         log(f"sensitivity: every step x {scale:g} ({label})")
-        pl = make_planner([f"step_time.scale={scale!r}"])
-        cap, bracket, interval, note = pl.capacity(tol, start_rps)
-        case = {"steps": label, "scale": scale, "capacity_rps": cap,
-                "per_replica_rps": None if cap is None else cap / pl.base_replicas,
-                "bracket_rps": list(bracket), "note": note, "simulated_replicas": None}
-        if target_rps is not None and cap:
-            case["simulated_replicas"] = pl.replicas_for(target_rps, cap / pl.base_replicas,
-                                                         max_replicas)["simulated_replicas"]
+        case = {"steps": label, "scale": scale, "capacity_rps": None, "per_replica_rps": None,
+                "bracket_rps": [None, None], "note": "", "simulated_replicas": None, "max_replicas": max_replicas}
+        try:  # a case the simulator refuses (e.g. a shape beyond a profile's range at a higher rate) keeps the plan
+            pl = make_planner([f"step_time.scale={scale!r}"])
+            cap, bracket, _, note = pl.capacity(tol, start_rps)
+            case.update(capacity_rps=cap, per_replica_rps=None if cap is None else cap / pl.base_replicas,
+                        bracket_rps=list(bracket), note=note)
+            if target_rps is not None and cap:
+                case["simulated_replicas"] = pl.replicas_for(target_rps, cap / pl.base_replicas,
+                                                             max_replicas)["simulated_replicas"]
+        except ConfigError as exc:
+            case["note"] = f"not found: {exc}"
+            log(f"sensitivity: every step x {scale:g}: {exc}")
         cases.append(case)
-    return {"step_time_error": error, "cases": cases}
+    return {"step_time_error": error, "tolerance": tol, "cases": cases}
 
 
-def sensitivity_lines(sens: dict, base_per_replica: float | None, base_replicas: int | None,
+def sensitivity_lines(sens: dict, base_per_replica: float | None, base_replicas: int | str | None,
                       target_rps: float | None) -> Iterable[str]:
     """The band as text: capacity per replica (and replicas for the target) with steps faster and slower."""
-    pct = f"{sens['step_time_error']:.0%}"
+    pct = f"{sens['step_time_error'] * 100:g}%"
 
     def rate(x):
         return "none" if x is None else f"{x:.4g}"
@@ -59,7 +64,15 @@ def sensitivity_lines(sens: dict, base_per_replica: float | None, base_replicas:
     yield (f"if every step were {pct} faster / as modelled / {pct} slower: capacity {rate(faster['per_replica_rps'])}"
            f" / {rate(base_per_replica)} / {rate(slower['per_replica_rps'])} req/s per replica")
     if target_rps is not None:
-        def n(x):
-            return "-" if x is None else str(x)
-        yield (f"  replicas for {target_rps:g} req/s: {n(faster['simulated_replicas'])} / {n(base_replicas)} / "
-               f"{n(slower['simulated_replicas'])}")
+        def n(x, case=None):
+            if x is not None:
+                return str(x)
+            return "-" if case is None or case["capacity_rps"] is None else f"more than {case['max_replicas']}"
+        yield (f"  replicas for {target_rps:g} req/s: {n(faster['simulated_replicas'], faster)} / "
+               f"{n(base_replicas)} / {n(slower['simulated_replicas'], slower)}")
+    if sens["step_time_error"] <= sens["tolerance"]:
+        yield (f"  (each capacity is bisected to a relative width of {sens['tolerance']:g}, no narrower than the band: "
+               "give a smaller --tol)")
+    for case in sens["cases"]:
+        if case["note"]:
+            yield f"  {case['steps']} steps: {case['note']}"

@@ -79,6 +79,10 @@ def report_info(out_dir: str | Path, kind: str, scenario_path: str | None = None
     return info
 
 
+STEP_TIME_IDENTITY = ("kind", "profile", "scale")
+"""The keys of setup.step_time_fit that say which step-time model ran (the others describe how good it is)."""
+
+
 def _same_setup(path: Path, have: dict | None, info: ScenarioInfo) -> None:
     """Refuse a scenario of the same name and seed whose model, hardware, scheduler, SLOs or step-time
     model differ from what summary.json's `setup` says was run (folders written before `setup` pass)."""
@@ -91,6 +95,12 @@ def _same_setup(path: Path, have: dict | None, info: ScenarioInfo) -> None:
     given = json.loads(json.dumps(describe_setup(info.scenario, info.base_dir)))
     if "scenario_sha256" not in have:   # written before the digest was recorded
         given.pop("scenario_sha256")
+    # which step-time model ran, not what capsim says of it: the wording, a profile's fit and the published check
+    # (a shipped file that is re-measured) may differ between the capsim that ran and this one
+    have, given = dict(have), dict(given)
+    for d in (have, given):
+        if isinstance(d.get("step_time_fit"), dict):
+            d["step_time_fit"] = {k: d["step_time_fit"].get(k) for k in STEP_TIME_IDENTITY}
     differ = sorted((k for k in set(have) | set(given) if have.get(k) != given.get(k)),
                     key=lambda k: (k == "scenario_sha256", k))   # a named field first, the digest last
     if differ == ["scenario_sha256"]:

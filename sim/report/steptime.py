@@ -66,10 +66,10 @@ def _provenance_rows(path: Path, prof, use: str) -> list[tuple[str, str]]:
     return rows
 
 
-def _published_rows(cfg, scenario) -> tuple[list[tuple[str, str]], dict | None]:
+def _published_rows(cfg, scenario, base_dir: Path) -> tuple[list[tuple[str, str]], dict | None]:
     """The ops model's end-to-end error on published serving runs of the card whose tables it reads."""
     from sim.io.published_check import ops_check
-    tables, published = ops_check(cfg, scenario.hardware)
+    tables, published = ops_check(cfg, scenario.hardware, base_dir)
     return _rows_of(tables, published), published
 
 
@@ -167,7 +167,7 @@ def step_time_info(scenario, base_dir: Path, run) -> StepTimeInfo:
         info = StepTimeInfo(cfg.kind, [("kind", f"{cfg.kind} model" + (f": {fields}" if fields else ""))],
                             [("fit error", f"none: an {cfg.kind} model is composed from kernel tables, not fitted")])
         info.fit_unknown = f"an {cfg.kind} model is composed from kernel tables, not fitted"
-        rows, published = _published_rows(cfg, scenario)
+        rows, published = _published_rows(cfg, scenario, base_dir)
         info.fit += rows
         if published is not None:
             from sim.io.published_check import check_text
@@ -176,8 +176,8 @@ def step_time_info(scenario, base_dir: Path, run) -> StepTimeInfo:
         info.facts.append(("CUDA graphs", "decode batches pad up to " + ", ".join(map(str, st.graph_sizes))))
     info.facts.append(("allow_extrapolation", str(st.allow_extrapolation).lower()))
     if st.scale != 1.0:
-        info.facts.append(("step_time.scale", f"every iteration's modelled time x {st.scale:g} (a sensitivity run, "
-                                              "not the model's own numbers)"))
+        info.facts.append(("step_time.scale", f"the step-time model's time of every iteration x {st.scale:g} "
+                                              "(a sensitivity run, not the model's own numbers)"))
     obs = _observed(run, scenario)
     if valid is not None:
         info.checks += _range_checks(valid, obs)

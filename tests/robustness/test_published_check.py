@@ -77,8 +77,7 @@ def test_a_malformed_check_file_names_the_file_and_field(tmp_path, monkeypatch):
 
 
 def _report(path: Path, rows: list[dict], **settings) -> Path:
-    base = {"file": "../x/sample.csv", "start": "cold", "rounds": 10, "mixed": "one_pass", "frontend_ms": "engine",
-            "phases": "engine", "seed": 0}
+    base = {"file": "../x/sample.csv", **_generator().DEFAULTS}
     path.write_text(json.dumps({**base, **settings, "rows": rows}))
     return path
 
@@ -145,3 +144,57 @@ def test_a_measured_profile_quotes_its_own_fit_only(capsys):
     assert main(["run", str(scenario), "--set", "workload.num_requests=3", "--json"]) == 0
     fit = json.loads(capsys.readouterr().out)["setup"]["step_time_fit"]
     assert "composed_from" not in fit and "published" not in fit and fit["mape"] is not None
+
+
+def test_report_accepts_a_run_whose_check_or_wording_is_older(tmp_path, capsys):
+    """capsim report compares which step-time model ran (kind, profile, scale), not what capsim says of it: a run
+    made before the published check existed, or with another check file, still matches its scenario; another
+    kind or scale does not."""
+    out = tmp_path / "run"
+    assert main(["run", str(TP4), "--set", "workload.num_requests=3", "--out", str(out)]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    fit = summary["setup"]["step_time_fit"]
+    fit.pop("published")
+    fit["unknown"] = "none is recorded for a ops model"   # the wording of the capsim that ran it
+    (out / "summary.json").write_text(json.dumps(summary))
+    (out / "scenario.json").unlink(missing_ok=True)
+    capsys.readouterr()
+    args = ["report", str(out), "--scenario", str(TP4), "--set", "workload.num_requests=3"]
+    assert main(args) == 0, capsys.readouterr().err
+    assert main([*args, "--force", "--set", "step_time.scale=1.1"]) == 2
+    assert "setup.step_time_fit is {'kind': 'ops', 'profile': None, 'scale': None} in the run" in capsys.readouterr().err
+
+
+def test_a_card_given_as_a_yaml_path_gets_its_cards_check(capsys):
+    hw = REPO / "profiles" / "hardware" / "h100-sxm.yaml"
+    assert main(["run", str(TP4), "--set", "workload.num_requests=3", "--set", f"hardware={hw}", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["setup"]["step_time_fit"]["published"] == card_check("h100-sxm")
+
+
+def test_a_profile_composed_from_a_table_folder_path_claims_no_check(tmp_path):
+    from sim.io.profiles import load_fitted
+    out = tmp_path / "p.yaml"
+    assert main(["profile", "compose", "--model", "llama-3.1-8b", "--hardware", "h100-sxm", "--max-batch", "64",
+                 "--tables", str(REPO / "profiles" / "ops" / "h100-sxm"), "--out", str(out)]) == 0
+    assert load_fitted(out).composed_from is None
+
+
+@pytest.mark.parametrize("setting", [{"all_reduce": "nccl"}, {"host_overhead_s": 0.001}, {"moe_kernels": "own"},
+                                     {"requests_per_user": 4}])
+def test_the_generator_refuses_every_non_default_setting(tmp_path, setting):
+    gen = _generator()
+    path = _report(tmp_path / "r.json", [_row(2, "h100_sxm", "vllm", "agg", 110.0, 9.0)], **setting)
+    with pytest.raises(SystemExit, match="not a run with the default settings"):
+        gen.main([str(path), "--out", str(tmp_path / "c.yaml"), "--commit", "x"])
+
+
+def test_the_report_page_shows_the_check_and_the_scale(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", str(TP4), "--set", "workload.num_requests=3", "--set", "step_time.scale=1.1",
+                 "--out", str(out), "--report"]) == 0
+    page = (out / "report.html").read_text()
+    vllm = [g for g in card_check("h100-sxm")["groups"] if g["engine"] == "vllm" and g["mode"] == "agg"][0]
+    assert "published runs, vLLM agg" in page and f"TTFT {vllm['ttft_median_abs_error']:.1%} (p90" in page
+    assert "step_time.scale" in page and "x 1.1 (a sensitivity run" in page
+    assert capsys.readouterr().out.splitlines()[1].startswith(
+        "llama-3.1-70b on h100-sxm, chunked scheduler; step-time model ops, every step x 1.1 (step_time.scale): ")

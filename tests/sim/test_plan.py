@@ -102,13 +102,14 @@ def test_capacity_of_a_deterministic_queue_is_found_within_the_interval(tmp_path
 
 def test_step_time_error_bands_the_capacity_with_faster_and_slower_steps(tmp_path, capsys):
     """--step-time-error 0.1: the D/D/1 server's capacity again with 0.9 s and 1.1 s of service (step_time.scale):
-    request i meets e2e <= 1.5 while f + i (f - 1/r) <= 1.5, so the capacity is 1 / (f - (1.5 - f) / 197)."""
+    request i meets e2e <= 1.5 while f + i (f - 1/r) <= 1.5, so with 100 requests (an override the bands keep)
+    the capacity is 1 / (f - (1.5 - f) / 98)."""
     res = run_plan(write(tmp_path), tmp_path / "out", slo=SLO(e2e_s=1.5), target=0.99, replications=1,
-                   workers=1, plots=False, step_time_error=0.1)
+                   workers=1, plots=False, step_time_error=0.1, overrides=["workload.num_requests=100"])
     faster, slower = res.sensitivity["cases"]
     assert (faster["steps"], slower["steps"]) == ("faster", "slower") and res.sensitivity["step_time_error"] == 0.1
-    for case, f in ((faster, 0.9), (slower, 1.1)):
-        exact = 1.0 / (f - (1.5 - f) / 197)
+    for case, f in ((faster, 0.9), (slower, 1.1), ({"scale": 1.0, "bracket_rps": res.bracket}, 1.0)):
+        exact = 1.0 / (f - (1.5 - f) / 98)
         lo, hi = case["bracket_rps"]
         assert case["scale"] == pytest.approx(f) and lo <= exact <= hi and hi - lo <= 0.02 * hi
     assert faster["capacity_rps"] > res.capacity_rps > slower["capacity_rps"]
@@ -117,6 +118,18 @@ def test_step_time_error_bands_the_capacity_with_faster_and_slower_steps(tmp_pat
     print_plan(res)
     assert (f"if every step were 10% faster / as modelled / 10% slower: capacity {faster['per_replica_rps']:.4g} / "
             f"{res.capacity_rps:.4g} / {slower['per_replica_rps']:.4g} req/s per replica") in capsys.readouterr().out
+
+
+def test_step_time_error_bands_the_replicas_for_a_target_rate(tmp_path, capsys):
+    """At 2 req/s the 1 s server needs 2 replicas (capacity 1.0025 each); with 1.1 s of service (0.911 each) 3."""
+    assert main(["plan", str(write(tmp_path)), "--slo", "e2e=1.5", "--attainment", "0.99", "--target-rps", "2.0",
+                 "--replications", "1", "--workers", "1", "--quiet", "--step-time-error", "0.1",
+                 "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    plan = json.loads((tmp_path / "o" / "plan.json").read_text())
+    assert plan["replicas"]["simulated_replicas"] == 2
+    assert [c["simulated_replicas"] for c in plan["sensitivity"]["cases"]] == [2, 3]
+    assert "  replicas for 2 req/s: 2 / 2 / 3" in out.splitlines()
 
 
 @pytest.mark.parametrize("extra, message", [(["--step-time-error", "1.5"], "--step-time-error: expected a fraction"),
