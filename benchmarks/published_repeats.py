@@ -4,9 +4,10 @@
         [--backend vllm] [--system b200_sxm] [--report DIR/report.json ...]
 
 Reads the rows with capsim's own reader (sim/published/rows.py: the client concurrency as the replay takes it)
-and prints three Markdown tables:
+of one serving mode (`--mode agg`, the default, or `disagg`: a run is then also its two pools' workers and
+layouts, and a row that leaves a pool's worker count empty is left out) and prints three Markdown tables:
 
-- **Repeats**: aggregated rows that describe the same run (engine and version, card, model, precision, ISL, OSL,
+- **Repeats**: rows that describe the same run (engine and version, card, model, precision, ISL, OSL,
   concurrency, tp / pp / attention-DP / MoE-TP / EP) but carry different measurements. Per such configuration:
   its rows, their measurement dates (the `measured=` of `silicon_data_source`, where stated) and the spread
   max / min - 1 of TTFT and TPOT; then the median and p90 of that spread over every repeated configuration.
@@ -56,9 +57,10 @@ def dates_by_line(path: Path) -> dict[int, str]:
 
 
 def run_key(r) -> tuple:
-    """What a row says was run; two rows with the same key and different numbers are repeats."""
-    return (r.backend, r.backend_version, r.system, r.model_path, r.precision, r.gemm_quant_mode, r.isl, r.osl,
-            r.concurrency, r.tp, r.pp, r.attention_dp, r.moe_tp, r.moe_ep)
+    """What a row says was run (a disaggregated row's pools included); two rows with the same key and different
+    numbers are repeats."""
+    return (r.mode, r.backend, r.backend_version, r.system, r.model_path, r.precision, r.gemm_quant_mode, r.isl,
+            r.osl, r.concurrency, r.tp, r.pp, r.attention_dp, r.moe_tp, r.moe_ep, r.prefill, r.decode)
 
 
 def same_numbers(a, b, tol: float = 1e-3) -> bool:
@@ -110,12 +112,20 @@ def spread(values: list[float]) -> float:
     return max(values) / min(values) - 1
 
 
-def layout(r) -> str:
-    text = f"tp{r.tp}"
-    for name, size in (("pp", r.pp), ("dp", r.attention_dp), ("moe_tp", r.moe_tp), ("ep", r.moe_ep)):
-        if size > 1:
+def _shape(tp, pp, dp, moe_tp, ep) -> str:
+    text = f"tp{tp}"
+    for name, size in (("pp", pp), ("dp", dp), ("moe_tp", moe_tp), ("ep", ep)):
+        if size and size > 1:
             text += f" {name}{size}"
     return text
+
+
+def layout(r) -> str:
+    """'tp4 ep4', or for a disaggregated row its pools: '1 x tp4 : 4 x tp4'."""
+    if r.prefill is not None and r.decode is not None:
+        return " : ".join(f"{p.workers} x {_shape(p.tp, p.pp, p.attention_dp, p.moe_tp, p.moe_ep)}"
+                          for p in (r.prefill, r.decode))
+    return _shape(r.tp, r.pp, r.attention_dp, r.moe_tp, r.moe_ep)
 
 
 def errors_by_line(reports: list[Path]) -> dict[int, tuple[float, float]]:
@@ -157,7 +167,7 @@ def print_repeats(groups: dict[tuple, list], dates: dict[int, str], errs: dict) 
                 cell += f" ({_pct(errs[r.line][0])} / {_pct(errs[r.line][1])})"
             cells.append(cell)
         r0 = rs[0]
-        print(f"| {r0.backend} {r0.backend_version} | {r0.system} | {r0.model_path.split('/')[-1]} | {r0.precision} | "
+        print(f"| {r0.backend} {r0.backend_version}{'' if r0.mode == 'agg' else ' ' + r0.mode} | {r0.system} | {r0.model_path.split('/')[-1]} | {r0.precision} | "
               f"{r0.isl} / {r0.osl} | {r0.concurrency} | {layout(r0)} | {'; '.join(cells)} | "
               f"{spread([r.ttft_ms for r in rs]) * 100:.0f}% | {spread([r.tpot_ms for r in rs]) * 100:.0f}% |")
 
@@ -188,6 +198,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("file", type=Path, help="CSV in the schema of aiconfigurator's silicon_sample.csv")
     ap.add_argument("--backend", help="only rows of this engine")
+    ap.add_argument("--mode", choices=("agg", "disagg"), default="agg", help="serving mode of the rows (default agg)")
     ap.add_argument("--system", action="append", default=[], help="only rows of this card (repeatable)")
     ap.add_argument("--report", action="append", default=[], type=Path,
                     help="a validate-published report.json whose errors to show beside the repeats (repeatable)")
@@ -196,7 +207,9 @@ def main(argv=None) -> int:
         published = read_published(args.file)
     except ConfigError as exc:
         sys.exit(f"published_repeats: {exc}")
-    rows = [r for r in published if r.mode == "agg"
+    # a disaggregated row without its pools' worker counts does not say which run it was: never a repeat
+    rows = [r for r in published if r.mode == args.mode
+            and (r.mode == "agg" or (r.prefill.workers is not None and r.decode.workers is not None))
             and (not args.backend or r.backend == args.backend) and (not args.system or r.system in args.system)]
     dates = dates_by_line(args.file)
     groups = repeats(rows)

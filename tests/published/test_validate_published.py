@@ -569,3 +569,26 @@ def test_published_repeats_finds_repeated_runs_and_relabelled_measurements(tmp_p
     assert "1 measurements filed under more than one description of the run" in out
     assert "| b200_sxm | M | 1024 / 1024 | 170.0 / 8.40 | 5: 2026-03-11, 4 users, tp4 ep4; " \
            "6: 2026-03-27, 4 users, tp4 ep16 |" in out
+
+
+def test_published_repeats_of_disaggregated_rows_need_their_pools_workers(tmp_path, capsys):
+    """--mode disagg: a run is also its pools; rows with the same pools and other numbers are a repeat, a row that
+    leaves a pool's worker count empty says too little to be one."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "published_repeats", Path(__file__).parents[2] / "benchmarks" / "published_repeats.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    lines = (Path(__file__).parent / "silicon_sample_disagg_3rows.csv").read_text().splitlines()
+    first = lines[1]
+    again = first.replace("dsr1_b200_sglang_fp8_disagg_8192x1024_c64_cfg453", "again").replace(
+        "9717.870258232142,13.04694102878905", "9000.0,13.5")
+    cells = first.split(",")
+    cells[0], cells[19] = "no_workers", ""   # prefill_num_workers empty: two such rows with other numbers
+    other = ",".join(cells).replace("9717.870258232142,13.04694102878905", "5000.0,20.0").replace("no_workers", "nw2")
+    (tmp_path / "d.csv").write_text("\n".join([lines[0], first, again, ",".join(cells), other]) + "\n")
+    assert mod.main([str(tmp_path / "d.csv"), "--mode", "disagg"]) == 0
+    out = capsys.readouterr().out
+    assert "1 configurations measured more than once (2 distinct measurements)" in out
+    assert "| sglang 0.5.8.post1 disagg | b200_sxm | DeepSeek-V3 | fp8 | 8192 / 1024 | 64 | 1 x tp8 ep8 : 4 x tp8 ep8 |" in out
+    assert "4: " not in out and "5: " not in out  # the rows without a worker count are left out
