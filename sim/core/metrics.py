@@ -361,19 +361,18 @@ class Timeline:
             self.rec.add_gaps(req, gaps.tolist())
 
     def on_steady_iterations(self, first_start_s: float, durations: list[float], ends: list[float], plan,
-                             blocks: tuple[int, int, int], count: int) -> None:
+                             blocks: tuple[int, int, int], count: int, busy_s: float) -> None:
         """`on_iteration` + `on_tokens` of consecutive fast-forwarded iterations in which only the
         `count` decode-set members emitted (all regular gaps): the first starts at `first_start_s`, each
         lasts durations[i] (its end - its start) and ends at ends[i]; `plan` is already the plan of the
-        iteration after the last one (each iteration read `count` more KV tokens than the one before)."""
+        iteration after the last one (each iteration read `count` more KV tokens than the one before).
+        `busy_s` is the replica's busy time after them: this timeline's busy_s with each duration added in
+        turn, as on_iteration adds them (the caller sums while it steps)."""
         k = len(durations)
-        busy = self.busy_s
-        for d in durations:  # summed one by one, as on_iteration does
-            busy += d
-        self.busy_s = busy
+        self.busy_s = busy_s
         self.durations.extend(durations)
         self._ends.extend(ends)
-        self.regular.extend([count] * k)
+        self.regular.extend(array("i", (count,)) * k)
         self._prev_end_s = ends[-1]
         # a steady plan: decodes only (no prefill, no swap), decode_seqs = num_seqs = new_tokens = count
         self._stretches.buf.extend((len(self.rows) // len(ITERATION_COLUMNS), len(self._ends) - k, k, first_start_s,

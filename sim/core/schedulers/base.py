@@ -481,17 +481,20 @@ class Scheduler:
             return start_s, step_s
         plan = plan.thawed()   # this scheduler's own plan becomes the next steady iteration's, in place
         count = plan.lazy_decodes
-        first, durations, ends = start_s, [], []
+        first, durations, ends, busy = start_s, [], [], timeline.busy_s
         linear = linear_terms(step_time, plan)
         if linear is not None:  # LinearModel.step_s inlined on local counters: the same products, in the same order
-            start_s, step_s, k = steady_linear(linear, plan, count, m, start_s, step_s, horizon_s, durations, ends)
+            start_s, step_s, k, busy = steady_linear(linear, plan, count, m, start_s, step_s, horizon_s, durations, ends,
+                                                     busy)
             m = 0 if k else m
         while m > 0:
             end_s = start_s + step_s
             if not end_s < horizon_s:
                 break
-            durations.append(end_s - start_s)
+            d = end_s - start_s
+            durations.append(d)
             ends.append(end_s)
+            busy += d
             plan.pairs += count
             plan.kv_tokens_read += count
             plan.decode_kv_tokens += count
@@ -503,7 +506,7 @@ class Scheduler:
         plan.freeze()
         if ends:
             k = len(ends)
-            timeline.on_steady_iterations(first, durations, ends, plan, blocks, count)
+            timeline.on_steady_iterations(first, durations, ends, plan, blocks, count, busy)
             self.iteration += k
             self._dec_computed += k * count
             self.now_s = ends[-1]

@@ -25,12 +25,13 @@ def linear_terms(step_time: Callable, plan: StepPlan) -> tuple | None:
 
 
 def steady_linear(linear: tuple, plan: StepPlan, count: int, m: int, start_s: float, step_s: float, horizon_s: float,
-                  durations: list, ends: list) -> tuple[float, float, int]:
+                  durations: list, ends: list, busy_s: float) -> tuple[float, float, int, float]:
     """Scheduler.fast_forward's iterations under a plain linear model (`linear_terms`): up to m iterations that end
     before `horizon_s`, each one's duration (end - start) and end appended to `durations` / `ends`, the plan's counters
     moved on once at the end; returns the start and step of the next iteration and how many were done. It stops before
     an iteration whose next step the model would refuse (< 0): the engine then plans that one and the model raises its
-    own error; with none done the caller's loop steps into it at once."""
+    own error; with none done the caller's loop steps into it at once. `busy_s` comes back with every duration added
+    in turn (the sum Timeline.on_iteration would make, in the same order)."""
     head, p, r, seqs, decodes = linear
     pairs, kv = plan.pairs, plan.kv_tokens_read
     k = 0
@@ -41,8 +42,10 @@ def steady_linear(linear: tuple, plan: StepPlan, count: int, m: int, start_s: fl
         nxt = head + p * (pairs + count) + r * (kv + count) + seqs + decodes
         if nxt < 0:
             break
-        durations.append(end_s - start_s)
+        d = end_s - start_s
+        durations.append(d)
         ends.append(end_s)
+        busy_s += d
         pairs += count
         kv += count
         start_s, step_s = end_s, nxt
@@ -51,4 +54,4 @@ def steady_linear(linear: tuple, plan: StepPlan, count: int, m: int, start_s: fl
     plan.decode_kv_tokens += k * count
     plan.decode_pairs += k * count
     plan.max_context += k
-    return start_s, step_s, k
+    return start_s, step_s, k, busy_s
