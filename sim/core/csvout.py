@@ -134,20 +134,23 @@ def _rows_bytes(columns: list[np.ndarray], n: int) -> bytes | None:
     parts = []
     for blob, sep in blobs:
         arr = np.frombuffer(blob, dtype=np.uint8)
-        cuts = np.flatnonzero(arr == sep)
-        starts = np.empty(n, dtype=np.int64)
-        starts[0], starts[1:] = 0, cuts + 1
+        cuts = np.flatnonzero(arr == sep)  # n - 1 of them: cell r ends where separator r is
         lengths = np.empty(n, dtype=np.int64)
         lengths[:-1], lengths[-1] = cuts, len(arr)
-        lengths -= starts
-        parts.append((arr, sep, starts, lengths))
-    row_len = sum(p[3] for p in parts) + len(parts)
+        lengths[1:] -= cuts + 1
+        parts.append((arr, cuts, lengths))
+    row_len = sum(p[2] for p in parts) + len(parts)
     offset = np.zeros(n, dtype=np.int64)
     np.cumsum(row_len[:-1], out=offset[1:])
     out = np.empty(int(offset[-1] + row_len[-1]), dtype=np.uint8)
-    for j, (arr, sep, starts, lengths) in enumerate(parts):
-        src = np.flatnonzero(arr != sep)
-        out[src + np.repeat(offset - starts, lengths)] = arr[src]
+    for j, (arr, cuts, lengths) in enumerate(parts):
+        # every byte of the column's text to its place, as one running sum of steps: +1 within a cell, and from a
+        # separator to the next cell's first byte a jump to that row; a separator lands on the delimiter after its
+        # cell, which is written below (an empty last cell ends the text with a separator: one step more)
+        step = np.ones(len(arr) + 1, dtype=np.int64)
+        step[0] = offset[0]
+        step[cuts + 1] = offset[1:] - offset[:-1] - lengths[:-1]
+        out[np.cumsum(step)[:len(arr)]] = arr
         offset += lengths
         out[offset] = 10 if j == len(parts) - 1 else 44
         offset += 1
