@@ -135,7 +135,7 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
             start, index = now, scheduler.iteration
             blocks = (pool.used_blocks, pool.cached_free.count, pool.host_used_blocks)
             step = executor.execute(plan, start)
-            if fast_forward is not None:
+            if fast_forward is not None and not plan.items:  # (a plan with explicit work is no steady stretch)
                 start, step = fast_forward(plan, start, step, env.peek(), executor.step_time.step_s, timeline, blocks)
                 index = scheduler.iteration
             end = start + step
