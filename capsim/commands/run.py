@@ -123,10 +123,12 @@ def cmd_run(args) -> int:
     names = RUN_FILES + (("report.html", "scenario.json") if args.report else ())
     if args.out:  # refuse a bad --out before the run, not after it
         check_out_dir(args.out, args.force, names)
-    result = run_scenario(args.scenario, args.overrides, progress=_Progress() if args.progress else None)
-    if args.out:
-        with staged_output(args.out, args.force, names) as stage:
-            result.write(stage)
+    from sim.core.simulation import fewer_collections
+    with fewer_collections():  # reading the workload and writing the tables make few reference cycles too
+        result = run_scenario(args.scenario, args.overrides, progress=_Progress() if args.progress else None)
+        if args.out:
+            with staged_output(args.out, args.force, names) as stage:
+                result.write(stage)
     if args.json:
         print(json.dumps(result.summary, indent=2))
     else:
