@@ -57,15 +57,19 @@ def fewer_collections():
     workload, the step-time model) is frozen out of its scans, and its youngest generation is collected every
     GC_YOUNG_THRESHOLD allocations instead of every 700. A run makes almost no reference cycles (a few hundred in a
     100,000-request Poisson run), so memory does not grow for it; the collector's share of such a run's CPU falls
-    from about 6% to under 1% (docs/benchmarks.md). The process's own settings come back afterwards."""
+    from about 6% to under 1% (docs/benchmarks.md). The process's own settings come back afterwards; a process
+    that froze objects itself (gc.freeze before forking workers, say) keeps them frozen and nothing more is frozen."""
     old = gc.get_threshold()
-    gc.freeze()
+    ours = gc.get_freeze_count() == 0
+    if ours:
+        gc.freeze()
     gc.set_threshold(GC_YOUNG_THRESHOLD, *old[1:])
     try:
         yield
     finally:
         gc.set_threshold(*old)
-        gc.unfreeze()
+        if ours:
+            gc.unfreeze()
 
 
 def _load(loader, name: str, base_dir: Path):

@@ -44,3 +44,16 @@ def test_a_failing_run_restores_the_settings_too():
         sim.run(executor=Watching(sim.step_time, fail_at=1.0))
     assert gc.get_threshold() == before
     assert gc.get_freeze_count() == 0
+
+
+def test_objects_the_process_froze_stay_frozen():
+    gc.freeze()
+    try:
+        frozen = gc.get_freeze_count()
+        sim = Simulation(scenario(workload=SMALL), ".")
+        ex = Watching(sim.step_time)
+        sim.run(executor=ex)
+        assert {t for t, _ in ex.seen} == {GC_YOUNG_THRESHOLD}
+        assert gc.get_freeze_count() > frozen // 2  # still frozen (a few may have been freed since)
+    finally:
+        gc.unfreeze()
