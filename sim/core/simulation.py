@@ -11,6 +11,7 @@ from __future__ import annotations
 import gc
 import math
 import sys
+import threading
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -51,25 +52,36 @@ GC_YOUNG_THRESHOLD = 50_000
 (Python's default is 700)."""
 
 
+_GC_LOCK = threading.Lock()
+_gc_state = {"depth": 0, "threshold": None, "froze": False}  # runs inside fewer_collections now, and what to restore
+
+
 @contextmanager
 def fewer_collections():
     """While a run simulates, the cyclic garbage collector runs rarely: what exists before the run (modules, the
     workload, the step-time model) is frozen out of its scans, and its youngest generation is collected every
     GC_YOUNG_THRESHOLD allocations instead of every 700. A run makes almost no reference cycles (a few hundred in a
     100,000-request Poisson run), so memory does not grow for it; the collector's share of such a run's CPU falls
-    from about 6% to under 1% (docs/benchmarks.md). The process's own settings come back afterwards; a process
-    that froze objects itself (gc.freeze before forking workers, say) keeps them frozen and nothing more is frozen."""
-    old = gc.get_threshold()
-    ours = gc.get_freeze_count() == 0
-    if ours:
-        gc.freeze()
-    gc.set_threshold(GC_YOUNG_THRESHOLD, *old[1:])
+    from about 6% to under 1% (docs/benchmarks.md). The process's own settings come back when the last run inside
+    one ends (runs nest, and may overlap in threads); a process that froze objects itself (gc.freeze before forking
+    workers, say) keeps them frozen and nothing more is frozen."""
+    with _GC_LOCK:
+        if _gc_state["depth"] == 0:
+            _gc_state["threshold"] = gc.get_threshold()
+            _gc_state["froze"] = gc.get_freeze_count() == 0
+            if _gc_state["froze"]:
+                gc.freeze()
+            gc.set_threshold(GC_YOUNG_THRESHOLD, *_gc_state["threshold"][1:])
+        _gc_state["depth"] += 1
     try:
         yield
     finally:
-        gc.set_threshold(*old)
-        if ours:
-            gc.unfreeze()
+        with _GC_LOCK:
+            _gc_state["depth"] -= 1
+            if _gc_state["depth"] == 0:
+                gc.set_threshold(*_gc_state["threshold"])
+                if _gc_state["froze"]:
+                    gc.unfreeze()
 
 
 def _load(loader, name: str, base_dir: Path):

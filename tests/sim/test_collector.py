@@ -57,3 +57,14 @@ def test_objects_the_process_froze_stay_frozen():
         assert gc.get_freeze_count() > frozen // 2  # still frozen (a few may have been freed since)
     finally:
         gc.unfreeze()
+
+
+def test_nested_runs_restore_the_settings_when_the_outer_one_ends():
+    from sim.core.simulation import fewer_collections
+    before = gc.get_threshold()
+    with fewer_collections():
+        sim = Simulation(scenario(workload=SMALL), ".")
+        sim.run()
+        assert gc.get_threshold()[0] == GC_YOUNG_THRESHOLD  # still inside the outer one
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0
