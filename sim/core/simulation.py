@@ -53,25 +53,25 @@ GC_YOUNG_THRESHOLD = 50_000
 
 
 _GC_LOCK = threading.Lock()
-_gc_state = {"depth": 0, "threshold": None, "froze": False}  # runs inside fewer_collections now, and what to restore
+_gc_state = {"depth": 0, "threshold": None}  # runs inside fewer_collections now, and the thresholds to restore
 
 
 @contextmanager
 def fewer_collections():
-    """While a run simulates, the cyclic garbage collector runs rarely: what exists before the run (modules, the
-    workload, the step-time model) is frozen out of its scans, and its youngest generation is collected every
-    GC_YOUNG_THRESHOLD allocations instead of every 700. A run makes almost no reference cycles (a few hundred in a
-    100,000-request Poisson run), so memory does not grow for it; the collector's share of such a run's CPU falls
-    from about 6% to under 1% (docs/benchmarks.md). The process's own settings come back when the last run inside
-    one ends (runs nest, and may overlap in threads); a process that froze objects itself (gc.freeze before forking
-    workers, say) keeps them frozen and nothing more is frozen."""
+    """While a run simulates, the cyclic garbage collector runs rarely: its youngest generation is collected every
+    GC_YOUNG_THRESHOLD container allocations instead of every 700 (Python's default), so the older generations,
+    which hold every object of every imported module, are walked rarely too. A run makes almost no reference cycles
+    (a few dozen in a 100,000-request Poisson run), and the collector's share of such a run's CPU falls from about 6%
+    to under 1% (docs/benchmarks.md). What earlier runs left in cycles is collected as the first run in starts (the
+    young generations only: cheap), so runs one after another in a process (a sweep's points) hold no more than
+    before. A process that turned automatic collection off (threshold 0) or collects more rarely already keeps its
+    setting; the thresholds come back when the last run inside one ends (runs nest, and may overlap in threads)."""
     with _GC_LOCK:
         if _gc_state["depth"] == 0:
-            _gc_state["threshold"] = gc.get_threshold()
-            _gc_state["froze"] = gc.get_freeze_count() == 0
-            if _gc_state["froze"]:
-                gc.freeze()
-            gc.set_threshold(GC_YOUNG_THRESHOLD, *_gc_state["threshold"][1:])
+            old = _gc_state["threshold"] = gc.get_threshold()
+            if old[0]:
+                gc.collect(1)  # what earlier runs left in cycles (their tables' spill files, say) goes now
+                gc.set_threshold(max(old[0], GC_YOUNG_THRESHOLD), *old[1:])
         _gc_state["depth"] += 1
     try:
         yield
@@ -80,8 +80,6 @@ def fewer_collections():
             _gc_state["depth"] -= 1
             if _gc_state["depth"] == 0:
                 gc.set_threshold(*_gc_state["threshold"])
-                if _gc_state["froze"]:
-                    gc.unfreeze()
 
 
 def _load(loader, name: str, base_dir: Path):

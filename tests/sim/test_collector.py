@@ -1,12 +1,15 @@
 """While a run simulates the cyclic collector runs rarely (sim.core.simulation.fewer_collections); the process's
-own settings come back afterwards, also when the run fails."""
+own settings come back afterwards (also when the run fails, when runs nest or overlap in threads), a process's own
+choice to collect rarely or never is kept, and runs one after another do not pile up what they leave behind."""
 
 import gc
+import threading
 
 import pytest
 
 from sim.core.engine import ModelledExecutor
-from sim.core.simulation import GC_YOUNG_THRESHOLD, Simulation
+from sim.core.metrics import Timeline
+from sim.core.simulation import GC_YOUNG_THRESHOLD, Simulation, fewer_collections
 from tests.sim.helpers import scenario
 
 SMALL = {"kind": "synthetic", "num_requests": 30, "arrival": {"kind": "poisson", "rate_rps": 5.0},
@@ -14,57 +17,89 @@ SMALL = {"kind": "synthetic", "num_requests": 30, "arrival": {"kind": "poisson",
 
 
 class Watching(ModelledExecutor):
-    """The modelled executor, noting the collector's settings at every iteration (and failing at `fail_at`)."""
+    """The modelled executor, noting the collector's young threshold at every iteration (and failing from
+    `fail_at` seconds on)."""
 
     def __init__(self, step_time, fail_at=None):
         super().__init__(step_time)
         self.seen, self.fail_at = set(), fail_at
 
     def execute(self, plan, start_s):
-        self.seen.add((gc.get_threshold()[0], gc.get_freeze_count() > 0))
-        if self.fail_at is not None and len(self.seen) and start_s >= self.fail_at:
+        self.seen.add(gc.get_threshold()[0])
+        if self.fail_at is not None and start_s >= self.fail_at:
             raise RuntimeError("a failing step")
         return super().execute(plan, start_s)
 
 
-def test_a_run_collects_rarely_and_restores_the_settings():
-    before = gc.get_threshold()
+def _watched_run(**kw) -> set:
     sim = Simulation(scenario(workload=SMALL), ".")
-    ex = Watching(sim.step_time)
+    ex = Watching(sim.step_time, **kw)
     sim.run(executor=ex)
-    assert ex.seen == {(GC_YOUNG_THRESHOLD, True)}
-    assert gc.get_threshold() == before
-    assert gc.get_freeze_count() == 0
+    return ex.seen
 
 
-def test_a_failing_run_restores_the_settings_too():
+@pytest.fixture
+def threshold():
+    """The test's process settings, restored whatever the test does."""
     before = gc.get_threshold()
-    sim = Simulation(scenario(workload=SMALL), ".")
+    yield before
+    gc.set_threshold(*before)
+
+
+def test_a_run_collects_rarely_and_restores_the_settings(threshold):
+    assert _watched_run() == {GC_YOUNG_THRESHOLD}
+    assert gc.get_threshold() == threshold
+    assert gc.get_freeze_count() == 0  # nothing is frozen
+
+
+def test_a_failing_run_restores_the_settings_too(threshold):
     with pytest.raises(RuntimeError, match="a failing step"):
-        sim.run(executor=Watching(sim.step_time, fail_at=1.0))
-    assert gc.get_threshold() == before
-    assert gc.get_freeze_count() == 0
+        _watched_run(fail_at=1.0)
+    assert gc.get_threshold() == threshold
 
 
-def test_objects_the_process_froze_stay_frozen():
-    gc.freeze()
-    try:
-        frozen = gc.get_freeze_count()
-        sim = Simulation(scenario(workload=SMALL), ".")
-        ex = Watching(sim.step_time)
-        sim.run(executor=ex)
-        assert {t for t, _ in ex.seen} == {GC_YOUNG_THRESHOLD}
-        assert gc.get_freeze_count() > frozen // 2  # still frozen (a few may have been freed since)
-    finally:
-        gc.unfreeze()
+def test_a_process_that_collects_rarely_or_never_keeps_its_choice(threshold):
+    gc.set_threshold(0)  # automatic collection off
+    assert _watched_run() == {0}
+    assert gc.get_threshold()[0] == 0
+    gc.set_threshold(10 * GC_YOUNG_THRESHOLD, 5, 5)
+    assert _watched_run() == {10 * GC_YOUNG_THRESHOLD}
+    assert gc.get_threshold() == (10 * GC_YOUNG_THRESHOLD, 5, 5)
 
 
-def test_nested_runs_restore_the_settings_when_the_outer_one_ends():
-    from sim.core.simulation import fewer_collections
-    before = gc.get_threshold()
+def test_nested_runs_restore_the_settings_when_the_outer_one_ends(threshold):
     with fewer_collections():
-        sim = Simulation(scenario(workload=SMALL), ".")
-        sim.run()
+        assert _watched_run() == {GC_YOUNG_THRESHOLD}
         assert gc.get_threshold()[0] == GC_YOUNG_THRESHOLD  # still inside the outer one
-    assert gc.get_threshold() == before
-    assert gc.get_freeze_count() == 0
+    assert gc.get_threshold() == threshold
+
+
+def test_overlapping_runs_in_threads_restore_the_settings_when_the_last_one_ends(threshold):
+    inside, leave = threading.Event(), threading.Event()
+
+    def long_run():
+        with fewer_collections():
+            inside.set()
+            leave.wait(10)
+
+    t = threading.Thread(target=long_run)
+    t.start()
+    inside.wait(10)
+    assert _watched_run() == {GC_YOUNG_THRESHOLD}  # starts after the thread's run, ends before it
+    assert gc.get_threshold()[0] == GC_YOUNG_THRESHOLD  # the thread's run goes on
+    leave.set()
+    t.join(10)
+    assert gc.get_threshold() == threshold
+
+
+LONGER = {**SMALL, "num_requests": 2000, "arrival": {"kind": "poisson", "rate_rps": 20.0}}
+
+
+def test_runs_one_after_another_do_not_pile_up_what_they_leave(threshold):
+    # a run's replicas, timelines and recorder hold one another in cycles; a run long enough that they reach the
+    # oldest generation while it lasts would leave them to a full collection, rare while runs follow each other
+    alive = []
+    for _ in range(8):
+        Simulation(scenario(workload=LONGER), ".").run()  # the result dropped at once
+        alive.append(sum(1 for o in gc.get_objects() if type(o) is Timeline))
+    assert max(alive) <= 3, alive
