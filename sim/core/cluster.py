@@ -155,3 +155,22 @@ class Replica:
         got = self.idle_get
         handed = [got.value] if got is not None and got.triggered else []
         return handed + list(self.inbox.items) + list(s.running.values()) + list(s.waiting)
+
+
+def unlink_finished(env, replicas: list[Replica]) -> None:
+    """Break the reference cycles a finished run's replicas are in, so that a run's structures, and its tables'
+    spill files, go with its result without waiting for the cyclic collector (which runs rarely while runs go on:
+    sim.core.simulation.fewer_collections). A replica's engine loop still waits for work when the run ends, and
+    that wait (SimPy's get request, which keeps the process that made it) holds the loop: each waiting loop is
+    interrupted, so it returns, and its wait is dropped; a timeline and the recorder hold each other: the timeline
+    lets go (it records nothing more). Runs with faults or closed-loop users keep other processes in cycles; the
+    collector takes those."""
+    waiting = [r.process for r in replicas if r.process is not None and r.process.is_alive]
+    for p in waiting:
+        p.interrupt("the run is over")
+    if waiting:
+        env.run()  # only the interrupts are due: each loop returns (engine.replica_loop)
+    for r in replicas:
+        r.process = r.idle_get = None
+        r.inbox.get_queue.clear()
+        r.timeline.rec = None

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import simpy
 
-from sim.core.cluster import ROUTERS, Replica
+from sim.core.cluster import ROUTERS, Replica, unlink_finished
 from sim.core.engine import ModelledExecutor
 from sim.core.handoff import HANDOFF_COLUMNS, DisaggFrontend, KVLink
 from sim.core.metrics import Recorder, stats
@@ -153,7 +153,9 @@ def run_disaggregated(sim, executor=None, env: simpy.Environment | None = None) 
         env.run()
     except costmod.ExtrapolationError as exc:
         raise ConfigError(f"step_time: {exc}") from None
-    return _summarise(sim, rec, frontend, pre, dec, link)
+    result = _summarise(sim, rec, frontend, pre, dec, link)
+    unlink_finished(env, pre.replicas + dec.replicas)
+    return result
 
 
 def _summarise(sim, rec: Recorder, frontend: DisaggFrontend, pre: Pool, dec: Pool, link: KVLink) -> Result:

@@ -20,7 +20,7 @@ from typing import Callable
 import numpy as np
 import simpy
 
-from sim.core.cluster import ROUTERS, Replica
+from sim.core.cluster import ROUTERS, Replica, unlink_finished
 from sim.core.engine import ModelledExecutor, StepExecutor
 from sim.core.faults import FaultInjector
 from sim.core.frontend import Frontend
@@ -306,4 +306,6 @@ class Simulation:
         demand = max(max(r.scheduler.kv_demand_peak_blocks, r.pool.peak_blocks) for r in everyone)
         facts = RunFacts(sc, self.hw, self.memory, everyone, timelines, frontend.fault_retries, demand,
                          merge_speculation([sp.report() for sp in self._speculators]))
-        return summarise(rec, facts)
+        result = summarise(rec, facts)
+        unlink_finished(env, everyone)
+        return result
