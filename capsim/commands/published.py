@@ -52,6 +52,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--host-overhead-ms", type=float, default=None,
                    help="per-iteration host time of every row's step (default: each engine's, else "
                         "sim.io.ops_schema's fitted 0.228 ms)")
+    p.add_argument("--host-per-sequence-ms", type=float, default=None,
+                   help="host time per sequence of every row's iterations, ms (default: each engine's for the row's "
+                        "version: vLLM before 0.14, which schedules synchronously, its fitted value; else 0)")
     p.add_argument("--shared-experts-overlap", default="engine", type=_overlap,
                    help="when MoE layers' shared experts run on a second stream beside the routed ones: each "
                         "engine's (default: vLLM at most 256 tokens a pass, TensorRT-LLM decode-only passes, SGLang "
@@ -127,6 +130,8 @@ def run(args) -> int:
                           f"got {args.requests_per_user}")
     if args.host_overhead_ms is not None and not 0 <= args.host_overhead_ms <= 1e6:
         raise ConfigError(f"--host-overhead-ms: expected a number in 0..1e6 (ms), got {args.host_overhead_ms}")
+    if args.host_per_sequence_ms is not None and not 0 <= args.host_per_sequence_ms <= 1e3:
+        raise ConfigError(f"--host-per-sequence-ms: expected a number in 0..1000 (ms), got {args.host_per_sequence_ms}")
     if args.out:  # a folder it can write its three files in (replaced only with --force), checked before any row runs
         from sim.io.outputs import check_out_dir
         check_out_dir(args.out, args.force, PUBLISHED_FILES)
@@ -143,7 +148,9 @@ def run(args) -> int:
                                 host_overhead_s=None if args.host_overhead_ms is None else args.host_overhead_ms / 1e3,
                                 shared_experts_overlap=args.shared_experts_overlap, frontend=args.frontend,
                                 pool_batch=args.pool_batch, async_scheduling=args.async_scheduling,
-                                first_token=args.first_token, phases=args.phases, seed=args.seed)
+                                first_token=args.first_token, phases=args.phases, seed=args.seed,
+                                host_per_sequence_s=None if args.host_per_sequence_ms is None
+                                else args.host_per_sequence_ms / 1e3)
     if args.out:  # written whole or not at all
         from sim.io.outputs import staged_output
         with staged_output(args.out, args.force, PUBLISHED_FILES) as stage:

@@ -76,3 +76,8 @@ class OpsStepTime(StrictModel):
 
     host_overhead_s: NonNegativeFloat | None = Field(
         None, description=f"Per-iteration host time; default {DEFAULT_HOST_OVERHEAD_S} s (see sim.models.ops)")
+    host_per_sequence_s: NonNegativeFloat = Field(
+        0.0, description="Host time per sequence in the pass, added to host_overhead_s: an engine whose scheduler "
+                         "prepares each iteration's inputs and handles its outputs while the GPU waits (no async "
+                         "scheduling: vLLM before 0.14) pays its per-request CPU work every iteration. Default 0 "
+                         "(hidden behind the GPU, or negligible)")

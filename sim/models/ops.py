@@ -109,6 +109,7 @@ class OpsModel:
         self.stream = stream or sys.stderr
         self._warned = False
         self.host_s = DEFAULT_HOST_OVERHEAD_S if cfg.host_overhead_s is None else cfg.host_overhead_s
+        self.host_seq_s = cfg.host_per_sequence_s
         self.mixed = cfg.mixed
         self._build_gemms(tables, dtype)
         self.context = tables.context().shape(self.heads, self.kv_heads, p.head_dim)
@@ -209,7 +210,7 @@ class OpsModel:
             return 0.0
         layer = (self.layer_linear_s(tokens) + self.context_attention_s(pre_seqs, pre_pairs)
                  + self.generation_attention_s(dec_seqs, dec_kv))
-        return self.host_s + self.layers * layer + self.head_s(logits)
+        return self.host_s + self.host_seq_s * (pre_seqs + dec_seqs) + self.layers * layer + self.head_s(logits)
 
     def breakdown_s(self, tokens: int, pre_seqs: int, pre_pairs: int, dec_seqs: int, dec_kv: int,
                     logits: int, dec_tokens: int | None = None) -> dict[str, float]:
@@ -222,7 +223,7 @@ class OpsModel:
         return {**gemms, "context_attention": L * self.context_attention_s(pre_seqs, pre_pairs),
                 "generation_attention": L * self.generation_attention_s(dec_seqs, dec_kv), "all_reduce": ar,
                 "small_ops": L * (self._small[0] + self._small[1] * tokens), "lm_head": self.head_s(logits),
-                "host": self.host_s}
+                "host": self.host_s + self.host_seq_s * (pre_seqs + dec_seqs)}
 
     # ---- the step-time model interface ----------------------------------------------------------
     def decode_part_s(self, plan) -> float:

@@ -86,6 +86,7 @@ class ParallelOpsModel(OpsModel):
         self.kv_heads = 1 if p.mla is not None else max(p.num_kv_heads // tp, 1)
         self.allow, self.stream, self._warned = allow_extrapolation, stream or sys.stderr, False
         self.host_s = DEFAULT_HOST_OVERHEAD_S if cfg.host_overhead_s is None else cfg.host_overhead_s
+        self.host_seq_s = cfg.host_per_sequence_s
         self.mixed = cfg.mixed
         self.moe = p.moe
         self._probs = expert_probabilities(p.moe.num_experts, layout.routing_skew) if p.moe else None
@@ -335,14 +336,15 @@ class ParallelOpsModel(OpsModel):
         pp = self.layout.pp
         if pp == 1:
             rank = self.busiest_rank(tokens, pre_seqs, pre_pairs, dec_seqs, dec_kv, logits, dec_tokens)
-            return self.host_s + self.stage_s(0, tokens, rank)
+            return self.host_s + self.host_seq_s * (rank.pre_seqs + rank.dec_seqs) + self.stage_s(0, tokens, rank)
         m = max(1, min(self.layout.micro_batches, pre_seqs + dec_seqs))
         f = 1.0 / m
         dec_f = None if dec_tokens is None else dec_tokens * f
         rank = self.busiest_rank(tokens * f, pre_seqs * f, pre_pairs * f, dec_seqs * f, dec_kv * f, logits * f, dec_f)
         ts = [self.stage_s(s, tokens * f, rank) for s in range(pp)]
         hop = self._look(self.net.at, "send_recv", 2, tokens * f * self.spec.profile.hidden_size * 2)
-        return self.host_s + sum(ts) + (m - 1) * max(ts) + (pp - 1) * hop
+        host = self.host_s + self.host_seq_s * (rank.pre_seqs + rank.dec_seqs) * m  # the busiest rank's sequences
+        return host + sum(ts) + (m - 1) * max(ts) + (pp - 1) * hop
 
     def breakdown_s(self, tokens: int, pre_seqs: int, pre_pairs: int, dec_seqs: int, dec_kv: int,
                     logits: int, dec_tokens: int | None = None) -> dict[str, float]:
@@ -358,7 +360,8 @@ class ParallelOpsModel(OpsModel):
         out = {"attention_gemms": att_g, "ffn_and_collectives": ffn,
                "context_attention": L * self.context_attention_s(rank.pre_seqs, rank.pre_pairs),
                "generation_attention": L * self.generation_attention_s(rank.dec_seqs, rank.dec_kv),
-               "lm_head": self.head_s(rank.logits), "host": self.host_s}
+               "lm_head": self.head_s(rank.logits),
+               "host": self.host_s + self.host_seq_s * (rank.pre_seqs + rank.dec_seqs)}
         out["pipeline"] = (self.pass_s(tokens, pre_seqs, pre_pairs, dec_seqs, dec_kv, logits, dec_tokens)
                            - sum(out.values()))
         return out

@@ -6,6 +6,7 @@ engine versions in the file and says which. Nothing here is fitted to the publis
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 GIB = 1 << 30
@@ -55,6 +56,17 @@ class EngineDefaults:
     all-reduce). TensorRT-LLM: the same fit under its own all-reduce
     (`python benchmarks/ops_fidelity.py --all-reduce trtllm`: 0.4654 ms; NCCL's excess on the fit set's TP > 1
     rows had stood in for host time)."""
+    sync_host_per_sequence_s: float = 0.0
+    """Host time per sequence of every iteration (step_time.model.host_per_sequence_s) on the versions that schedule
+    synchronously (before `async_since`): the scheduler builds each iteration's inputs and takes its outputs while the
+    GPU waits, so its per-request CPU work adds to every step; from `async_since` on, async scheduling runs it while
+    the GPU computes the step before and the replay adds none. vLLM: 60 us, fitted on the even lines of its 93
+    expressible rows before 0.14 (Qwen3-32B on H100, vLLM 0.12.0) by median |TPOT error|, 11.1% -> 2.1%; held out on
+    the odd lines 11.3% -> 2.4% (`python benchmarks/host_per_sequence_fit.py`, docs/fidelity.md "Synchronous
+    scheduling's host time per sequence")."""
+    async_since: str | None = None
+    """The first release whose launch default is async scheduling (vLLM 0.14: vllm-project/vllm#27614, the last item
+    of its async scheduling plan, issue #27679); None: the engine overlaps its host work in every version modelled."""
     shared_experts_overlap: str | int = 256
     """When MoE layers run their shared experts on a second CUDA stream beside the routed ones
     (step_time.model.shared_experts_overlap; only DeepSeek-V3 / R1 and Kimi-K2.5 have shared experts). Read in each
@@ -108,6 +120,17 @@ class EngineDefaults:
     (`python benchmarks/disagg_compare.py`, docs/disaggregation.md): vLLM 70.7% -> 67.4%, SGLang 42.1% -> 41.9%;
     TensorRT-LLM tied (35.6% both) and keeps `prefill`."""
 
+    def host_per_sequence_s(self, version: str) -> float:
+        """The host time per sequence a row of `version` (the file's backend_version) pays each iteration:
+        sync_host_per_sequence_s before `async_since`, else 0. A version that is not a release number (empty, a
+        nightly build) is taken as a recent one (async)."""
+        if not self.sync_host_per_sequence_s or self.async_since is None:
+            return 0.0
+        release = release_number(version)
+        if release is None or release >= release_number(self.async_since):
+            return 0.0
+        return self.sync_host_per_sequence_s
+
     def describe(self, config: str | None = None) -> str:
         """One line: the scheduler, KV admission, KV memory rule and graph padding this engine is simulated with
         (under `config`, default its own)."""
@@ -128,6 +151,9 @@ class EngineDefaults:
         ar = "NCCL's" if self.all_reduce == "nccl" else f"{self.all_reduce}'s own"
         if self.host_overhead_s is not None:
             ar += f"; host overhead {self.host_overhead_s * 1e3:.4g} ms"
+        if self.sync_host_per_sequence_s and self.async_since is not None:
+            ar += (f"; host {self.sync_host_per_sequence_s * 1e6:.4g} us per sequence a step before {self.async_since} "
+                   "(synchronous scheduling)")
         over = self.shared_experts_overlap
         shared = {"off": "in series with the routed ones", "decode": "beside the routed ones in decode-only passes"}.get(
             over, f"beside the routed ones in passes of <= {over} tokens")
@@ -138,6 +164,13 @@ class EngineDefaults:
                 f"front end {self.frontend_ms[0]:g} ms + {self.frontend_ms[1]:g} ms per user (fitted); "
                 f"steady-state users' phases: {self.steady_phases} ({self.disagg_steady_phases} on disaggregated "
                 f"rows); disaggregated rows' first token: {self.disagg_first_token}")
+
+
+def release_number(version: str) -> tuple[int, ...] | None:
+    """A release's number as a tuple ("0.12.0" -> (0, 12, 0), "v0.14" -> (0, 14), "1.3.0rc1" -> (1, 3, 0)); None when
+    `version` does not start with one (empty, "nightly-5b8c30d")."""
+    m = re.match(r"v?(\d+)\.(\d+)(?:\.(\d+))?", version.strip().lower())
+    return None if m is None else tuple(int(g) for g in m.groups() if g is not None)
 
 
 AIC_SLACK_TOKENS = 1500
@@ -155,7 +188,8 @@ ENGINES: dict[str, EngineDefaults] = {
         ("chunked prefill always on; running requests first, then waiting ones, FCFS",
          "gpu_memory_utilization 0.9, 16-token blocks, prefix caching on (random prompts: no hits)"),
         moe=("vllm", "power_law_1.2"), config="aic_benchmark", all_reduce="vllm", frontend_ms=(25.0, 0.4),
-        disagg_first_token="decode_recompute", steady_phases="random", disagg_steady_phases="random"),
+        disagg_first_token="decode_recompute", steady_phases="random", disagg_steady_phases="random",
+        async_since="0.14", sync_host_per_sequence_s=60e-6),
     "sglang": EngineDefaults(
         "sglang", "0.5.x: `sglang.launch_server` on an 80 GB-class card",
         {"kind": "chunked", "max_num_seqs": 1024, "max_num_batched_tokens": 8192, "chunk_tokens": 8192},

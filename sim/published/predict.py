@@ -147,30 +147,34 @@ def _scheduler(engine, dp: int, per_rank: dict | None = None, async_scheduling: 
 
 def step_time_for(mixed: str = "one_pass", moe_kernels: str = "vllm", moe_routing: str = "balanced",
                   all_reduce: str = "nccl", host_overhead_s: float | None = None,
-                  shared_experts_overlap: str | int = 256, qk_norm_kernels: str = "separate") -> dict:
+                  shared_experts_overlap: str | int = 256, qk_norm_kernels: str = "separate",
+                  host_per_sequence_s: float = 0.0) -> dict:
     """The scenario's step_time mapping: operator-table composition (the layout is the scenario's `parallel`);
     `mixed` says how a chunked iteration (decodes + prefill chunks) is costed, `moe_kernels` whose measured
     fused-MoE kernels MoE layers use (vllm, sglang, trtllm) or `composed` from GEMMs, `moe_routing` which
     measured routing of them (balanced, power_law_1.2), `all_reduce` whose all-reduce times tensor
     parallelism (nccl, vllm, sglang, trtllm), `shared_experts_overlap` when shared experts run beside the routed
-    ones (off, decode, or a token count), `qk_norm_kernels` whether q / k norms are kernels of their own."""
+    ones (off, decode, or a token count), `qk_norm_kernels` whether q / k norms are kernels of their own,
+    `host_per_sequence_s` the host time per sequence of every pass (set only when above 0)."""
     model = {"kind": "ops", "mixed": mixed, "moe_kernels": moe_kernels, "moe_routing": moe_routing,
              "all_reduce": all_reduce, "shared_experts_overlap": shared_experts_overlap,
              "qk_norm_kernels": qk_norm_kernels}
     if host_overhead_s is not None:
         model["host_overhead_s"] = host_overhead_s
+    if host_per_sequence_s > 0:
+        model["host_per_sequence_s"] = host_per_sequence_s
     return {"model": model}
 
 
 def _engine_step_time(engine, backend: str, mixed: str, moe_kernels: str, moe_routing: str, all_reduce: str,
-                      host_overhead_s: float | None, shared_experts_overlap) -> dict:
+                      host_overhead_s: float | None, shared_experts_overlap, host_per_sequence_s: float = 0.0) -> dict:
     """step_time_for with each `engine` choice (and `own`, the row's backend) resolved from the engine's defaults."""
     return step_time_for(mixed, {"engine": engine.moe[0], "own": backend}.get(moe_kernels, moe_kernels),
                          engine.moe[1] if moe_routing == "engine" else moe_routing,
                          {"engine": engine.all_reduce, "own": backend}.get(all_reduce, all_reduce),
                          engine.host_overhead_s if host_overhead_s is None else host_overhead_s,
                          engine.shared_experts_overlap if shared_experts_overlap == "engine" else shared_experts_overlap,
-                         engine.qk_norm_kernels)
+                         engine.qk_norm_kernels, host_per_sequence_s)
 
 
 def frontend_latency_s(frontend, backend: str, users: int) -> float:
@@ -190,7 +194,8 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                moe_routing: str = "engine", all_reduce: str = "engine", engine_config: str = "engine",
                host_overhead_s: float | None = None, shared_experts_overlap: str | int = "engine",
                frontend="engine", pool_batch: str = "engine", async_scheduling: str = "engine",
-               first_token: str = "engine", phases: str = "engine", seed: int = 0) -> Case:
+               first_token: str = "engine", phases: str = "engine", seed: int = 0,
+               host_per_sequence_s: float | None = None) -> Case:
     """Translate one published row into a closed-loop scenario for one replica, or say why not. `engine` means the
     row's engine's default (sim.published.engines) for each of: `moe_kernels` (or `own`: the row's engine's kernels,
     vllm / sglang / trtllm, composed), `moe_routing` (balanced, power_law_1.2), `all_reduce` (`own`, nccl, vllm,
@@ -199,14 +204,16 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     off); disaggregated rows: `pool_batch` (sim.published.disagg.POOL_BATCH; `engine`: DISAGG_POOL_BATCH),
     `first_token` (disaggregation.first_token; `engine`: EngineDefaults.disagg_first_token); `phases`: the steady
     state's user phases (Case.phases; `engine`: EngineDefaults.steady_phases on agg rows, disagg_steady_phases on
-    disaggregated ones); `seed`: the scenario seed (what is drawn: random phases)."""
+    disaggregated ones); `seed`: the scenario seed (what is drawn: random phases); `host_per_sequence_s`: the host time
+    per sequence of every pass (None: the engine's for the row's version, EngineDefaults.host_per_sequence_s)."""
     if phases not in ("engine", *PHASES):
         raise ConfigError(f"phases: expected one of engine, {', '.join(PHASES)}, got {phases!r}")
     if phases == "engine":
         engine = ENGINES[row.backend]
         phases = engine.disagg_steady_phases if row.mode == "disagg" else engine.steady_phases
     case = _build_case(row, per_user, start, mixed, rounds, moe_kernels, moe_routing, all_reduce, engine_config,
-                       host_overhead_s, shared_experts_overlap, frontend, pool_batch, async_scheduling, first_token)
+                       host_overhead_s, shared_experts_overlap, frontend, pool_batch, async_scheduling, first_token,
+                       host_per_sequence_s)
     if phases == "even" and seed == 0:
         return case
     return replace(case, phases=phases, scenario=None if case.scenario is None else dict(case.scenario, seed=seed))
@@ -214,7 +221,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
 
 def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds: int, moe_kernels: str, moe_routing: str,
                 all_reduce: str, engine_config: str, host_overhead_s, shared_experts_overlap, frontend, pool_batch: str,
-                async_scheduling: str, first_token: str) -> Case:
+                async_scheduling: str, first_token: str, host_per_sequence_s: float | None = None) -> Case:
     """build_case's row with even phases and seed 0."""
     for name, value, allowed in (("engine_config", engine_config, ENGINE_CONFIGS),
                                  ("async_scheduling", async_scheduling, ASYNC_SCHEDULING)):
@@ -224,7 +231,7 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds: int
         return _disagg_case(row, per_user, start, rounds, frontend, pool_batch, first_token, dict(
             mixed=mixed, moe_kernels=moe_kernels, moe_routing=moe_routing, all_reduce=all_reduce,
             host_overhead_s=host_overhead_s, shared_experts_overlap=shared_experts_overlap,
-            async_scheduling=async_scheduling,
+            async_scheduling=async_scheduling, host_per_sequence_s=host_per_sequence_s,
             # pools keep the launch defaults unless asked: the choice was made on agg rows only
             engine_config="defaults" if engine_config == "engine" else engine_config))
     if why := _unsupported_layout(row):
@@ -266,7 +273,9 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds: int
         "kv": {"block_tokens": block_tokens, "format": "bf16", "budget": budget, "admission": engine.kv_admission},
         "scheduler": _scheduler(engine, dp, limits[0] if limits else None, async_scheduling),
         "step_time": _engine_step_time(engine, row.backend, mixed, moe_kernels, moe_routing, all_reduce,
-                                       host_overhead_s, shared_experts_overlap),
+                                       host_overhead_s, shared_experts_overlap,
+                                       engine.host_per_sequence_s(row.backend_version) if host_per_sequence_s is None
+                                       else host_per_sequence_s),
         "parallel": {"tp": row.tp, "pp": row.pp, "ep": row.moe_ep, **({"attention_dp": dp} if dp > 1 else {})},
         "workload": {"kind": "closed_loop", "users": users,
                      "num_requests": users * (per_user or requests_per_user(row.osl)),

@@ -592,3 +592,29 @@ def test_published_repeats_of_disaggregated_rows_need_their_pools_workers(tmp_pa
     assert "1 configurations measured more than once (2 distinct measurements)" in out
     assert "| sglang 0.5.8.post1 disagg | b200_sxm | DeepSeek-V3 | fp8 | 8192 / 1024 | 64 | 1 x tp8 ep8 : 4 x tp8 ep8 |" in out
     assert "4: " not in out and "5: " not in out  # the rows without a worker count are left out
+
+
+def test_host_time_per_sequence_is_paid_by_the_versions_that_schedule_synchronously():
+    """vLLM before 0.14 (no async scheduling by default) pays its fitted host time per sequence every step; 0.14 on,
+    or a version that is not a release number, pays none; --host-per-sequence-ms sets it for every row."""
+    from dataclasses import replace
+    from sim.published.engines import ENGINES, release_number
+    from sim.published.predict import build_case
+    from sim.published.rows import read_published
+    vllm = ENGINES["vllm"]
+    assert vllm.async_since == "0.14" and vllm.sync_host_per_sequence_s > 0
+    assert [release_number(v) for v in ("0.12.0", "v0.14", "1.3.0rc1", "nightly-5b8c30d", "")] == [
+        (0, 12, 0), (0, 14), (1, 3, 0), None, None]
+    assert vllm.host_per_sequence_s("0.13.9") == vllm.sync_host_per_sequence_s
+    assert [vllm.host_per_sequence_s(v) for v in ("0.14.0", "0.19.0", "nightly-5b8c30d", "")] == [0.0] * 4
+    assert ENGINES["trtllm"].host_per_sequence_s("0.8.1") == 0.0  # overlaps its host work in every version
+    row = next(r for r in read_published(FIXTURE) if r.backend == "vllm" and r.backend_version == "0.12.0")
+    model = build_case(row).scenario["step_time"]["model"]
+    assert model["host_per_sequence_s"] == vllm.sync_host_per_sequence_s
+    later = build_case(replace(row, backend_version="0.14.1")).scenario["step_time"]["model"]
+    assert "host_per_sequence_s" not in later
+    assert build_case(row, host_per_sequence_s=0.0).scenario["step_time"]["model"].get("host_per_sequence_s") is None
+    forced = build_case(replace(row, backend_version="0.19.0"), host_per_sequence_s=2e-5).scenario
+    assert forced["step_time"]["model"]["host_per_sequence_s"] == 2e-5
+    code, _, err = capsim("validate-published", str(FIXTURE), "--host-per-sequence-ms", "-0.01", "--no-progress")
+    assert code != 0 and "--host-per-sequence-ms" in err

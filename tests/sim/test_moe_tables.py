@@ -226,3 +226,15 @@ def test_shared_experts_overlap_refuses_other_values(tmp_path, value):
     from tests.sim.test_parallel import _run
     with pytest.raises(ConfigError, match="shared_experts_overlap"):
         _deepseek(tmp_path, value)
+
+
+def test_host_time_per_sequence_under_parallelism(tmp_path):
+    """A multi-GPU (MoE) replica's pass pays step_time.model.host_per_sequence_s per sequence, as one GPU's does;
+    under pipeline parallelism once per sequence of the pass, not once per micro-batch."""
+    tables = ops_dir() / "h100-sxm"
+    for parallel in ("{tp: 2}", "{tp: 2, pp: 2}"):
+        base = _model(tmp_path, tables, parallel)
+        per_seq = _model(tmp_path, tables, parallel, extra_step=", moe_routing: balanced, host_per_sequence_s: 5.0e-5")
+        for n in (1, 8, 32):
+            plan = _decode(n, 512)
+            assert per_seq.step_s(plan) - base.step_s(plan) == pytest.approx(n * 5e-5, rel=1e-6), (parallel, n)

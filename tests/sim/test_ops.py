@@ -359,3 +359,20 @@ def test_a_folder_without_the_table_names_only_the_tables_it_has(tmp_path):
     (tmp_path / "gemm_fp8.csv").write_text("m,n,k,time_ms\n")
     with pytest.raises(ConfigError, match=r"\(this table set has: gemm_fp8\.csv\)$"):
         TableSet("x", tmp_path).gemm("bf16")
+
+
+def test_host_time_per_sequence_adds_to_every_pass(tiny):
+    """step_time.model.host_per_sequence_s: each pass pays it once per sequence in it, decode or prefill (and a pass
+    of each in `sum` mode pays it for its own), on top of the per-iteration host time."""
+    spec, tables = tiny
+    base, per_seq = tiny_model(tiny), tiny_model(tiny, host_per_sequence_s=3e-5)
+    dec = decode_plan(2, 16)
+    assert per_seq.step_s(dec) - base.step_s(dec) == pytest.approx(2 * 3e-5, rel=1e-9)
+    pre = prefill_plan(2, 8)
+    assert per_seq.step_s(pre) - base.step_s(pre) == pytest.approx(2 * 3e-5, rel=1e-9)
+    mixed = prefill_plan(1, 15, plan=decode_plan(1, 16))
+    assert per_seq.step_s(mixed) - base.step_s(mixed) == pytest.approx(2 * 3e-5, rel=1e-9)
+    assert per_seq.breakdown_s(16, 1, 120, 1, 16, 2)["host"] == pytest.approx(1e-4 + 2 * 3e-5, rel=1e-12)
+    assert OpsStepTime().host_per_sequence_s == 0.0
+    with pytest.raises(ValueError):
+        OpsStepTime(host_per_sequence_s=-1e-6)
