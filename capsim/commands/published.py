@@ -28,37 +28,12 @@ def add_parsers(sub) -> None:
                    help="Dask worker processes (default: one per core; 1 = in-process)")
     p.add_argument("--requests-per-user", type=int, default=None,
                    help="requests each simulated client sends (default 1 + ceil(16384 / OSL), 3 to 6; 2..1000)")
-    p.add_argument("--mixed", choices=["one_pass", "sum"], default="one_pass",
-                   help="a chunked iteration (decodes + prefill chunks) as one forward pass (default) or as a "
-                        "decode iteration plus a prefill iteration (step_time.model.mixed)")
-    p.add_argument("--moe-kernels", choices=["engine", "own", "vllm", "sglang", "trtllm", "composed"], default="engine",
-                   help="MoE layers' routed experts: each engine's default (vLLM and SGLang: their own measured "
-                        "fused-MoE kernels; TensorRT-LLM: composed from GEMMs; chosen on half the silicon sample, "
-                        "docs/fidelity.md), every row's own engine's kernels, one engine's kernels for every row, "
-                        "or composed (step_time.model.moe_kernels)")
-    p.add_argument("--moe-routing", choices=["engine", "balanced", "power_law_1.2"], default="engine",
-                   help="which measured routing of the fused-MoE kernels: each engine's default (vLLM power_law_1.2, "
-                        "SGLang balanced), tokens spread evenly over the experts, or a power law "
-                        "(step_time.model.moe_routing)")
-    p.add_argument("--all-reduce", choices=["engine", "own", "nccl", "vllm", "sglang", "trtllm"], default="engine",
-                   help="whose all-reduce times tensor parallelism: each engine's default (docs/fidelity.md), every "
-                        "row's own engine's measured one, NCCL's, or one engine's for every row "
-                        "(step_time.model.all_reduce)")
+    _step_time_options(p)
     p.add_argument("--engine-config", choices=["engine", "defaults", "aic-benchmark"], default="engine",
                    help="how each row's engine was configured: each engine's choice (default; vLLM and TensorRT-LLM "
                         "the benchmark rules, SGLang its defaults, docs/fidelity.md), every engine's launch defaults, "
                         "or the limits AIConfigurator's generator writes for a benchmark deployment (max batch = the "
                         "row's batch size, token budget = batch + ISL + 1,500, CUDA graphs for every batch size)")
-    p.add_argument("--host-overhead-ms", type=float, default=None,
-                   help="per-iteration host time of every row's step (default: each engine's, else "
-                        "sim.io.ops_schema's fitted 0.228 ms)")
-    p.add_argument("--host-per-sequence-ms", type=float, default=None,
-                   help="host time per sequence of every row's iterations, ms (default: each engine's for the row's "
-                        "version: vLLM before 0.14, which schedules synchronously, its fitted value; else 0)")
-    p.add_argument("--shared-experts-overlap", default="engine", type=_overlap,
-                   help="when MoE layers' shared experts run on a second stream beside the routed ones: each "
-                        "engine's (default: vLLM at most 256 tokens a pass, TensorRT-LLM decode-only passes, SGLang "
-                        "off), or off, decode, or a token count for every row (step_time.model.shared_experts_overlap)")
     p.add_argument("--frontend", default="engine", type=_frontend,
                    help="front-end time (client, HTTP, API server, tokenizer) added to every row's simulated "
                         "TTFT: each engine's, fitted on half the silicon sample (default: vLLM 25 ms + 0.4 ms per "
@@ -95,6 +70,36 @@ def add_parsers(sub) -> None:
                         "(--phases random)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
+
+
+def _step_time_options(p) -> None:
+    """validate-published's options of every row's step-time model (step_time.model.*)."""
+    p.add_argument("--mixed", choices=["one_pass", "sum"], default="one_pass",
+                   help="a chunked iteration (decodes + prefill chunks) as one forward pass (default) or as a "
+                        "decode iteration plus a prefill iteration (step_time.model.mixed)")
+    p.add_argument("--moe-kernels", choices=["engine", "own", "vllm", "sglang", "trtllm", "composed"], default="engine",
+                   help="MoE layers' routed experts: each engine's default (vLLM and SGLang: their own measured "
+                        "fused-MoE kernels; TensorRT-LLM: composed from GEMMs; chosen on half the silicon sample, "
+                        "docs/fidelity.md), every row's own engine's kernels, one engine's kernels for every row, "
+                        "or composed (step_time.model.moe_kernels)")
+    p.add_argument("--moe-routing", choices=["engine", "balanced", "power_law_1.2"], default="engine",
+                   help="which measured routing of the fused-MoE kernels: each engine's default (vLLM power_law_1.2, "
+                        "SGLang balanced), tokens spread evenly over the experts, or a power law "
+                        "(step_time.model.moe_routing)")
+    p.add_argument("--all-reduce", choices=["engine", "own", "nccl", "vllm", "sglang", "trtllm"], default="engine",
+                   help="whose all-reduce times tensor parallelism: each engine's default (docs/fidelity.md), every "
+                        "row's own engine's measured one, NCCL's, or one engine's for every row "
+                        "(step_time.model.all_reduce)")
+    p.add_argument("--host-overhead-ms", type=float, default=None,
+                   help="per-iteration host time of every row's step (default: each engine's, else "
+                        "sim.io.ops_schema's fitted 0.228 ms)")
+    p.add_argument("--host-per-sequence-ms", type=float, default=None,
+                   help="host time per sequence of every row's iterations, ms (default: each engine's for the row's "
+                        "version: vLLM before 0.14, which schedules synchronously, its fitted value; else 0)")
+    p.add_argument("--shared-experts-overlap", default="engine", type=_overlap,
+                   help="when MoE layers' shared experts run on a second stream beside the routed ones: each "
+                        "engine's (default: vLLM at most 256 tokens a pass, TensorRT-LLM decode-only passes, SGLang "
+                        "off), or off, decode, or a token count for every row (step_time.model.shared_experts_overlap)")
 
 
 def _overlap(text: str) -> str | int:
