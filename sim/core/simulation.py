@@ -37,7 +37,7 @@ from sim.io.describe import describe_setup
 from sim.io.errors import ConfigError
 from sim.io.profiles import load_hardware, load_model
 from sim.models import step_time as costmod
-from sim.models.spec import ModelSpec
+from sim.models.spec import scenario_spec
 from sim.workloads.workload import build_workload, prefix_stream
 
 __all__ = ["Simulation", "Result"]
@@ -105,7 +105,7 @@ class Simulation:
         self.speculator_factory = speculator_factory
         self.model = _load(load_model, scenario.model, self.base_dir)
         self.hw = _load(load_hardware, scenario.hardware, self.base_dir)
-        self.spec = ModelSpec(self.model)
+        self.spec = scenario_spec(scenario, self.model)
         self.spec_cfg = getattr(scenario.scheduler, "speculative", None)
         sized = scenario  # a disaggregated scenario's defaults are its decode pool's (sim.core.pools builds each pool)
         if getattr(scenario, "disaggregation", None) is not None:

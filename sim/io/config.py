@@ -407,6 +407,11 @@ class Scenario(StrictModel):
     model: str = Field(description="Model profile name (profiles/models) or YAML path")
     hardware: str = Field(description="Hardware profile name (profiles/hardware) or YAML path")
     weight_format: Literal["fp32", "bf16", "fp16", "fp8", "int4", "nvfp4", "q2_k"] = "bf16"
+    expert_weight_format: Literal["fp32", "bf16", "fp16", "fp8", "int4", "nvfp4", "q2_k"] | None = Field(
+        None, description="MoE models: the routed experts' weight format when it is not the rest's (an NVFP4 "
+                          "checkpoint that quantizes its experts only, e.g. ModelOpt's nvfp4_experts_only: "
+                          "weight_format bf16, expert_weight_format nvfp4); weight_format then holds for attention, "
+                          "shared experts, dense layers and routers. Default: weight_format for every matrix")
     kv: KVConfig
     scheduler: AnySchedulerConfig
     step_time: StepTimeConfig

@@ -250,15 +250,15 @@ class OpsModel:
         return min(one, self.decode_part_s(plan) + self.prefill_part_s(plan))
 
 
-def ops_dtype(cfg: OpsStepTime, weight_format: str) -> str:
-    """The GEMM dtype: the configured one, else the scenario's weight format."""
+def ops_dtype(cfg: OpsStepTime, weight_format: str, field: str = "weight_format") -> str:
+    """The GEMM dtype: the configured one, else the scenario's weight format (`field` names it in the error)."""
     if cfg.dtype is not None:
         return cfg.dtype
     if weight_format in ("bf16", "fp16"):
         return "bf16"
     if weight_format in ("fp8", "nvfp4"):
         return weight_format
-    raise ConfigError(f"step_time.model: kind ops has GEMM tables for bf16, fp8 and nvfp4; weight_format "
+    raise ConfigError(f"step_time.model: kind ops has GEMM tables for bf16, fp8 and nvfp4; {field} "
                       f"{weight_format!r} needs step_time.model.dtype set explicitly (bf16, fp8 or nvfp4)")
 
 

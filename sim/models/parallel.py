@@ -172,15 +172,15 @@ def _attention_per_gpu(spec: ModelSpec, tp: int) -> tuple[int, int]:
     return mat, vec
 
 
-def _ffn_per_gpu(spec: ModelSpec, layout: Layout, layer: int) -> int:
-    """Matrix parameters of one layer's FFN on one GPU."""
+def _ffn_per_gpu(spec: ModelSpec, layout: Layout, layer: int) -> tuple[int, int]:
+    """Matrix parameters of one layer's FFN on one GPU: (routed experts, the rest: dense FFN, router, shared experts)."""
     p, h, tp = spec.profile, spec.profile.hidden_size, layout.tp
     if p.moe is None or layer < p.moe.num_dense_layers:
-        return 3 * h * p.intermediate_size // tp
+        return 0, 3 * h * p.intermediate_size // tp
     m = p.moe
     expert = 3 * h * m.expert_intermediate_size
     routed = (m.num_experts // layout.ep) * expert // layout.moe_tp
-    return h * m.num_experts + routed + m.num_shared_experts * expert // tp
+    return routed, h * m.num_experts + m.num_shared_experts * expert // tp
 
 
 @dataclass(frozen=True)
@@ -220,7 +220,9 @@ def stage_weights(spec: ModelSpec, layout: Layout, fmt: str = "bf16") -> list[Gp
     for s, layers in enumerate(stages):
         first, last = s == 0, s == len(stages) - 1
         att = int(math.ceil(len(layers) * att_mat * b))
-        ffn = int(math.ceil(sum(_ffn_per_gpu(spec, layout, i) for i in layers) * b))
+        parts = [_ffn_per_gpu(spec, layout, i) for i in layers]
+        ffn = int(math.ceil(sum(r for r, _ in parts) * spec.expert_bytes_per_element(fmt)
+                            + sum(o for _, o in parts) * b))
         vecs = len(layers) * (att_vec + p.hidden_size) + (p.hidden_size if last else 0)
         emb = rows * other if (first and not (p.tie_word_embeddings and last)) else 0
         head = rows * other if last else 0

@@ -91,8 +91,11 @@ class ParallelOpsModel(OpsModel):
         self.moe = p.moe
         self._probs = expert_probabilities(p.moe.num_experts, layout.routing_skew) if p.moe else None
         self._attention_tables(tables)
+        # the routed experts' GEMMs in their own format when the checkpoint quantizes them alone (ModelSpec.expert_format)
+        self.expert_dtype = dtype if spec.expert_format is None else ops_dtype(cfg, spec.expert_format,
+                                                                               "expert_weight_format")
         self._build_curves(tables, dtype)
-        self.moe_kernel = self._moe_kernel(tables, dtype) if p.moe else None
+        self.moe_kernel = self._moe_kernel(tables, self.expert_dtype) if p.moe else None
         self.dp = layout.attention_dp
         self.nccl = tables.nccl() if (tp > 1 or self.dp > 1) else None
         self.ar = tables.all_reduce(cfg.all_reduce) if (tp > 1 or layout.moe_tp > 1) else None
@@ -154,10 +157,11 @@ class ParallelOpsModel(OpsModel):
     def _build_curves(self, tables: TableSet, dtype: str) -> None:
         p = self.spec.profile
         g = tables.gemm(dtype)
+        ge = g if self.expert_dtype == dtype else tables.gemm(self.expert_dtype)
         att, dense, moe = self._shapes()
         self.gemm_shapes = {**att, **dense, **moe}
-        curve = {name: MCurve(g.ms, g.curve(n, k), f"{g.path.name}: {name} GEMM m (tokens)")
-                 for name, (n, k) in self.gemm_shapes.items()}
+        curve = {name: MCurve(t.ms, t.curve(n, k), f"{t.path.name}: {name} GEMM m (tokens)")
+                 for name, (n, k) in self.gemm_shapes.items() for t in [ge if name.startswith("experts_") else g]}
         self.att_gemms = {k: curve[k] for k in att}
         self.dense_gemms = {k: curve[k] for k in dense}
         self.moe_gemms = {k: curve[k] for k in moe}

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from functools import cached_property
 
 from sim.models.formats import kv_bytes_per_element, weight_bytes_per_element
+from sim.io.errors import ConfigError
 from sim.io.profiles import ModelProfile
 
 
@@ -19,6 +20,9 @@ class ModelSpec:
     """Derived quantities of one model. Parameter counts are exact integers."""
 
     profile: ModelProfile
+    expert_format: str | None = None
+    """The routed experts' weight format when it is not the rest's (scenario `expert_weight_format`: an NVFP4
+    checkpoint that quantizes its experts only); None: every layer matrix in the format each method is given."""
 
     # --- per-layer pieces ------------------------------------------------------------------
     @cached_property
@@ -103,6 +107,19 @@ class ModelSpec:
         lm = 0 if self.profile.tie_word_embeddings else self.lm_head_params
         return self.active_matrix_params + self.vector_params + self.embedding_params + lm
 
+    @cached_property
+    def routed_expert_params(self) -> int:
+        """Matrix parameters of every routed expert of every MoE layer (0 for a dense model)."""
+        m = self.profile.moe
+        if m is None:
+            return 0
+        expert = 3 * self.profile.hidden_size * m.expert_intermediate_size
+        return (self.profile.num_layers - m.num_dense_layers) * m.num_experts * expert
+
+    def expert_bytes_per_element(self, fmt: str) -> float:
+        """Bytes per routed-expert matrix element: `expert_format`'s when set, else `fmt`'s."""
+        return weight_bytes_per_element(self.expert_format or fmt)
+
     def weight_bytes(self, fmt: str = "bf16") -> int:
         """Bytes of all weights. Float formats (fp32/fp16/bf16) store every tensor at their width;
         quantised formats (fp8, int4, q2_k) apply to layer matrices while embeddings, lm_head and
@@ -124,16 +141,21 @@ class ModelSpec:
         if m is None:
             return full
         untouched = m.num_experts - distinct_experts(m.num_experts, m.experts_per_token, tokens, skew)
-        expert = 3 * self.profile.hidden_size * m.expert_intermediate_size * weight_bytes_per_element(fmt)
+        expert = 3 * self.profile.hidden_size * m.expert_intermediate_size * self.expert_bytes_per_element(fmt)
         return int(math.ceil(full - (self.profile.num_layers - m.num_dense_layers) * untouched * expert))
 
     def _bytes(self, matrices: int, fmt: str, include_embedding: bool) -> int:
         b = weight_bytes_per_element(fmt)
+        if self.expert_format is not None:  # the routed experts in their own format, the rest in fmt
+            routed = self.routed_expert_params
+            matrix_bytes = (matrices - routed) * b + routed * weight_bytes_per_element(self.expert_format)
+        else:
+            matrix_bytes = matrices * b
         other = b if fmt in ("fp32", "fp16", "bf16") else 2
         vectors = self.vector_params * other
         lm_table = self.lm_head_params * other  # lm_head (== embedding when tied)
         emb = self.embedding_params * other if (include_embedding and not self.profile.tie_word_embeddings) else 0
-        return int(math.ceil(matrices * b + vectors + lm_table + emb))
+        return int(math.ceil(matrix_bytes + vectors + lm_table + emb))
 
     # --- KV cache --------------------------------------------------------------------------
     @cached_property
@@ -204,3 +226,13 @@ def distinct_experts(num_experts: int, top_k: int, tokens: float, skew: float = 
     if skew == 0.0:
         return num_experts * (1.0 - (1.0 - top_k / num_experts) ** tokens)
     return sum(1.0 - (1.0 - min(1.0, top_k * q)) ** tokens for q in expert_probabilities(num_experts, skew))
+
+
+def scenario_spec(scenario, profile: ModelProfile) -> ModelSpec:
+    """A scenario's ModelSpec: its model profile with the routed experts' own weight format if the scenario states
+    one (`expert_weight_format`); a model without routed experts cannot take one (ConfigError naming the field)."""
+    fmt = getattr(scenario, "expert_weight_format", None)
+    if fmt is not None and profile.moe is None:
+        raise ConfigError(f"expert_weight_format: {profile.name} has no routed experts (a dense model); remove the "
+                          "field, or set weight_format for every matrix")
+    return ModelSpec(profile, expert_format=fmt)

@@ -169,10 +169,10 @@ def fit_problem(sc, base_dir: str | Path) -> str | None:
     from sim.core.sizing import replica_memory
     from sim.core.step_time_builder import build_step_time
     from sim.io.profiles import load_hardware, load_model
-    from sim.models.spec import ModelSpec
+    from sim.models.spec import scenario_spec
     base = Path(base_dir)
     try:
-        spec = ModelSpec(load_model(base / sc.model if sc.model.endswith(".yaml") else sc.model))
+        spec = scenario_spec(sc, load_model(base / sc.model if sc.model.endswith(".yaml") else sc.model))
         hw = load_hardware(base / sc.hardware if sc.hardware.endswith(".yaml") else sc.hardware)
         views = ([("", sc)] if sc.disaggregation is None else
                  [(f"{n} pool: ", pool_scenario(sc, getattr(sc.disaggregation, n))) for n in ("prefill", "decode")])

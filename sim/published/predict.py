@@ -45,6 +45,18 @@ model capsim maps). fp4 is NVFP4 (every fp4 row's gemm_quant_mode and moe_quant_
 from the card's NVFP4 table, the routed experts from the engine's NVFP4 fused-MoE kernel; Blackwell cards
 only. int4 has no operator tables and is skipped."""
 
+EXPERTS_ONLY_FP4 = {
+    "minimax-m2.5": "nvidia/MiniMax-M2.5-NVFP4: ModelOpt's nvfp4_experts_only-fp8_kv recipe (routed experts NVFP4; "
+                    "attention, router, embeddings and lm_head BF16)",
+    "kimi-k2.5": "NVIDIA's Kimi-K2.x NVFP4 checkpoints (nvidia/Kimi-K2.6-NVFP4 and the requantizations that copy its "
+                 "split): routed experts NVFP4; MLA attention, the shared expert and the dense first layer BF16",
+}
+"""Models whose published NVFP4 checkpoint quantizes the routed experts only: an fp4 row of one is replayed with
+weight_format bf16 and expert_weight_format nvfp4 (the rest's GEMMs from the BF16 table, the experts' from the NVFP4
+table and fused-MoE kernels, memory counted so). Read in the checkpoints' model cards and quantization configs, not
+fitted; the other fp4 models (dense Llama-3.1-70B, whose checkpoint quantizes every linear layer; DeepSeek-R1 / V3,
+whose FP4 checkpoints quantize attention's output projection too) keep NVFP4 for every GEMM."""
+
 START_MODES = ("cold", "staggered", "burst")
 
 PHASES = ("even", "random")
@@ -254,6 +266,10 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds: int
         return Case(row, skipped=f"precision {row.precision!r}: no operator tables (have bf16, fp8, fp4)")
     if fmt == "nvfp4" and find_table(load_table_set(hardware).folder, "gemm_nvfp4") is None:
         return Case(row, skipped=f"precision 'fp4': the {hardware} tables have no NVFP4 GEMMs (Blackwell cards only)")
+    experts = None
+    if fmt == "nvfp4" and model in EXPERTS_ONLY_FP4:  # the checkpoint quantizes its routed experts alone
+        fmt, experts = "bf16", "nvfp4"
+        spec = ModelSpec(spec.profile, expert_format=experts)
     engine = ENGINES[row.backend]
     config = engine.config if engine_config == "engine" else engine_config
     # each rank's batch: the users over the ranks, rounded up (a stated concurrency need not divide evenly)
@@ -270,6 +286,7 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds: int
     users = row.concurrency
     scenario = {
         "name": row.id, "seed": 0, "model": model, "hardware": hardware, "weight_format": fmt,
+        **({"expert_weight_format": experts} if experts else {}),
         "kv": {"block_tokens": block_tokens, "format": "bf16", "budget": budget, "admission": engine.kv_admission},
         "scheduler": _scheduler(engine, dp, limits[0] if limits else None, async_scheduling),
         "step_time": _engine_step_time(engine, row.backend, mixed, moe_kernels, moe_routing, all_reduce,

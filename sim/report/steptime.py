@@ -141,7 +141,7 @@ def _table_checks(cfg, scenario, model_spec, obs: dict) -> list[list[str]]:
 def step_time_info(scenario, base_dir: Path, run) -> StepTimeInfo:
     """Provenance, fit error and the extrapolation check of the scenario's step-time model on this run."""
     from sim.io.profiles import load_model
-    from sim.models.spec import ModelSpec
+    from sim.models.spec import scenario_spec
     st = scenario.step_time
     cfg = st.model
     valid = None
@@ -183,7 +183,7 @@ def step_time_info(scenario, base_dir: Path, run) -> StepTimeInfo:
         info.checks += _range_checks(valid, obs)
     if cfg.kind == "efficiency":
         model = scenario.model
-        spec = ModelSpec(load_model(base_dir / model if model.endswith(".yaml") else model))
+        spec = scenario_spec(scenario, load_model(base_dir / model if model.endswith(".yaml") else model))
         info.checks += _table_checks(cfg, scenario, spec, obs)
     verdicts = {row[3] for row in info.checks}
     if not st.allow_extrapolation and (valid is not None or cfg.kind == "efficiency"):

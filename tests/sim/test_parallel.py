@@ -433,3 +433,47 @@ def test_a_layer_wide_qk_norm_adds_one_small_all_reduce_per_layer(tmp_path):
     q = _run(_scenario(tmp_path, "parallel: {tp: 4, ep: 4}", model="qwen3-235b-a22b", extra="weight_format: fp8\n")
              ).step_time
     assert q.spec.profile.qk_norm and q._qk_norm_s(16) == 0.0
+
+
+def test_experts_only_nvfp4_counts_by_hand(tmp_path):
+    """An NVFP4 checkpoint that quantizes its routed experts only (ModelOpt's nvfp4_experts_only: MiniMax-M2.5,
+    Kimi-K2.x): the experts at 4.5 bits, the rest at weight_format's width, by hand; a dense model refuses the field."""
+    from fractions import Fraction
+    from sim.models.spec import scenario_spec
+    from types import SimpleNamespace
+    prof = load_model("minimax-m2.5")
+    mixed, bf16 = ModelSpec(prof, expert_format="nvfp4"), ModelSpec(prof)
+    h, layers = 3072, 62
+    routed = layers * 256 * 3 * h * 1536
+    assert mixed.routed_expert_params == routed
+    fp4 = Fraction(1, 2) + Fraction(1, 16)
+    assert mixed.weight_bytes("bf16") == bf16.weight_bytes("bf16") - routed * 2 + int(routed * fp4)
+    # TP4 EP4: each GPU holds a quarter of the experts in NVFP4, the replicated router in BF16
+    w = weights_per_gpu(mixed, Layout(tp=4, ep=4), "bf16")
+    assert w.ffn == int(layers * (256 * 3 * h * 1536 // 4) * fp4) + layers * h * 256 * 2
+    assert w.attention == weights_per_gpu(bf16, Layout(tp=4, ep=4), "bf16").attention
+    # an iteration that touches no expert reads the rest in BF16 and no expert bytes
+    assert mixed.weight_read_bytes_at(0, "bf16") == bf16.weight_read_bytes_at(0, "bf16")
+    assert mixed.weight_read_bytes("bf16") - mixed.weight_read_bytes_at(0, "bf16") == int(routed * fp4)
+    with pytest.raises(ConfigError, match=r"expert_weight_format: llama-3.1-8b has no routed experts"):
+        scenario_spec(SimpleNamespace(expert_weight_format="nvfp4"), load_model("llama-3.1-8b"))
+    with pytest.raises(ConfigError, match="expert_weight_format"):
+        _run(_scenario(tmp_path, "parallel: {tp: 1}", extra="expert_weight_format: nvfp4"))
+
+
+def test_experts_only_nvfp4_takes_each_part_from_its_own_table(tmp_path):
+    """The ops model of an experts-only checkpoint: attention, router and dense GEMMs as the BF16 model's, the routed
+    experts' GEMMs and fused-MoE kernel as the all-NVFP4 model's."""
+    def model(name, formats):
+        return _run(_scenario(tmp_path, "parallel: {tp: 4, ep: 4}", model="minimax-m2.5", hardware="b200",
+                              extra=formats, name=name)).step_time
+    mixed = model("m", "weight_format: bf16\nexpert_weight_format: nvfp4")
+    bf16, fp4 = model("b", "weight_format: bf16"), model("f", "weight_format: nvfp4")
+    assert (mixed.dtype, mixed.expert_dtype, fp4.expert_dtype, bf16.expert_dtype) == ("bf16", "nvfp4", "nvfp4", "bf16")
+    for m in (1, 64, 4096):
+        for name in ("qkv", "o"):
+            assert mixed.att_gemms[name].at(m) == bf16.att_gemms[name].at(m) != fp4.att_gemms[name].at(m)
+        assert mixed.moe_gemms["router"].at(m) == bf16.moe_gemms["router"].at(m)
+        for name in ("experts_gate_up", "experts_down"):
+            assert mixed.moe_gemms[name].at(m) == fp4.moe_gemms[name].at(m)
+    assert mixed.moe_kernel is not None and mixed.moe_kernel.at(64) == fp4.moe_kernel.at(64)
