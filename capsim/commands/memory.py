@@ -24,6 +24,10 @@ def _add_memory(sub) -> argparse.ArgumentParser:
                    help="bf16 | fp16 | fp8 | q8_0 | q4_0 | fp32")
     p.add_argument("--weight-format", default="bf16", choices=["fp32", "bf16", "fp16", "fp8", "int4", "nvfp4", "q2_k"],
                    help="bf16 | fp8 | int4 | nvfp4 (4.5 bits) | q2_k | fp16 | fp32")
+    p.add_argument("--expert-weight-format", default=None,
+                   choices=["fp32", "bf16", "fp16", "fp8", "int4", "nvfp4", "q2_k"],
+                   help="MoE models: the routed experts' format when not --weight-format's (an experts-only NVFP4 "
+                        "checkpoint: --weight-format bf16 --expert-weight-format nvfp4)")
     p.add_argument("--block-size", type=_count(1, 65536), default=16, help="tokens per KV block")
     p.add_argument("--kv-budget", type=_size, help="KV budget: 12GiB, 12GB or bytes")
     p.add_argument("--gpu-memory-utilization", type=_fraction,
@@ -69,9 +73,13 @@ def cmd_memory(args) -> int:
     from sim.models.roofline import b_kv, decode_reads
 
     try:
-        spec = ModelSpec(load_model(args.model))
+        profile = load_model(args.model)
     except ConfigError as exc:
         raise ConfigError([f"--model: {line}" for line in exc.lines]) from None
+    if args.expert_weight_format is not None and profile.moe is None:
+        raise ConfigError(f"--expert-weight-format: {profile.name} has no routed experts (a dense model); "
+                          "use --weight-format")
+    spec = ModelSpec(profile, expert_format=args.expert_weight_format)
     try:
         hw = load_hardware(args.hardware) if args.hardware else None
     except ConfigError as exc:
@@ -87,6 +95,7 @@ def cmd_memory(args) -> int:
         raise ConfigError(str(exc)) from None
     out = {"model": spec.profile.name, **plan.as_dict(),
            "weight_format": args.weight_format,
+           **({"expert_weight_format": args.expert_weight_format} if args.expert_weight_format else {}),
            "total_params": spec.total_params,
            "weight_bytes": spec.weight_bytes(args.weight_format),
            "weight_read_bytes_per_step": spec.weight_read_bytes(args.weight_format)}

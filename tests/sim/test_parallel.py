@@ -286,6 +286,15 @@ def test_memory_command_per_gpu_and_smallest_layout(capsys):
     assert out["parallel"]["weights_per_gpu"]["total"] == weights_per_gpu(spec, Layout(tp=4, ep=4), "nvfp4").total
     assert main(nvfp4 + ["--weight-format", "fp8"]) == 2
     assert "kimi-k2.5 (fp8) does not fit tp4 ep4 (4 x b200)" in capsys.readouterr().err
+    # NVIDIA's experts-only NVFP4 checkpoint: the routed experts NVFP4, the rest BF16 (more bytes than all-NVFP4)
+    assert main(nvfp4 + ["--weight-format", "bf16", "--expert-weight-format", "nvfp4"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    mixed = ModelSpec(load_model("kimi-k2.5"), expert_format="nvfp4")
+    assert out["expert_weight_format"] == "nvfp4" and out["weight_bytes"] == mixed.weight_bytes("bf16")
+    assert out["parallel"]["weights_per_gpu"]["total"] == weights_per_gpu(mixed, Layout(tp=4, ep=4), "bf16").total
+    assert mixed.weight_bytes("bf16") > spec.weight_bytes("nvfp4")
+    assert main(["memory", "--model", "llama-3.1-8b", "--expert-weight-format", "nvfp4"]) == 2
+    assert "--expert-weight-format: llama-3.1-8b has no routed experts" in capsys.readouterr().err
 
 
 def test_smallest_layout_fits_and_nothing_smaller_does():
