@@ -65,13 +65,10 @@ def _card_and_context(args, spec, hw, layout, budget, out: dict) -> None:
               file=sys.stderr)
 
 
-def cmd_memory(args) -> int:
-    """`capsim memory`: weights, KV per request, how many requests fit, and what each step reads."""
-    from sim.models.memory import kv_footprint
+def _spec_of(args):
+    """The ModelSpec of --model, with --expert-weight-format's routed experts (MoE models only)."""
+    from sim.io.profiles import load_model
     from sim.models.spec import ModelSpec
-    from sim.io.profiles import load_hardware, load_model
-    from sim.models.roofline import b_kv, decode_reads
-
     try:
         profile = load_model(args.model)
     except ConfigError as exc:
@@ -79,7 +76,16 @@ def cmd_memory(args) -> int:
     if args.expert_weight_format is not None and profile.moe is None:
         raise ConfigError(f"--expert-weight-format: {profile.name} has no routed experts (a dense model); "
                           "use --weight-format")
-    spec = ModelSpec(profile, expert_format=args.expert_weight_format)
+    return ModelSpec(profile, expert_format=args.expert_weight_format)
+
+
+def cmd_memory(args) -> int:
+    """`capsim memory`: weights, KV per request, how many requests fit, and what each step reads."""
+    from sim.models.memory import kv_footprint
+    from sim.io.profiles import load_hardware
+    from sim.models.roofline import b_kv, decode_reads
+
+    spec = _spec_of(args)
     try:
         hw = load_hardware(args.hardware) if args.hardware else None
     except ConfigError as exc:
