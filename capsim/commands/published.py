@@ -96,6 +96,10 @@ def _step_time_options(p) -> None:
     p.add_argument("--host-per-sequence-ms", type=float, default=None,
                    help="host time per sequence of every row's iterations, ms (default: each engine's for the row's "
                         "version: vLLM before 0.14, which schedules synchronously, its fitted value; else 0)")
+    p.add_argument("--kv-cache", default="engine", choices=["engine", "bf16", "quantized", "checkpoint"],
+                   help="which rows' KV cache is FP8 (the file does not say): each engine's choice (default), bf16 for "
+                        "none, quantized for every FP8 and FP4 row (AIConfigurator's inference), checkpoint for the FP4 "
+                        "rows (NVIDIA's NVFP4 checkpoints state an FP8 KV cache)")
     p.add_argument("--shared-experts-overlap", default="engine", type=_overlap,
                    help="when MoE layers' shared experts run on a second stream beside the routed ones: each "
                         "engine's (default: vLLM at most 256 tokens a pass, TensorRT-LLM decode-only passes, SGLang "
@@ -155,7 +159,7 @@ def run(args) -> int:
                                 pool_batch=args.pool_batch, async_scheduling=args.async_scheduling,
                                 first_token=args.first_token, phases=args.phases, seed=args.seed,
                                 host_per_sequence_s=None if args.host_per_sequence_ms is None
-                                else args.host_per_sequence_ms / 1e3)
+                                else args.host_per_sequence_ms / 1e3, kv_cache=args.kv_cache)
     if args.out:  # written whole or not at all
         from sim.io.outputs import staged_output
         with staged_output(args.out, args.force, PUBLISHED_FILES) as stage:

@@ -120,6 +120,14 @@ class EngineDefaults:
     (`python benchmarks/disagg_compare.py`, docs/disaggregation.md): vLLM 70.7% -> 67.4%, SGLang 42.1% -> 41.9%;
     TensorRT-LLM tied (35.6% both) and keeps `prefill`."""
 
+    kv_cache: str = "bf16"
+    """Which rows' KV cache the replay stores in FP8 (sim.published.predict.KV_CACHE): `bf16` none, `quantized` every
+    FP8 and FP4 row's, `checkpoint` the FP4 rows' (NVIDIA's NVFP4 checkpoints ship kv_cache_quant_algo FP8). Chosen
+    per engine on the even lines of the silicon sample (agg and disaggregated) by the mean of the median |TTFT error|
+    and the median |TPOT error| (`python benchmarks/kv_cache_choice.py`, docs/fidelity.md "The KV cache's format"):
+    TensorRT-LLM `quantized` (17.6% -> 15.8%; held out on the odd lines 17.0% -> 15.5%), SGLang `quantized` (39.0% ->
+    37.4%; odd lines 34.1% -> 34.4%, not confirmed), vLLM `checkpoint` (10.1% -> 9.5%; odd lines 9.1% -> 9.0%)."""
+
     def host_per_sequence_s(self, version: str) -> float:
         """The host time per sequence a row of `version` (the file's backend_version) pays each iteration:
         sync_host_per_sequence_s before `async_since`, else 0. A version that is not a release number (empty, a
@@ -163,7 +171,12 @@ class EngineDefaults:
                 f"all-reduce: {ar}; async scheduling {'on' if self.async_scheduling else 'off'}; "
                 f"front end {self.frontend_ms[0]:g} ms + {self.frontend_ms[1]:g} ms per user (fitted); "
                 f"steady-state users' phases: {self.steady_phases} ({self.disagg_steady_phases} on disaggregated "
-                f"rows); disaggregated rows' first token: {self.disagg_first_token}")
+                f"rows); disaggregated rows' first token: {self.disagg_first_token}; KV cache in FP8: "
+                f"{KV_CACHE_ROWS[self.kv_cache]}")
+
+
+KV_CACHE_ROWS = {"bf16": "none", "quantized": "FP8 and FP4 rows", "checkpoint": "FP4 rows"}
+"""What each EngineDefaults.kv_cache value stores in FP8, as describe() says it."""
 
 
 def release_number(version: str) -> tuple[int, ...] | None:
@@ -189,7 +202,7 @@ ENGINES: dict[str, EngineDefaults] = {
          "gpu_memory_utilization 0.9, 16-token blocks, prefix caching on (random prompts: no hits)"),
         moe=("vllm", "power_law_1.2"), config="aic_benchmark", all_reduce="vllm", frontend_ms=(25.0, 0.4),
         disagg_first_token="decode_recompute", steady_phases="random", disagg_steady_phases="random",
-        async_since="0.14", sync_host_per_sequence_s=60e-6),
+        async_since="0.14", sync_host_per_sequence_s=60e-6, kv_cache="checkpoint"),
     "sglang": EngineDefaults(
         "sglang", "0.5.x: `sglang.launch_server` on an 80 GB-class card",
         {"kind": "chunked", "max_num_seqs": 1024, "max_num_batched_tokens": 8192, "chunk_tokens": 8192},
@@ -198,7 +211,7 @@ ENGINES: dict[str, EngineDefaults] = {
          "not modelled: SGLang runs prefill batches and decode batches separately (no mixed chunk by default); "
          "capsim mixes them in one iteration"),
         later_waves="cohort", moe=("sglang", "balanced"), all_reduce="sglang", shared_experts_overlap="off",
-        frontend_ms=(100.0, 0.0), disagg_first_token="decode_admission"),
+        frontend_ms=(100.0, 0.0), disagg_first_token="decode_admission", kv_cache="quantized"),
     "trtllm": EngineDefaults(
         "trtllm", "1.x PyTorch backend: `trtllm-serve` defaults",
         {"kind": "continuous", "max_num_seqs": 2048, "max_num_batched_tokens": 8192},
@@ -206,7 +219,8 @@ ENGINES: dict[str, EngineDefaults] = {
         ("max_batch_size 2048, max_num_tokens 8192, chunked prefill off, GUARANTEED_NO_EVICT (reserve KV for "
          "prompt + all outputs at admission)", "kv_cache free_gpu_memory_fraction 0.9 of the memory left after weights"),
         config="aic_benchmark", all_reduce="trtllm", host_overhead_s=0.4654e-3, shared_experts_overlap="decode",
-        qk_norm_kernels="fused_with_rope", frontend_ms=(90.0, 1.5), disagg_steady_phases="random"),
+        qk_norm_kernels="fused_with_rope", frontend_ms=(90.0, 1.5), disagg_steady_phases="random",
+        kv_cache="quantized"),
 }
 
 

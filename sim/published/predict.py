@@ -26,7 +26,7 @@ from sim.models.ops_tables import find_table, load_table_set
 from sim.models.parallel import Layout, kv_bytes_per_token_per_gpu, layout_problems, weights_per_gpu
 from sim.models.spec import ModelSpec
 from sim.published.disagg import POOL_BATCH, build_disagg_case
-from sim.published.engines import ENGINE_CONFIGS, ENGINES, aic_benchmark_limits, kv_budget_bytes
+from sim.published.engines import ENGINE_CONFIGS, ENGINES, KV_CACHE_ROWS, aic_benchmark_limits, kv_budget_bytes
 from sim.published.rows import PublishedRow
 
 SYSTEMS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "b200_sxm": "b200", "a100_sxm": "a100-80g-sxm",
@@ -56,6 +56,28 @@ weight_format bf16 and expert_weight_format nvfp4 (the rest's GEMMs from the BF1
 table and fused-MoE kernels, memory counted so). Read in the checkpoints' model cards and quantization configs, not
 fitted; the other fp4 models (dense Llama-3.1-70B, whose checkpoint quantizes every linear layer; DeepSeek-R1 / V3,
 whose FP4 checkpoints quantize attention's output projection too) keep NVFP4 for every GEMM."""
+
+KV_CACHE = tuple(KV_CACHE_ROWS)
+"""build_case's `kv_cache` (besides `engine`, EngineDefaults.kv_cache): which rows' KV cache is stored in FP8. The file
+has no KV column. `bf16`: none (every engine's `auto` on a checkpoint that states no KV format). `quantized`: every
+FP8 and FP4 row's, as AIConfigurator infers for a quantized checkpoint (aiconfigurator-core 0.12.0,
+sdk/models/helpers.py _infer_quant_modes_from_raw_config: fp8, fp8_block and nvfp4 weights -> FP8 KV and FMHA) and
+its generator writes into the launch config (generator/module_bridge.py: kv_cache_dtype). `checkpoint`: the FP4
+rows' only, whose NVIDIA NVFP4 checkpoints ship hf_quant_config kv_cache_quant_algo FP8 (which `auto` follows in
+TensorRT-LLM and, since vllm-project/vllm#29980, vLLM); the FP8 rows' checkpoints (the model makers') state none.
+An FP8 cache halves the bytes per cached token and the bytes decode attention reads (sim.models.ops.KV_READ_SCALE);
+prefill attention keeps its BF16 time."""
+
+
+def kv_format_for(kv_cache: str, row: PublishedRow) -> str:
+    """The scenario's kv.format for `row` under `kv_cache` (KV_CACHE or `engine`), or a ConfigError naming the values."""
+    if kv_cache == "engine":
+        kv_cache = ENGINES[row.backend].kv_cache
+    if kv_cache not in KV_CACHE:
+        raise ConfigError(f"kv_cache: expected one of engine, {', '.join(KV_CACHE)}, got {kv_cache!r}")
+    fp8 = {"bf16": (), "quantized": ("fp8", "fp4"), "checkpoint": ("fp4",)}[kv_cache]
+    return "fp8" if row.precision in fp8 else "bf16"
+
 
 START_MODES = ("cold", "staggered", "burst")
 
@@ -207,7 +229,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                host_overhead_s: float | None = None, shared_experts_overlap: str | int = "engine",
                frontend="engine", pool_batch: str = "engine", async_scheduling: str = "engine",
                first_token: str = "engine", phases: str = "engine", seed: int = 0,
-               host_per_sequence_s: float | None = None) -> Case:
+               host_per_sequence_s: float | None = None, kv_cache: str = "engine") -> Case:
     """Translate one published row into a closed-loop scenario for one replica, or say why not. `engine` means the
     row's engine's default (sim.published.engines) for each of: `moe_kernels` (or `own`: the row's engine's kernels,
     vllm / sglang / trtllm, composed), `moe_routing` (balanced, power_law_1.2), `all_reduce` (`own`, nccl, vllm,
@@ -217,7 +239,8 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     `first_token` (disaggregation.first_token; `engine`: EngineDefaults.disagg_first_token); `phases`: the steady
     state's user phases (Case.phases; `engine`: EngineDefaults.steady_phases on agg rows, disagg_steady_phases on
     disaggregated ones); `seed`: the scenario seed (what is drawn: random phases); `host_per_sequence_s`: the host time
-    per sequence of every pass (None: the engine's for the row's version, EngineDefaults.host_per_sequence_s)."""
+    per sequence of every pass (None: the engine's for the row's version, EngineDefaults.host_per_sequence_s);
+    `kv_cache`: which rows' KV cache is FP8 (KV_CACHE; `engine`: EngineDefaults.kv_cache)."""
     if phases not in ("engine", *PHASES):
         raise ConfigError(f"phases: expected one of engine, {', '.join(PHASES)}, got {phases!r}")
     if phases == "engine":
@@ -225,7 +248,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
         phases = engine.disagg_steady_phases if row.mode == "disagg" else engine.steady_phases
     case = _build_case(row, per_user, start, mixed, rounds, moe_kernels, moe_routing, all_reduce, engine_config,
                        host_overhead_s, shared_experts_overlap, frontend, pool_batch, async_scheduling, first_token,
-                       host_per_sequence_s)
+                       host_per_sequence_s, kv_cache)
     if phases == "even" and seed == 0:
         return case
     return replace(case, phases=phases, scenario=None if case.scenario is None else dict(case.scenario, seed=seed))
@@ -233,7 +256,8 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
 
 def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds: int, moe_kernels: str, moe_routing: str,
                 all_reduce: str, engine_config: str, host_overhead_s, shared_experts_overlap, frontend, pool_batch: str,
-                async_scheduling: str, first_token: str, host_per_sequence_s: float | None = None) -> Case:
+                async_scheduling: str, first_token: str, host_per_sequence_s: float | None = None,
+                kv_cache: str = "engine") -> Case:
     """build_case's row with even phases and seed 0."""
     for name, value, allowed in (("engine_config", engine_config, ENGINE_CONFIGS),
                                  ("async_scheduling", async_scheduling, ASYNC_SCHEDULING)):
@@ -243,9 +267,10 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds: int
         return _disagg_case(row, per_user, start, rounds, frontend, pool_batch, first_token, dict(
             mixed=mixed, moe_kernels=moe_kernels, moe_routing=moe_routing, all_reduce=all_reduce,
             host_overhead_s=host_overhead_s, shared_experts_overlap=shared_experts_overlap,
-            async_scheduling=async_scheduling, host_per_sequence_s=host_per_sequence_s,
+            async_scheduling=async_scheduling, host_per_sequence_s=host_per_sequence_s, kv_cache=kv_cache,
             # pools keep the launch defaults unless asked: the choice was made on agg rows only
             engine_config="defaults" if engine_config == "engine" else engine_config))
+    kv_format = kv_format_for(kv_cache, row)
     if why := _unsupported_layout(row):
         return Case(row, skipped=why)
     hardware, model = SYSTEMS.get(row.system), model_for(row.model_path)
@@ -279,7 +304,7 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds: int
     budget = kv_budget_bytes(engine, hw.reported_memory_bytes, weights, layout.gpus)
     block_tokens = 16
     need = (math.ceil((row.isl + row.osl) / block_tokens) * block_tokens
-            * kv_bytes_per_token_per_gpu(spec, layout, "bf16") * layout.rank_gpus)
+            * kv_bytes_per_token_per_gpu(spec, layout, kv_format) * layout.rank_gpus)
     if budget < need:
         return Case(row, skipped=f"weights ({weights / 1e9:.1f} GB per GPU over {layout.gpus} x {hw.name}) leave "
                                  f"{max(budget, 0) / 1e9:.1f} GB of KV, less than one request needs")
@@ -287,7 +312,7 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds: int
     scenario = {
         "name": row.id, "seed": 0, "model": model, "hardware": hardware, "weight_format": fmt,
         **({"expert_weight_format": experts} if experts else {}),
-        "kv": {"block_tokens": block_tokens, "format": "bf16", "budget": budget, "admission": engine.kv_admission},
+        "kv": {"block_tokens": block_tokens, "format": kv_format, "budget": budget, "admission": engine.kv_admission},
         "scheduler": _scheduler(engine, dp, limits[0] if limits else None, async_scheduling),
         "step_time": _engine_step_time(engine, row.backend, mixed, moe_kernels, moe_routing, all_reduce,
                                        host_overhead_s, shared_experts_overlap,

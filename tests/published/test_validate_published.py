@@ -636,3 +636,51 @@ def test_fp4_rows_of_experts_only_checkpoints_keep_the_rest_in_bf16():
     assert s["weight_format"] == "nvfp4" and "expert_weight_format" not in s
     s = build_case(replace(minimax, precision="fp8")).scenario
     assert s["weight_format"] == "fp8" and "expert_weight_format" not in s
+
+
+def test_kv_cache_format_follows_the_rule_asked_for(capsys):
+    """--kv-cache: bf16 stores every row's KV in BF16, quantized every FP8 / FP4 row's in FP8, checkpoint the FP4 rows'
+    only; `engine` takes EngineDefaults.kv_cache. An FP8 cache halves the bytes a request needs, so a row the BF16
+    cache could not hold fits; a disaggregated row's pools take the same format; an unknown value is refused."""
+    from dataclasses import replace
+    from sim.io.errors import ConfigError
+    from sim.published.engines import ENGINES
+    from sim.published.predict import KV_CACHE, build_case, kv_format_for
+    from sim.published.rows import read_published
+    rows = read_published(FIXTURE)
+    fp8 = next(r for r in rows if r.precision == "fp8" and build_case(r).scenario is not None)
+    fp4, bf16 = replace(fp8, precision="fp4"), replace(fp8, precision="bf16")
+    assert [kv_format_for(v, r) for v in KV_CACHE for r in (bf16, fp8, fp4)] == [
+        "bf16", "bf16", "bf16", "bf16", "fp8", "fp8", "bf16", "bf16", "fp8"]
+    assert kv_format_for("engine", fp8) == kv_format_for(ENGINES[fp8.backend].kv_cache, fp8)
+    with pytest.raises(ConfigError, match="kv_cache: expected one of engine, bf16, quantized, checkpoint"):
+        kv_format_for("fp8", fp8)
+    assert build_case(fp8, kv_cache="quantized").scenario["kv"]["format"] == "fp8"
+    assert build_case(fp8, kv_cache="bf16").scenario["kv"]["format"] == "bf16"
+    assert build_case(fp8, kv_cache="checkpoint").scenario["kv"]["format"] == "bf16"
+    disagg = next(r for r in read_published(FIXTURE.parent / "silicon_sample_disagg_3rows.csv")
+                  if build_case(r).scenario is not None)
+    assert build_case(replace(disagg, precision="fp8"), kv_cache="quantized").scenario["kv"]["format"] == "fp8"
+    with pytest.raises(SystemExit) as stop:
+        main(["validate-published", str(FIXTURE), "--kv-cache", "fp8"])
+    assert stop.value.code == 2 and "--kv-cache: invalid choice: 'fp8'" in capsys.readouterr().err
+
+
+def test_an_fp8_kv_cache_holds_a_request_the_bf16_one_cannot():
+    """The replay's check that one request fits the KV budget counts the format's bytes: a context only an FP8 cache
+    can hold is replayed under `quantized` and skipped, saying so, under `bf16`."""
+    from dataclasses import replace
+    from sim.models.parallel import Layout, kv_bytes_per_token_per_gpu
+    from sim.models.spec import ModelSpec
+    from sim.io.profiles import load_model
+    from sim.published.predict import build_case, model_for
+    from sim.published.rows import read_published
+    row = next(r for r in read_published(FIXTURE) if r.precision == "fp8" and build_case(r).scenario is not None)
+    budget = build_case(row, kv_cache="bf16").scenario["kv"]["budget"]
+    spec = ModelSpec(load_model(model_for(row.model_path)))
+    layout = Layout(tp=row.tp, pp=row.pp, ep=row.moe_ep, attention_dp=max(row.attention_dp, 1))
+    per_token = kv_bytes_per_token_per_gpu(spec, layout, "bf16") * layout.rank_gpus
+    tokens = int(budget / per_token * 1.5) // 16 * 16   # 1.5x what BF16 holds, 0.75x what FP8 holds
+    long = replace(row, isl=tokens - row.osl)
+    assert "less than one request needs" in build_case(long, kv_cache="bf16").skipped
+    assert build_case(long, kv_cache="quantized").scenario["kv"]["format"] == "fp8"
