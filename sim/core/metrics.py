@@ -24,7 +24,8 @@ ITERATION_COLUMNS = ("replica", "start_s", "duration_s", "prefill_tokens", "deco
 STATUS_CODES = {s: i for i, s in enumerate(Status)}
 NAN = float("nan")
 STRETCH_FIELDS = 9  # explicit rows before, first iteration, iterations, start_s, KV blocks x3, first pairs, decodes
-_MAX = np.maximum.reduce  # the ufunc itself: ndarray.max() goes through a Python wrapper first
+PENDING_ROWS = 1024  # requests that left whose rows wait for one vectorised pass over their decode gaps
+PENDING_SPANS = 4096  # decode-set spans whose largest gap waits for that pass (Timeline.decode_gaps)
 SPILL_VALUES = 1 << 16  # doubles an output table keeps in memory before moving them to a temporary file
 CHUNK_VALUES = 1 << 19  # doubles read back from a spill file at a time when only a few columns are needed
 
@@ -109,7 +110,8 @@ class Recorder:
     def __init__(self, slo, track_request_gaps: bool):
         self.slo = slo
         self._no_slo = slo.ttft_s is None and slo.itl_s is None and slo.e2e_s is None
-        self.rows = Spilled()  # one flat row per request, REQUEST_COLUMNS in order (table() reshapes)
+        self._rows = Spilled()  # one flat row per request, REQUEST_COLUMNS in order (table() reshapes)
+        self._left: list[Request] = []  # requests that left, their rows not yet written (see on_leave)
         # pooled ITL: each iteration's gap (its duration, kept by its timeline), weighted by the
         # requests whose previous token came from the iteration before (the timeline's `regular`),
         # plus every other gap on its own (here)
@@ -142,7 +144,28 @@ class Recorder:
         if req.reject_reason:
             self.reject_reasons.append(req.reject_reason)
         self.in_system -= 1
-        self._row(req)
+        if self.track_request_gaps:  # (its gaps are kept by id: a retry of the same id may come before a flush)
+            self._row(req)
+            return
+        self._left.append(req)
+        if len(self._left) >= PENDING_ROWS:
+            self._flush()
+
+    @property
+    def rows(self) -> Spilled:
+        """The request rows so far (REQUEST_COLUMNS, flat), every request that left included."""
+        self._flush()
+        return self._rows
+
+    def _flush(self) -> None:
+        """Write the rows of the requests that left since the last flush, in the order they left, once their
+        largest decode gaps are known (Timeline.resolve_gaps)."""
+        if self._left:
+            for t in self.timelines:
+                t.resolve_gaps()
+            for req in self._left:
+                self._row(req)
+            self._left.clear()
 
     def itl_entries(self) -> tuple[np.ndarray, np.ndarray]:
         """The pooled inter-token gaps as (distinct entries, weights): every iteration's duration
@@ -188,7 +211,7 @@ class Recorder:
     def _row(self, req: Request) -> None:
         done = req.status is Status.FINISHED
         first = req.first_token_s
-        rows = self.rows
+        rows = self._rows
         rows.buf.extend((
             req.rid,
             -1 if req.replica is None else req.replica,
@@ -218,7 +241,7 @@ class Recorder:
 
     def table(self) -> dict[str, np.ndarray]:
         """The request rows as columns."""
-        flat = self.rows.numpy().reshape(-1, len(REQUEST_COLUMNS))
+        flat = self.rows.numpy().reshape(-1, len(REQUEST_COLUMNS))  # (the property: pending rows written first)
         return {c: flat[:, k] for k, c in enumerate(REQUEST_COLUMNS)}
 
 
@@ -250,6 +273,8 @@ class Timeline:
         self._prev_end_s: float | None = None
         self.busy_s = 0.0
         self._stretches = Spilled()  # fast-forwarded iterations, STRETCH_FIELDS each (see _expand())
+        self._span_req: list[Request] = []  # decode-set spans whose largest gap is not yet known (decode_gaps)
+        self._span_first, self._span_last = array("q"), array("q")
 
     # ---- iterations and tokens --------------------------------------------------------------
     def on_iteration(self, start_s: float, end_s: float, plan, blocks: tuple[int, int, int]) -> None:
@@ -351,14 +376,41 @@ class Timeline:
 
     def decode_gaps(self, req: Request, first: int, last: int) -> None:
         """`req` emitted one token in each iteration first..last, each after the iteration before:
-        its gaps are those iterations' durations."""
-        gaps = self.durations[first:last + 1]  # a copy: never a view into the growing log
-        # numpy's max is the same float and, past a few dozen gaps, faster than Python's
-        top = max(gaps) if len(gaps) < 48 else float(_MAX(np.frombuffer(gaps)))
-        if top > req.max_itl_s:
-            req.max_itl_s = top
+        its gaps are those iterations' durations. The largest of them joins `req.max_itl_s` at the next
+        resolve_gaps (before its row is written; at once when its gaps are kept one by one)."""
         if self.rec.track_request_gaps:
+            gaps = self.durations[first:last + 1]  # a copy: never a view into the growing log
+            top = max(gaps)
+            if top > req.max_itl_s:
+                req.max_itl_s = top
             self.rec.add_gaps(req, gaps.tolist())
+            return
+        self._span_req.append(req)
+        self._span_first.append(first)
+        self._span_last.append(last)
+        if len(self._span_req) >= PENDING_SPANS:
+            self.resolve_gaps()
+
+    def resolve_gaps(self) -> None:
+        """The largest gap of every pending span (decode_gaps) into its request's max_itl_s: one
+        np.maximum.reduceat over the iterations they cover, the same floats as a max per span."""
+        reqs = self._span_req
+        if not reqs:
+            return
+        first = np.frombuffer(self._span_first, dtype=np.int64).copy()
+        last = np.frombuffer(self._span_last, dtype=np.int64).copy()
+        lo, hi = int(first.min()), int(last.max()) + 1
+        window = np.empty(hi - lo + 1)  # the durations they cover, and one more entry for the last span's end
+        window[:-1] = np.frombuffer(self.durations, dtype=float)[lo:hi]  # (copied: the log keeps growing)
+        window[-1] = -math.inf
+        at = np.empty(2 * len(reqs), dtype=np.int64)
+        at[0::2] = first - lo
+        at[1::2] = last + 1 - lo  # span k reduces at[2k] .. at[2k + 1] - 1; the entries between spans are dropped
+        for req, top in zip(reqs, np.maximum.reduceat(window, at)[0::2].tolist()):
+            if top > req.max_itl_s:
+                req.max_itl_s = top
+        self._span_req = []
+        self._span_first, self._span_last = array("q"), array("q")
 
     def on_steady_iterations(self, first_start_s: float, durations: list[float], ends: list[float], plan,
                              blocks: tuple[int, int, int], count: int, busy_s: float) -> None:
