@@ -69,6 +69,8 @@ class Request:
     """Token identity of the prompt: ((stream id, first token, length), ...); see sim.core.kv."""
     shareable_tokens: int | None = None
     """Leading tokens whose content another request may share (only their blocks are indexed); None: all of them."""
+    held_blocks: int = 0
+    """Blocks held in a counting KV pool (sim.core.kv_count; block_table stays empty there)."""
     swapped_blocks: int = 0
     """Blocks held in the host tier while swapped out (0 when not swapped)."""
     remote_kv_tokens: int = 0
@@ -119,13 +121,13 @@ class Request:
         self.block_table, self.block_hashes, self.indexed_blocks, self.full_blocks = [], [], 0, 0
         self.first_token_s = self.last_token_s = None
         self.max_itl_s, self.last_iteration, self.replica = 0.0, None, None
-        self.recompute_upto = self.swapped_blocks = 0
+        self.recompute_upto = self.swapped_blocks = self.held_blocks = 0
         self.accept_rates = None
         self.hash_all = True
 
     @property
     def num_blocks(self) -> int:
-        return len(self.block_table)
+        return len(self.block_table) + self.held_blocks
 
     @property
     def done(self) -> bool:

@@ -25,6 +25,7 @@ from sim.core.engine import ModelledExecutor, StepExecutor
 from sim.core.faults import FaultInjector
 from sim.core.frontend import Frontend
 from sim.core.kv import BlockManager
+from sim.core.kv_count import CountingBlockManager, counting_suffices
 from sim.core.metrics import Recorder, Timeline
 from sim.core.request import Request
 from sim.core.result import Result, RunFacts, merge_speculation, summarise
@@ -218,9 +219,13 @@ class Simulation:
         """A replica with an empty KV pool (warm prefixes cached) and its own scheduler."""
         sc = self.scenario
         mem = self.memory
-        pool = BlockManager(mem.num_blocks, sc.kv.block_tokens, mem.block_bytes, prefix_caching=sc.kv.prefix_caching,
-                            eviction=sc.kv.eviction, host_blocks=mem.host_blocks, snapshot_tokens=sc.kv.snapshot_tokens,
-                            block_value=self._block_value, prefix_index=sc.kv.prefix_index)
+        if counting_suffices(sc, self.workload):  # no block can ever be matched or shared: counts are the same
+            pool = CountingBlockManager(mem.num_blocks, sc.kv.block_tokens, mem.block_bytes, host_blocks=mem.host_blocks)
+        else:
+            pool = BlockManager(mem.num_blocks, sc.kv.block_tokens, mem.block_bytes,
+                                prefix_caching=sc.kv.prefix_caching, eviction=sc.kv.eviction,
+                                host_blocks=mem.host_blocks, snapshot_tokens=sc.kv.snapshot_tokens,
+                                block_value=self._block_value, prefix_index=sc.kv.prefix_index)
         for wp in sc.kv.warm_prefixes:
             try:
                 pool.warm(((prefix_stream(wp.name), 0, wp.tokens),), wp.tokens)
