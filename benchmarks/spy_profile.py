@@ -39,7 +39,7 @@ WHOLE = [  # phases counted whole: every sample under them, whatever its innermo
 AREAS = [  # (label, test on (function, file path)); the first that matches a sample's innermost frame
     ("scheduler: plan, commit, fast-forward (sim/core/schedulers, step.py)",
      lambda f, p: "/schedulers/" in p or p.endswith("core/step.py")),
-    ("KV block pool (sim/core/kv.py)", lambda f, p: p.endswith("core/kv.py")),
+    ("KV block pool (sim/core/kv.py, kv_count.py)", lambda f, p: p.endswith(("core/kv.py", "core/kv_count.py"))),
     ("recorder and timeline (sim/core/metrics.py)", lambda f, p: p.endswith("metrics.py")),
     ("front end, router, Request objects (frontend.py, cluster.py, workload.py, request.py, dataclass __init__)",
      lambda f, p: p.endswith(("frontend.py", "cluster.py", "workload.py", "request.py")) or p == "<string>"),
