@@ -125,6 +125,18 @@ def _column_blob(v: np.ndarray) -> tuple[bytes, int] | None:
     return "\x1f".join(text).encode(), _SEP
 
 
+_RAMPS: dict = {}
+
+
+def _ramp(n: int, dtype) -> np.ndarray:
+    """0, 1, ..., at least n - 1 in `dtype` (kept between chunks: read-only)."""
+    r = _RAMPS.get(dtype)
+    if r is None or len(r) < n:
+        r = _RAMPS[dtype] = np.arange(max(n, 1 << 20), dtype=dtype)
+        r.flags.writeable = False
+    return r
+
+
 def _rows_bytes(columns: list[np.ndarray], n: int) -> bytes | None:
     """n >= 1 rows of `columns` as CSV bytes: each column's cells in one string (`_column_blob`), their bytes
     scattered into the rows by numpy; None where a column has no free separator."""
@@ -143,14 +155,17 @@ def _rows_bytes(columns: list[np.ndarray], n: int) -> bytes | None:
     offset = np.zeros(n, dtype=np.int64)
     np.cumsum(row_len[:-1], out=offset[1:])
     out = np.empty(int(offset[-1] + row_len[-1]), dtype=np.uint8)
+    index = np.int32 if len(out) < 2 ** 31 else np.int64  # (half the bytes to move: the index is the cost)
+    ramp = _ramp(max(len(p[0]) for p in parts) + 1, index)
     for j, (arr, cuts, lengths) in enumerate(parts):
-        # every byte of the column's text to its place, as one running sum of steps: +1 within a cell, and from a
-        # separator to the next cell's first byte a jump to that row; a separator lands on the delimiter after its
-        # cell, which is written below (an empty last cell ends the text with a separator: one step more)
-        step = np.ones(len(arr) + 1, dtype=np.int64)
-        step[0] = offset[0]
-        step[cuts + 1] = offset[1:] - offset[:-1] - lengths[:-1]
-        out[np.cumsum(step)[:len(arr)]] = arr
+        # every byte of the column's text to its place: its own position plus its cell's shift (where the cell
+        # goes less where it starts in the text), repeated over the cell and the separator after it, which lands
+        # on the delimiter after the cell and is written below
+        shift = offset.astype(index)
+        shift[1:] -= (cuts + 1).astype(index)
+        dest = np.repeat(shift, lengths + 1)[:len(arr)]
+        dest += ramp[:len(arr)]
+        out[dest] = arr
         offset += lengths
         out[offset] = 10 if j == len(parts) - 1 else 44
         offset += 1
