@@ -35,7 +35,7 @@ class Frontend:
         self.clients = None
         self._acc_rng = np.random.default_rng(scenario.seed).spawn(4)[3]
         self._warm = frozenset(prefix_stream(wp.name) for wp in scenario.kv.warm_prefixes)
-        self._retried = scenario.accuracy.max_retries > 0 and scenario.accuracy.p_correct < 1
+        self._retried = scenario.accuracy.retries
         self._held: dict[int, list[Request]] = {}   # parallel sampling: branches waiting for their prompt's prefill
         self._forked: set[int] = set()
         # one replica and a router whose choice among one candidate touches nothing (affinity matches

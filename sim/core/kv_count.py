@@ -25,18 +25,22 @@ def counting_suffices(scenario, workload) -> bool:
         return False
     if not kv.prefix_caching:
         return True
-    retried = scenario.accuracy.max_retries > 0 and scenario.accuracy.p_correct < 1
     return (kv.prefix_index == "foresight" and kv.admission == "reserve" and not workload.shared_streams
-            and not retried)
+            and not scenario.accuracy.retries)
 
 
 class CountingBlockManager(BlockManager):
     """BlockManager's counts without its blocks: a request holds `Request.held_blocks`; nothing is indexed."""
 
-    def __init__(self, num_blocks: int, block_tokens: int, block_bytes: float, host_blocks: int = 0):
-        super().__init__(num_blocks, block_tokens, block_bytes, prefix_caching=False, host_blocks=host_blocks)
+    def __init__(self, num_blocks: int, block_tokens: int, block_bytes: float, host_blocks: int = 0,
+                 prefix_caching: bool = False):
+        super().__init__(num_blocks, block_tokens, block_bytes, prefix_caching=False, prefix_index="foresight",
+                         host_blocks=host_blocks)
         self.blocks, self.free_list, self._fresh = [], [], 0
         self._aside = 0  # blocks taken out of the pool for good (vLLM's null block)
+        self._caching = prefix_caching
+        """The run's prefix caching (on under foresight): a request's own blocks would be indexed before a
+        recompute preemption, which counting_suffices rules out by reserve admission; `register` checks it."""
 
     @property
     def free_blocks(self) -> int:
@@ -79,7 +83,11 @@ class CountingBlockManager(BlockManager):
             self.peak_blocks = self.used_blocks
 
     def register(self, req: Request, tokens: int, now_s: float = 0.0, own_reuse: bool = False) -> None:
-        """Nothing is indexed (counting_suffices)."""
+        """Nothing is indexed (counting_suffices); a preempted request's own blocks, which a caching pool indexes
+        for its return, are refused rather than forgotten."""
+        if own_reuse and self._caching:
+            raise RuntimeError(f"request {req.rid}: a counting KV pool cannot index a preempted request's blocks "
+                               "(counting_suffices needs admission reserve with prefix caching on)")
 
     def free(self, req: Request, now_s: float = 0.0) -> None:
         """Give back every block `req` holds."""
@@ -99,6 +107,14 @@ class CountingBlockManager(BlockManager):
         self.stats.swap_outs += 1
         self.stats.swapped_bytes += n * self.block_bytes
         return n * self.block_bytes
+
+    def free_ids(self) -> list[int]:
+        """Refused: a counting pool has no free list."""
+        raise RuntimeError("a counting KV pool has no block ids (free_ids needs BlockManager)")
+
+    def last_used(self, bid: int) -> float:
+        """Refused: a counting pool keeps no block."""
+        raise RuntimeError("a counting KV pool keeps no blocks (last_used needs BlockManager)")
 
     def share_tail(self, req: Request) -> None:
         """Refused: forked branches share blocks."""

@@ -126,6 +126,7 @@ class Simulation:
             self.workload = replace(self.workload, outside_wait_s=self.workload.outside_wait_s + latency)
         self._check_adapters()
         self._warn_beyond_context(stream or sys.stderr)
+        self._counting: bool | None = None  # whether replicas get a count-only KV pool (decided at the first one)
 
     def _warn_beyond_context(self, stream) -> None:
         """Say when requests need more positions (prompt + output) than the model has: the simulator serves
@@ -219,8 +220,11 @@ class Simulation:
         """A replica with an empty KV pool (warm prefixes cached) and its own scheduler."""
         sc = self.scenario
         mem = self.memory
-        if counting_suffices(sc, self.workload):  # no block can ever be matched or shared: counts are the same
-            pool = CountingBlockManager(mem.num_blocks, sc.kv.block_tokens, mem.block_bytes, host_blocks=mem.host_blocks)
+        if self._counting is None:
+            self._counting = counting_suffices(sc, self.workload)
+        if self._counting:  # no block can ever be matched or shared: counts are the same
+            pool = CountingBlockManager(mem.num_blocks, sc.kv.block_tokens, mem.block_bytes, host_blocks=mem.host_blocks,
+                                        prefix_caching=sc.kv.prefix_caching)
         else:
             pool = BlockManager(mem.num_blocks, sc.kv.block_tokens, mem.block_bytes,
                                 prefix_caching=sc.kv.prefix_caching, eviction=sc.kv.eviction,

@@ -363,6 +363,11 @@ class AccuracyConfig(StrictModel):
     p_correct: Annotated[float, Field(ge=0, le=1)] = 1.0
     max_retries: NonNegativeInt = Field(0, description="Re-enqueue a wrong answer up to this many times")
 
+    @property
+    def retries(self) -> bool:
+        """Whether a wrong answer is ever sent again (its prompt a second time: the same tokens)."""
+        return self.max_retries > 0 and self.p_correct < 1
+
 
 class PowerConfig(StrictModel):
     """cap: the card draws its power cap for the whole window; idle_busy: busy_w while iterating."""

@@ -1,6 +1,8 @@
 """The count-only KV pool (sim.core.kv_count) gives the outputs of the block pool, byte for byte, in every run
 where `counting_suffices`; and it is only chosen there."""
 
+import random
+
 import pytest
 
 import sim.core.simulation as simulation
@@ -28,6 +30,12 @@ CASES = {
     "swap-host-full": {"kv": {**TIGHT, "preemption": "swap", "host_budget": "20MiB"}, "scheduler": BUSY},
     "foresight-reserve": {"kv": {"block_tokens": 16, "format": "bf16", "budget": "300MiB",
                                  "prefix_index": "foresight"}},
+    "foresight-cancellations": {"kv": {"block_tokens": 16, "format": "bf16", "budget": "300MiB",
+                                            "prefix_index": "foresight", "preemption": "swap", "host_budget": "1GiB"},
+                                     "workload": {"kind": "requests", "requests": [
+                                         {"arrival_s": 0.3 * i, "prompt_tokens": 500 + 53 * i, "output_tokens": 40 + 9 * i,
+                                          **({"cancel_at_s": 0.3 * i + 1.0} if i % 4 == 0 else {})}
+                                         for i in range(60)]}},
     "speculative": {"kv": NO_CACHE, "scheduler": {"kind": "continuous", "max_num_seqs": 16,
                                                   "max_num_batched_tokens": 8192,
                                                   "speculative": {"draft": {"kind": "ngram"}, "num_draft_tokens": 4,
@@ -137,3 +145,77 @@ def test_what_a_counting_pool_cannot_do_is_refused():
         pool.warm(((("p", 1), 0, 32),), 32)
     with pytest.raises(RuntimeError, match="take 11 blocks with 10 free"):
         pool._take_empty(11)
+
+
+def test_a_preempted_requests_own_blocks_are_refused_where_caching_is_on():
+    """(counting_suffices rules this out by reserve admission; a scheduler that preempted anyway would be told.)"""
+    caching = CountingBlockManager(10, 16, 1.0, prefix_caching=True)
+    req = Request(0, 0.0, 40, 10, 0.0)
+    caching.register(req, 32)  # nothing to index
+    with pytest.raises(RuntimeError, match="cannot index a preempted request's blocks"):
+        caching.register(req, 32, own_reuse=True)
+    CountingBlockManager(10, 16, 1.0).register(req, 32, own_reuse=True)  # prefix caching off: nothing is indexed
+
+
+def test_block_ids_are_refused():
+    pool = CountingBlockManager(10, 16, 1.0)
+    with pytest.raises(RuntimeError, match="free_ids needs BlockManager"):
+        pool.free_ids()
+    with pytest.raises(RuntimeError, match="last_used needs BlockManager"):
+        pool.last_used(0)
+
+
+def _random_mix(seed: int) -> dict:
+    """A small run drawn at random among the settings under which counting_suffices holds."""
+    rnd = random.Random(seed)
+    kv = {"block_tokens": rnd.choice([8, 16, 32]), "format": "bf16",
+          "budget": rnd.choice(["150MiB", "300MiB", "2GiB"])}
+    cached = rnd.random() < 0.4
+    if cached:
+        kv["prefix_index"] = "foresight"
+    else:
+        kv.update(prefix_caching=False, admission=rnd.choice(["reserve", "on_demand"]))
+        if kv["admission"] == "on_demand" and rnd.random() < 0.5:
+            kv.update(preemption="swap", host_budget=rnd.choice(["20MiB", "1GiB"]))
+    kind = rnd.choice(["continuous", "chunked", "fixed"] + (["vllm_v1"] if kv.get("admission") == "on_demand" else []))
+    sched = {"kind": kind, "max_num_seqs": rnd.choice([4, 16, 64])}
+    if kind != "fixed":
+        sched["max_num_batched_tokens"] = max(rnd.choice([512, 2048, 8192]), sched["max_num_seqs"])
+    if kind == "chunked":
+        sched["chunk_tokens"] = min(256, sched["max_num_batched_tokens"])
+    if kind in ("continuous", "chunked") and rnd.random() < 0.25:
+        sched["speculative"] = {"draft": {"kind": "ngram"}, "num_draft_tokens": 3,
+                                "acceptance": {"kind": "constant", "a": 0.5}}
+    requests = []
+    for _ in range(150):
+        r = {"arrival_s": round(rnd.uniform(0, 30), 3), "prompt_tokens": rnd.randint(20, 1500),
+             "output_tokens": rnd.randint(1, 300)}
+        if rnd.random() < 0.2:
+            r["cancel_at_s"] = r["arrival_s"] + round(rnd.uniform(0, 5), 3)
+        if not cached and rnd.random() < 0.2:
+            r["prefix"] = {"name": rnd.choice(["a", "b"]), "tokens": min(64, r["prompt_tokens"])}
+        requests.append(r)
+    mix = {"kv": kv, "scheduler": sched, "step_time": {"model": SLOW_PREFILL},
+           "workload": {"kind": "requests", "requests": requests}}
+    if "speculative" not in sched and rnd.random() < 0.25:
+        mix["disaggregation"] = {"prefill": {"replicas": rnd.choice([1, 2])}, "decode": {"replicas": rnd.choice([1, 2])},
+                                 "link": {"bandwidth_gbs": 0.5, "latency_s": 0.01},
+                                 "first_token": rnd.choice(["prefill", "decode_admission", "decode_step",
+                                                            "decode_recompute"])}
+        return mix
+    replicas = rnd.choice([1, 2, 3])
+    mix["cluster"] = {"replicas": replicas, "router": {"kind": rnd.choice(["round_robin", "least_outstanding"])}}
+    if replicas > 1 and rnd.random() < 0.6:
+        mix["cluster"].update(faults=[{"replica": 0, "start_s": 5.0, "end_s": 25.0}],
+                              on_failure=rnd.choice(["retry", "fail"]))
+    if not cached and rnd.random() < 0.3:
+        mix["accuracy"] = {"p_correct": 0.6, "max_retries": 2}
+    return mix
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_random_mixes_give_the_block_pools_outputs(seed, monkeypatch):
+    sc = scenario(**_random_mix(seed))
+    summary, digest, kinds = _outputs(sc, True, monkeypatch)
+    assert kinds == {CountingBlockManager}
+    assert (summary, digest) == _outputs(sc, False, monkeypatch)[:2]
