@@ -118,7 +118,9 @@ class EngineDefaults:
     generation server's response, whose first comes after its first generation step (`decode_step`). Each engine's
     value replaced `prefill` where it lowered the median |TTFT error| on the even disaggregated lines
     (`python benchmarks/disagg_compare.py`, docs/disaggregation.md): vLLM 70.7% -> 67.4%, SGLang 42.1% -> 41.9%;
-    TensorRT-LLM tied (35.6% both) and keeps `prefill`."""
+    TensorRT-LLM tied then (35.6% both) and kept `prefill` until its steady phases and KV format were chosen; set
+    against each other again after them (2026-12-05) its even lines read 33.9% -> 32.2% (odd 48.1% -> 47.0%), and
+    it takes `decode_step`."""
 
     kv_cache: str = "bf16"
     """Which rows' KV cache the replay stores in FP8 (sim.published.predict.KV_CACHE): `bf16` none, `quantized` every
@@ -220,7 +222,7 @@ ENGINES: dict[str, EngineDefaults] = {
          "prompt + all outputs at admission)", "kv_cache free_gpu_memory_fraction 0.9 of the memory left after weights"),
         config="aic_benchmark", all_reduce="trtllm", host_overhead_s=0.4654e-3, shared_experts_overlap="decode",
         qk_norm_kernels="fused_with_rope", frontend_ms=(90.0, 1.5), disagg_steady_phases="random",
-        kv_cache="quantized"),
+        disagg_first_token="decode_step", kv_cache="quantized"),
 }
 
 

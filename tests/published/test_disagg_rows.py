@@ -138,10 +138,10 @@ def test_frontend_hops_counts_the_front_end_per_engine_rule(tmp_path):
 
 def test_first_token_follows_each_engines_code_unless_asked():
     """`--first-token engine`: where the client's first token comes from is the row's engine's (vLLM decode_recompute,
-    SGLang decode_admission, TensorRT-LLM prefill); one value for every row when given; others refused by name."""
+    SGLang decode_admission, TensorRT-LLM decode_step); one value for every row when given; others refused by name."""
     ds, qwen = read_published(FIXTURE)
     row = dataclasses.replace(qwen, concurrency=4)
-    for backend, mode in (("vllm", "decode_recompute"), ("trtllm", "prefill"), ("sglang", "decode_admission")):
+    for backend, mode in (("vllm", "decode_recompute"), ("trtllm", "decode_step"), ("sglang", "decode_admission")):
         case = build_case(dataclasses.replace(row, backend=backend), per_user=2)
         assert case.scenario["disaggregation"]["first_token"] == mode
         assert build_case(dataclasses.replace(row, backend=backend), per_user=2,
