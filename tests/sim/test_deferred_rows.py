@@ -12,8 +12,7 @@ from sim.core.metrics import Recorder, Timeline
 from sim.core.request import Request
 from sim.core.simulation import Simulation
 from sim.io.config import SLOConfig
-from tests.sim.helpers import scenario
-from tests.sim.test_fast_forward import CASES, LIGHT, SLOW_PREFILL
+from tests.sim.test_fast_forward import CASES, light_scenario
 
 DEFERRED_CASES = dict(CASES)
 DEFERRED_CASES["max-itl-slo"] = {"slo": {"ttft_s": 1.0, "itl_s": 0.05, "itl_stat": "max"}}
@@ -31,10 +30,7 @@ def _digest(sc) -> tuple:
 
 @pytest.mark.parametrize("case", list(DEFERRED_CASES))
 def test_batch_sizes_change_no_byte(case, monkeypatch):
-    extra = dict(DEFERRED_CASES[case])
-    extra.setdefault("workload", LIGHT)
-    extra.setdefault("step_time", {"model": SLOW_PREFILL})
-    sc = scenario(**extra)
+    sc = light_scenario(DEFERRED_CASES[case])
     at_the_end = _digest(sc)  # (a few hundred requests: everything waits for the end of the run)
     monkeypatch.setattr(metrics, "PENDING_ROWS", 1)
     monkeypatch.setattr(metrics, "PENDING_SPANS", 1)
@@ -47,8 +43,7 @@ def test_batch_sizes_change_no_byte(case, monkeypatch):
 
 def test_the_preempting_case_preempts():
     """(So the case above covers requests with several decode-set spans.)"""
-    extra = dict(DEFERRED_CASES["preempting"], workload=LIGHT, step_time={"model": SLOW_PREFILL})
-    res = Simulation(scenario(**extra), ".").run()
+    res = Simulation(light_scenario(DEFERRED_CASES["preempting"]), ".").run()
     assert res.summary["preemptions"] > 0
 
 

@@ -40,12 +40,14 @@ def _digest(sc, fast_forward: bool):
     return res.summary, res.digest()
 
 
+def light_scenario(overrides: dict):
+    """A case's scenario: its overrides on the light workload and the slow-prefill step time unless it sets its own."""
+    return scenario(**{"workload": LIGHT, "step_time": {"model": SLOW_PREFILL}, **overrides})
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_fast_forward_is_byte_identical(case):
-    extra = dict(CASES[case])
-    extra.setdefault("workload", LIGHT)
-    extra.setdefault("step_time", {"model": SLOW_PREFILL})
-    sc = scenario(**extra)
+    sc = light_scenario(CASES[case])
     skipped, stepped = _digest(sc, True), _digest(sc, False)
     assert skipped[0] == stepped[0]
     assert skipped[1] == stepped[1]

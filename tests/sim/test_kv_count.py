@@ -12,7 +12,7 @@ from sim.core.kv_count import CountingBlockManager, counting_suffices
 from sim.core.request import Request
 from sim.core.simulation import Simulation
 from tests.sim.helpers import scenario
-from tests.sim.test_fast_forward import LIGHT, SLOW_PREFILL
+from tests.sim.test_fast_forward import SLOW_PREFILL, light_scenario
 
 NO_CACHE = {"block_tokens": 16, "format": "bf16", "budget": "12GiB", "prefix_caching": False}
 TIGHT = {"block_tokens": 16, "format": "bf16", "budget": "300MiB", "prefix_caching": False, "admission": "on_demand"}
@@ -72,10 +72,7 @@ def _outputs(sc, counting: bool, monkeypatch, pools=None) -> tuple:
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_counting_gives_the_block_pools_outputs(case, monkeypatch):
-    extra = dict(CASES[case])
-    extra.setdefault("workload", LIGHT)
-    extra.setdefault("step_time", {"model": SLOW_PREFILL})
-    sc = scenario(**extra)
+    sc = light_scenario(CASES[case])
     summary, digest, kinds = _outputs(sc, True, monkeypatch)
     assert kinds == {CountingBlockManager}
     block_summary, block_digest, block_kinds = _outputs(sc, False, monkeypatch)
@@ -87,8 +84,7 @@ def test_counting_gives_the_block_pools_outputs(case, monkeypatch):
 
 def test_the_swap_case_swaps(monkeypatch):
     pools = []
-    _outputs(scenario(**dict(CASES["swap-preemption"], workload=LIGHT, step_time={"model": SLOW_PREFILL})), True,
-             monkeypatch, pools)
+    _outputs(light_scenario(CASES["swap-preemption"]), True, monkeypatch, pools)
     assert sum(p.stats.swap_outs for p in pools) > 0 and sum(p.stats.swap_ins for p in pools) > 0
 
 

@@ -10,15 +10,11 @@ import sim.core.metrics as metrics
 import sim.core.tables as tables
 from sim.core.csvout import csv_text
 from sim.core.simulation import Simulation
-from tests.sim.helpers import scenario
-from tests.sim.test_fast_forward import CASES, LIGHT, SLOW_PREFILL
+from tests.sim.test_fast_forward import CASES, light_scenario
 
 
 def _run(case: str):
-    extra = dict(CASES[case])
-    extra.setdefault("workload", LIGHT)
-    extra.setdefault("step_time", {"model": SLOW_PREFILL})
-    return Simulation(scenario(**extra), ".").run()
+    return Simulation(light_scenario(CASES[case]), ".").run()
 
 
 def _files(res, out) -> dict[str, bytes]:
