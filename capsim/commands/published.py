@@ -103,16 +103,17 @@ def _step_time_options(p) -> None:
     p.add_argument("--shared-experts-overlap", default="engine", type=_overlap,
                    help="when MoE layers' shared experts run on a second stream beside the routed ones: each "
                         "engine's (default: vLLM at most 256 tokens a pass, TensorRT-LLM decode-only passes, SGLang "
-                        "off), or off, decode, or a token count for every row (step_time.model.shared_experts_overlap)")
+                        "off), or off, decode, fused (into the routed kernel, without expert parallelism), or a token "
+                        "count for every row (step_time.model.shared_experts_overlap)")
 
 
 def _overlap(text: str) -> str | int:
-    """--shared-experts-overlap: engine, off, decode or a positive token count."""
-    if text in ("engine", "off", "decode"):
+    """--shared-experts-overlap: engine, off, decode, fused or a positive token count."""
+    if text in ("engine", "off", "decode", "fused"):
         return text
     if text.isdigit() and int(text) > 0:
         return int(text)
-    raise argparse.ArgumentTypeError(f"expected engine, off, decode or a positive token count, got {text!r}")
+    raise argparse.ArgumentTypeError(f"expected engine, off, decode, fused or a positive token count, got {text!r}")
 
 
 def _frontend(text: str):

@@ -56,13 +56,15 @@ class OpsStepTime(StrictModel):
         "nccl", description="Whose all-reduce times tensor parallelism: NCCL's (nccl.csv, nccl-tests) or a serving "
                             "engine's own (all_reduce_<engine>.csv: vLLM's and SGLang's custom one-shot / two-shot "
                             "kernels in CUDA graphs, TensorRT-LLM's AllReduce plugin; NCCL only for large messages)")
-    shared_experts_overlap: Literal["off", "decode"] | PositiveInt = Field(
+    shared_experts_overlap: Literal["off", "decode", "fused"] | PositiveInt = Field(
         SHARED_EXPERTS_OVERLAP_TOKENS, description="When a MoE layer's shared experts run on a second CUDA stream beside "
         "the router and the routed experts (the layer then takes the longer of the two paths, not their sum): "
         "a number N, in passes of at most N tokens per attention rank (vLLM's aux stream, "
         "VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD, default 256); `decode`, in decode-only passes (TensorRT-LLM's "
-        "maybe_execute_in_parallel, under CUDA graphs); `off`, never (one stream, or the shared expert fused into "
-        "the routed kernel). Only models with shared experts (DeepSeek-V3, Kimi-K2.5) are affected")
+        "maybe_execute_in_parallel, under CUDA graphs); `off`, never (one stream, the shared experts' GEMMs after the "
+        "routed ones); `fused`, the shared experts folded into the routed experts' kernel as one more expert per token "
+        "where the experts are not spread over GPUs (moe ep 1: SGLang's DeepSeek path, num_fused_shared_experts), "
+        "in series elsewhere. Only models with shared experts (DeepSeek-V3, Kimi-K2.5) are affected")
     qk_norm_kernels: Literal["separate", "fused_with_rope"] = Field(
         "separate", description="Models with q / k RMSNorm (Qwen3, MiniMax-M2): two more norm kernels per layer over "
                                 "the GPU's q and k heads (vLLM, SGLang), or none beyond RoPE's (`fused_with_rope`: "

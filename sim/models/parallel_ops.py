@@ -237,7 +237,7 @@ class ParallelOpsModel(OpsModel):
     def _shared_overlaps(self, rank_tokens: float, decode_only: bool) -> bool:
         """Whether the shared experts run beside the routed ones in this pass (step_time.model.shared_experts_overlap)."""
         mode = self.cfg.shared_experts_overlap
-        if mode == "off" or not self.moe.num_shared_experts:
+        if mode in ("off", "fused") or not self.moe.num_shared_experts:
             return False
         return decode_only if mode == "decode" else rank_tokens <= mode
 
@@ -245,33 +245,52 @@ class ParallelOpsModel(OpsModel):
         """Router, routed and shared experts and their communication for one MoE layer; the shared experts on a
         second stream (the longer path counts) when `_shared_overlaps`. `rank`: the busiest attention
         data-parallel rank's tokens (default: an even share; all of them without data parallelism)."""
-        e, lay, h = self.moe, self.layout, self.spec.profile.hidden_size
+        e, lay = self.moe, self.layout
         g = self.moe_gemms
         rank = tokens / self.dp if rank is None else rank
-        t = self._look(g["router"].at, rank)
         if self.moe_kernel is not None:  # measured: the activation is inside the fused kernel
-            t += self._look(self.moe_kernel.at, tokens)
+            routed = self._look(self.moe_kernel.at, tokens)
             routed_width = 0.0
         else:
             touched = distinct_experts(e.num_experts, e.experts_per_token, tokens, lay.routing_skew)
             per_expert = tokens * e.experts_per_token * lay.expert_imbalance / max(touched, 1e-9)
             share = touched / e.num_experts
-            t += share * (self._look(g["experts_gate_up"].at, per_expert) + self._look(g["experts_down"].at, per_expert))
+            routed = share * (self._look(g["experts_gate_up"].at, per_expert) + self._look(g["experts_down"].at, per_expert))
             routed_width = e.experts_per_token * lay.expert_imbalance / lay.ep * e.expert_intermediate_size / lay.moe_tp
+        t = self._look(g["router"].at, rank)
+        if "shared_gate_up" in g and self._shared_fused():
+            # the shared experts as more experts every token is routed to, no GEMMs of their own. A decode-only pass
+            # is bound by the experts' weights: the kernel reads `shared` more experts beside the D its tokens
+            # touch, (D + shared) / D; a pass with a prefill by the tokens' work: (k + shared) / k of it
+            s = e.num_shared_experts
+            base = (distinct_experts(e.num_experts, e.experts_per_token, tokens, lay.routing_skew) if decode_only
+                    else e.experts_per_token)
+            grow = (base + s) / base
+            return (t + routed * grow + self._combine_s(tokens)
+                    + self._small_s(rank, routed_width * (e.experts_per_token + s) / e.experts_per_token))
+        t += routed
         if "shared_gate_up" in g:
             shared = self._look(g["shared_gate_up"].at, rank) + self._look(g["shared_down"].at, rank)
             t = max(t, shared) if self._shared_overlaps(rank, decode_only) else t + shared
+        width = routed_width + e.num_shared_experts * e.expert_intermediate_size / lay.tp
+        return t + self._combine_s(tokens) + self._small_s(rank, width)
+
+    def _shared_fused(self) -> bool:
+        """Whether the shared experts run inside the routed kernel (shared_experts_overlap `fused`, experts not spread
+        over GPUs: SGLang turns the fusion off under expert parallelism on NVIDIA cards)."""
+        return self.cfg.shared_experts_overlap == "fused" and self.layout.ep == 1
+
+    def _combine_s(self, tokens: float) -> float:
+        """A MoE layer's communication: the experts' outputs combined over the GPUs (see the module)."""
+        lay, e, h = self.layout, self.moe, self.spec.profile.hidden_size
         if self.dp > 1 and lay.ep_communication == "all_reduce":
             # every rank's tokens gathered to the expert GPUs and the outputs scattered back (reduce-scatter,
             # costed as an all-gather of the same bytes)
-            t += 2 * self._look(self.nccl.at, "all_gather", lay.expert_gpus, tokens * h * 2)
-        elif lay.ep == 1 or lay.ep_communication == "all_reduce":
-            t += self._all_reduce(lay.tp, tokens)
-        else:
-            routed = tokens * e.experts_per_token * h * 2 / lay.ep
-            t += 2 * self._look(self.net.at, "alltoall", lay.ep, routed) + self._all_reduce(lay.moe_tp, tokens)
-        width = routed_width + e.num_shared_experts * e.expert_intermediate_size / lay.tp
-        return t + self._small_s(rank, width)
+            return 2 * self._look(self.nccl.at, "all_gather", lay.expert_gpus, tokens * h * 2)
+        if lay.ep == 1 or lay.ep_communication == "all_reduce":
+            return self._all_reduce(lay.tp, tokens)
+        routed = tokens * e.experts_per_token * h * 2 / lay.ep
+        return 2 * self._look(self.net.at, "alltoall", lay.ep, routed) + self._all_reduce(lay.moe_tp, tokens)
 
     def layer_linear_s(self, tokens: float, moe: bool = False, decode_only: bool = False,
                        rank: float | None = None) -> float:

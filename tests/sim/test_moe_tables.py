@@ -221,6 +221,56 @@ def test_shared_experts_run_beside_the_routed_ones_where_the_engine_does(tmp_pat
     assert mix[0].step_s(step) == mix[1].step_s(step)
 
 
+def _deepseek_tp(tmp_path: Path, overlap: str, moe_kernels: str = "sglang"):
+    from tests.sim.test_parallel import _run, _scenario
+    return _run(_scenario(tmp_path, "parallel: {tp: 8}", model="deepseek-v3", hardware="h200-sxm",
+                          step=f"{{kind: ops, shared_experts_overlap: {overlap}, moe_kernels: {moe_kernels}, "
+                               "moe_routing: balanced}", extra="weight_format: fp8\n",
+                          name=f"ds-tp-{overlap}-{moe_kernels}")).step_time
+
+
+def test_shared_experts_fused_into_the_routed_kernel(tmp_path):
+    """`fused` (SGLang's DeepSeek path): the shared expert is one more expert every token is routed to and its own
+    GEMMs are gone. In a decode-only pass (bound by the experts' weights) the routed experts' time grows by one
+    expert's weights beside the D(T) the tokens touch, (D + 1) / D; in a pass with a prefill by one more expert's
+    work per token, (k + 1) / k = 9 / 8; with the measured kernel and with experts composed from GEMMs. Under expert
+    parallelism the fusion is off (the shared GEMMs run after the routed ones, as `off`)."""
+    from sim.models.parallel import distinct_experts
+    for kernels in ("sglang", "composed"):
+        off, fused = _deepseek_tp(tmp_path, "off", kernels), _deepseek_tp(tmp_path, "fused", kernels)
+        assert (off.moe_kernel is None) == (kernels == "composed")
+        g, e = off.moe_gemms, off.moe
+        assert (e.experts_per_token, e.num_shared_experts) == (8, 1)
+        for tokens in (1, 16, 512, 4096):
+            shared = off._look(g["shared_gate_up"].at, tokens) + off._look(g["shared_down"].at, tokens)
+            router, comm = off._look(g["router"].at, tokens), off._all_reduce(8, tokens)
+            if off.moe_kernel is not None:
+                routed, width = off.moe_kernel.at(tokens), 0.0
+            else:
+                routed = off._moe_ffn_s(tokens) - router - shared - comm - off._small_s(tokens, 9 * 2048 / 8)
+                width = 8 * 2048 / 8
+            assert routed > 0
+            assert off._moe_ffn_s(tokens) == pytest.approx(router + routed + shared + comm
+                                                           + off._small_s(tokens, width + 2048 / 8))
+            assert fused._moe_ffn_s(tokens) == pytest.approx(router + routed * 9 / 8 + comm
+                                                             + off._small_s(tokens, width * 9 / 8))
+            d = distinct_experts(256, 8, tokens, 0.0)
+            assert d == pytest.approx(8 if tokens == 1 else d) and 8 <= d <= 256
+            assert fused._moe_ffn_s(tokens, decode_only=True) == pytest.approx(
+                router + routed * (d + 1) / d + comm + off._small_s(tokens, width * 9 / 8))
+        # a decode step is faster fused (the shared GEMMs' fixed cost is gone); a long prefill costs about the same
+        from tests.sim.test_ops import decode_plan, prefill_plan
+        assert fused.step_s(decode_plan(8, 2048)) < off.step_s(decode_plan(8, 2048))
+        assert fused.step_s(prefill_plan(1, 4096)) == pytest.approx(off.step_s(prefill_plan(1, 4096)), rel=0.1)
+    # experts spread over GPUs: no fusion
+    from tests.sim.test_parallel import _run, _scenario
+    ep = [_run(_scenario(tmp_path, "parallel: {tp: 8, ep: 8, ep_communication: all_to_all}", model="deepseek-v3",
+                         hardware="h200-sxm", step=f"{{kind: ops, shared_experts_overlap: {o}}}",
+                         extra="weight_format: fp8\n", name=f"ds-ep-{o}")).step_time for o in ("off", "fused")]
+    for tokens in (1, 16, 512):
+        assert ep[1]._moe_ffn_s(tokens) == ep[0]._moe_ffn_s(tokens)
+
+
 @pytest.mark.parametrize("value", ["0", "always", "-4"])
 def test_shared_experts_overlap_refuses_other_values(tmp_path, value):
     from tests.sim.test_parallel import _run
