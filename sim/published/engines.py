@@ -72,8 +72,10 @@ class EngineDefaults:
     (step_time.model.shared_experts_overlap; only DeepSeek-V3 / R1 and Kimi-K2.5 have shared experts). Read in each
     engine's source, not fitted: vLLM at most 256 tokens a pass (VLLM_SHARED_EXPERTS_STREAM_TOKEN_THRESHOLD's
     default), TensorRT-LLM in decode-only passes (maybe_execute_in_parallel runs the two streams only under CUDA
-    graphs), SGLang `off` (its DeepSeek path fuses the shared expert into the routed kernel by default, and runs
-    two streams only where that fusion is off)."""
+    graphs), SGLang `off`. SGLang's DeepSeek path folds the shared expert into the routed kernel as one more expert
+    per token (num_fused_shared_experts) unless the experts are spread over GPUs; that reading (`fused`) was set
+    against `off` on SGLang's even lines, agg and disaggregated, and lost (TPOT 14.0% -> 14.6%, docs/fidelity.md
+    "SGLang's fused shared expert"), so `off` stays."""
     qk_norm_kernels: str = "separate"
     """Qwen3's / MiniMax-M2's q and k RMSNorms (step_time.model.qk_norm_kernels): two kernels of their own in vLLM and
     SGLang (q_norm, k_norm), fused with RoPE in TensorRT-LLM (fused_qk_norm_rope). Read in the engines' source."""
@@ -165,7 +167,8 @@ class EngineDefaults:
             ar += (f"; host {self.sync_host_per_sequence_s * 1e6:.4g} us per sequence a step before {self.async_since} "
                    "(synchronous scheduling)")
         over = self.shared_experts_overlap
-        shared = {"off": "in series with the routed ones", "decode": "beside the routed ones in decode-only passes"}.get(
+        shared = {"off": "in series with the routed ones", "decode": "beside the routed ones in decode-only passes",
+                  "fused": "fused into the routed kernel (in series under expert parallelism)"}.get(
             over, f"beside the routed ones in passes of <= {over} tokens")
         return (f"{self.backend} ({self.versions}): {sched}; KV admission {self.kv_admission}; {mem}; {graphs}; "
                 f"after a cold first wave: {self.later_waves}; MoE experts: {moe}; shared experts {shared}; "

@@ -317,7 +317,7 @@ def test_concurrency_is_the_stated_silicon_concurrency(tmp_path):
 
 def test_shared_experts_overlap_follows_each_engine_unless_asked(capsys):
     """Each engine's rule for shared experts and q / k norms (sim.published.engines) reaches the replayed scenario; the flag overrides it and refuses
-    anything but engine, off, decode or a positive token count."""
+    anything but engine, off, decode, fused or a positive token count."""
     from sim.published.predict import build_case
     from sim.published.rows import read_published
     rows = [r for r in read_published(FIXTURE) if r.mode == "agg"]
@@ -335,7 +335,7 @@ def test_shared_experts_overlap_follows_each_engine_unless_asked(capsys):
     with pytest.raises(SystemExit) as stop:
         main(["validate-published", str(FIXTURE), "--shared-experts-overlap", "always"])
     assert stop.value.code == 2
-    assert "expected engine, off, decode or a positive token count, got 'always'" in capsys.readouterr().err
+    assert "expected engine, off, decode, fused or a positive token count, got 'always'" in capsys.readouterr().err
 
 
 def test_frontend_is_each_engines_fit_unless_asked(capsys):
