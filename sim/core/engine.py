@@ -79,6 +79,87 @@ def arrivals(env: simpy.Environment, workload, make_requests: Callable[[np.ndarr
                 env.process(_cancel_at(env, req, cancel))
 
 
+class ArrivalFeed:
+    """The arrivals of `arrivals`, released by the one engine loop of a run instead of by a process of their own.
+
+    A run whose only SimPy processes would be `arrivals` and one `replica_loop` (one replica, open-loop arrivals,
+    nothing cancelled, no faults, a modelled executor) gives the loop this feed: the loop releases each request
+    itself at the time `arrivals` would have, one event less per request, with the same results byte for byte
+    (tests/sim/test_arrival_feed.py).
+
+    Same times: `arrivals` waits `t - now` from the time of the request before it, so a request is released at
+    `prev + (t - prev)` in floats (`next_fire`), and at once with the one before when `t <= prev`: a *group*,
+    released in one step. Same order: where a group and the loop's iteration end at the same instant, SimPy
+    takes the event scheduled first. The feed keeps that order with one counter (`tick`) that both sides draw
+    from when they would schedule: the loop when it would wait for an iteration, the feed when it would wait for
+    its next group (`next_seq`); a group is released before the loop's iteration ends when it fires earlier, or
+    at the same instant and was scheduled first."""
+
+    __slots__ = ("env", "_workload", "_make_requests", "_deliver", "_times", "_order", "_reqs", "_block_times",
+                 "_k", "_a", "next_fire", "next_seq", "_seq")
+
+    def __init__(self, env: simpy.Environment, workload, make_requests: Callable[[np.ndarray], list[Request]],
+                 deliver: Callable[[Request], None]):
+        self.env, self._make_requests, self._deliver = env, make_requests, deliver
+        self._times = workload.arrival_s + workload.outside_wait_s
+        self._order = np.argsort(self._times, kind="stable")
+        self._reqs: list[Request] = []
+        self._block_times: list[float] = []
+        self._k = self._a = 0
+        self._seq = 0
+        self.next_fire = math.inf
+        """When the next group is released (inf: none is left)."""
+        self.next_seq = 0
+        """When it was scheduled (the counter's value then)."""
+        # `arrivals` starts at the clock's time and waits for its first request unless it is due already
+        now = env.now
+        t = self._peek()
+        if t is not None:
+            self.next_fire = now + (t - now) if t > now else now
+            self.next_seq = self.tick()
+
+    def tick(self) -> int:
+        """The next value of the shared counter (something is scheduled)."""
+        self._seq += 1
+        return self._seq
+
+    def _peek(self) -> float | None:
+        """The next request's engine time (its block made into Requests when reached), None when none is left."""
+        if self._k == len(self._block_times):
+            if self._a >= len(self._order):
+                return None
+            block = self._order[self._a:self._a + 4096]  # Python objects a block at a time, as `arrivals` makes them
+            self._a += len(block)
+            self._reqs = self._make_requests(block)
+            self._block_times = self._times[block].tolist()
+            self._k = 0
+        return self._block_times[self._k]
+
+    def release(self) -> None:
+        """Release the next group at `next_fire` (the clock is set there): its requests go through `deliver` in
+        order, and the group after it is scheduled."""
+        env, deliver = self.env, self._deliver
+        fire = self.next_fire
+        env._now = fire
+        while True:
+            deliver(self._reqs[self._k])
+            self._k += 1
+            t = self._peek()
+            if t is None:
+                self.next_fire = math.inf
+                return
+            if t > fire:
+                self.next_fire = fire + (t - fire)
+                self.next_seq = self.tick()
+                return
+
+    def release_until(self, end_s: float, seq: int) -> None:
+        """The loop waits for an iteration ending at `end_s`, scheduled as `seq`: release every group SimPy would
+        run before the loop resumes."""
+        while self.next_fire < end_s or (self.next_fire == end_s and self.next_seq < seq):
+            self.release()
+
+
 def _cancel_at(env: simpy.Environment, req: Request, cancel):
     if req.cancel_at_s > env.now:
         yield env.timeout(req.cancel_at_s - env.now)
@@ -100,11 +181,14 @@ def _delay_to(now_s: float, t_s: float) -> float:
     return max(t_s - now_s, 0.0)
 
 
-def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_outcome, on_dropped):
+def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_outcome, on_dropped,
+                 feed: ArrivalFeed | None = None):
     """One replica: admit arrivals, plan a step, let it pass, commit. Policy lives in the scheduler.
 
     Idle, it waits for the next arrival; the run ends when no process has anything left to do.
     A fault interrupts it (simpy.Interrupt): it stops where it is, the in-flight iteration lost.
+    With `feed` (the run's only other process would have been `arrivals`) it releases the arrivals itself:
+    nothing else is scheduled, so the next event of the run is the feed's next group.
     """
     inbox, scheduler, timeline = replica.inbox, replica.scheduler, replica.timeline
     arrived, pool = inbox.items, scheduler.pool
@@ -127,6 +211,9 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
                 on_dropped(now)
             if plan is None:
                 if not scheduler.has_work:
+                    if feed is not None and feed.next_fire != math.inf:  # idle until the next group arrives
+                        feed.release()
+                        continue
                     replica.idle_get = inbox.get()
                     req = yield replica.idle_get
                     replica.idle_get = None
@@ -135,17 +222,24 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
             start, index = now, scheduler.iteration
             blocks = (pool.used_blocks, pool.cached_free.count, pool.host_used_blocks)
             step = executor.execute(plan, start)
+            horizon = env.peek() if feed is None else feed.next_fire  # the run's next event
             if fast_forward is not None and not plan.items:  # (a plan with explicit work is no steady stretch)
-                start, step = fast_forward(plan, start, step, env.peek(), executor.step_time.step_s, timeline, blocks)
+                start, step = fast_forward(plan, start, step, horizon, executor.step_time.step_s, timeline, blocks)
                 index = scheduler.iteration
             end = start + step
-            if fast_forward is not None and end < env.peek():
+            if fast_forward is not None and end < horizon:
                 # nothing else is scheduled before the step ends: pass the time without an event, to
                 # exactly start + step (the same callbacks and event order as yielding a timeout, fewer
                 # events; and exact where a timeout from `now` may land one unit in the last place off)
                 env._now = end
             else:
-                yield env.timeout(step if start == now else _delay_to(now, end))
+                delay = step if start == now else _delay_to(now, end)
+                if feed is None:
+                    yield env.timeout(delay)
+                else:  # the groups due before the timeout would fire, then the time it would fire at
+                    land = now + delay
+                    feed.release_until(land, feed.tick())
+                    env._now = land
             now = env.now
             timeline.on_iteration(start, now, plan, blocks)
             outcome = scheduler.commit(plan, now)

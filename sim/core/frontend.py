@@ -43,11 +43,24 @@ class Frontend:
         self._sole = len(replicas) == 1 and router.kind != "affinity"
 
     # ---- entering ---------------------------------------------------------------------------
-    def open(self) -> None:
-        """Start the arrivals: closed-loop users, or the workload's own arrival times."""
+    def open(self, feed: engine.ArrivalFeed | None = None) -> None:
+        """Start the arrivals: closed-loop users, or the workload's own arrival times (released by the engine loop
+        when it was given `feed`, see `arrival_feed`)."""
+        if feed is not None:
+            return
         self.clients = closed_loop_clients(self.env, self.workload, self.make_request, self.deliver)
         if self.clients is None:
             self.env.process(engine.arrivals(self.env, self.workload, self.make_requests, self.deliver, self.cancel))
+
+    def arrival_feed(self) -> engine.ArrivalFeed | None:
+        """The arrivals as a feed the one engine loop releases itself (engine.ArrivalFeed), when nothing but them and
+        that loop would be scheduled: one replica, open-loop arrivals, no cancellation, no parallel-sampling branch
+        waiting for its prompt. None otherwise (the caller also rules out faults and executors other than the model)."""
+        wl = self.workload
+        if (len(self.replicas) != 1 or wl.closed_users or (wl.leader is not None and (wl.leader >= 0).any())
+                or not np.isnan(wl.cancel_at_s).all()):
+            return None
+        return engine.ArrivalFeed(self.env, wl, self.make_requests, self.deliver)
 
     def _shareable(self, i: int) -> int | None:
         wl = self.workload
@@ -174,10 +187,12 @@ class Frontend:
         self.leave(req, now_s)
 
     # ---- one replica's callbacks ------------------------------------------------------------
-    def start(self, replica: Replica, executor) -> None:
-        """Run `replica`'s engine loop with `executor`, its outcomes coming back here."""
+    def start(self, replica: Replica, executor, feed: engine.ArrivalFeed | None = None) -> None:
+        """Run `replica`'s engine loop with `executor`, its outcomes coming back here (the arrivals through it with
+        `feed`)."""
         on_outcome, on_dropped = self._handlers(replica)
-        replica.process = self.env.process(engine.replica_loop(self.env, replica, executor, on_outcome, on_dropped))
+        replica.process = self.env.process(engine.replica_loop(self.env, replica, executor, on_outcome, on_dropped,
+                                                               feed))
 
     def _handlers(self, replica: Replica):
         scheduler = replica.scheduler

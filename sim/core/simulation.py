@@ -98,11 +98,13 @@ class Simulation:
     """
 
     def __init__(self, scenario: Scenario, base_dir: Path | str = ".", progress: Callable[[int, int], None] | None = None,
-                 stream=None, lazy_decode: bool = True, speculator_factory=Speculator):
+                 stream=None, lazy_decode: bool = True, speculator_factory=Speculator, arrival_feed: bool = True):
         self.scenario = scenario
         self.base_dir = Path(base_dir)
         self.progress = progress
         self.lazy_decode = lazy_decode
+        self.arrival_feed = arrival_feed
+        """Let a lone engine loop release the arrivals itself (engine.ArrivalFeed; False: `arrivals` as a process)."""
         self.speculator_factory = speculator_factory
         self.model = _load(load_model, scenario.model, self.base_dir)
         self.hw = _load(load_hardware, scenario.hardware, self.base_dir)
@@ -287,6 +289,7 @@ class Simulation:
         if getattr(sc, "disaggregation", None) is not None:  # a prefill pool and a decode pool (sim.core.pools)
             from sim.core.pools import run_disaggregated
             return run_disaggregated(self, executor, env)
+        own_clock = env is None  # nothing is scheduled on it but what this run schedules
         env = env or simpy.Environment()
         if executor is None and costmod.shape_cache_of(self.step_time) is not None:
             executors = {}   # each replica's engine keeps its own kernels (a restarted one starts empty)
@@ -301,9 +304,12 @@ class Simulation:
         timelines = [r.timeline for r in replicas]
         self._speculator = self._speculators[0] if self._speculators else None
         frontend = Frontend(env, sc, self.workload, replicas, ROUTERS[sc.cluster.router.kind](), rec, self.progress)
+        # the arrivals released by the engine loop itself when they and it are all there is to schedule
+        feed = (frontend.arrival_feed() if self.arrival_feed and own_clock and not sc.cluster.faults
+                and all(type(own(r)).begin is ModelledExecutor.begin for r in replicas) else None)
         for r in replicas:
-            frontend.start(r, own(r))
-        frontend.open()
+            frontend.start(r, own(r), feed)
+        frontend.open(feed)
         if sc.cluster.faults:
             FaultInjector(env, sc.cluster, frontend, lambda index, inc: self._new_replica(env, index, rec, deadline, inc),
                           lambda replica: frontend.start(replica, own(replica))).begin()
