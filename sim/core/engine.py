@@ -195,11 +195,15 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
     # a modelled step: skip steady decode stretches (a replay's executor runs every iteration)
     fast_forward = scheduler.fast_forward if getattr(executor, "fast_forward", False) else None
     ahead = scheduler.config.async_scheduling  # the next iteration was planned while the last one ran
+    # the model's own executor: its begin and committed do nothing and execute is the model's step_s (no frames)
+    modelled = type(executor) is ModelledExecutor and executor.shapes is None
+    model_step = executor.step_time.step_s if modelled else None
     stepped = False
     try:
         while True:
             now = env.now
-            executor.begin(now)
+            if not modelled:
+                executor.begin(now)
             if ahead and stepped and arrived:
                 plan = _plan_ahead(scheduler, arrived, now)
             else:
@@ -221,7 +225,7 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
                 continue
             start, index = now, scheduler.iteration
             blocks = (pool.used_blocks, pool.cached_free.count, pool.host_used_blocks)
-            step = executor.execute(plan, start)
+            step = model_step(plan) if modelled else executor.execute(plan, start)
             horizon = env.peek() if feed is None else feed.next_fire  # the run's next event
             if fast_forward is not None and not plan.items:  # (a plan with explicit work is no steady stretch)
                 start, step = fast_forward(plan, start, step, horizon, executor.step_time.step_s, timeline, blocks)
@@ -244,7 +248,8 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
             timeline.on_iteration(start, now, plan, blocks)
             outcome = scheduler.commit(plan, now)
             timeline.on_tokens(index, start, now, outcome)
-            executor.committed(plan, outcome, now)
+            if not modelled:
+                executor.committed(plan, outcome, now)
             on_outcome(outcome, now)
             stepped = True
             if scheduler.dropped:
