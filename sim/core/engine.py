@@ -126,7 +126,8 @@ class ArrivalFeed:
     def _peek(self) -> float | None:
         """The next request's engine time (its block made into Requests when reached), None when none is left."""
         if self._k == len(self._block_times):
-            if self._a >= len(self._order):
+            if self._order is None or self._a >= len(self._order):
+                self._times = self._order = None  # all released: the run's tables may use the memory
                 return None
             block = self._order[self._a:self._a + 4096]  # Python objects a block at a time, as `arrivals` makes them
             self._a += len(block)
