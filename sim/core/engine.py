@@ -93,9 +93,15 @@ class ArrivalFeed:
     takes the event scheduled first. The feed keeps that order with one counter (`tick`) that both sides draw
     from when they would schedule: the loop when it would wait for an iteration, the feed when it would wait for
     its next group (`next_seq`); a group is released before the loop's iteration ends when it fires earlier, or
-    at the same instant and was scheduled first."""
+    at the same instant and was scheduled first.
 
-    __slots__ = ("env", "_workload", "_make_requests", "_deliver", "_times", "_order", "_reqs", "_block_times",
+    After the last group `next_fire` is inf, where `arrivals` would still end at that instant (one more event);
+    nothing waits on that end, so only the loop's idle fast-forward sees the difference, and it is exact either
+    way. The first group is counted at construction: the loop schedules nothing before the feed is made. The
+    executor must not schedule SimPy events of its own (the run gives the feed only to executors whose `begin` is
+    the modelled one: one that lines up a clock of its own overrides `begin`)."""
+
+    __slots__ = ("env", "_make_requests", "_deliver", "_times", "_order", "_reqs", "_block_times",
                  "_k", "_a", "next_fire", "next_seq", "_seq")
 
     def __init__(self, env: simpy.Environment, workload, make_requests: Callable[[np.ndarray], list[Request]],
