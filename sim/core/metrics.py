@@ -8,6 +8,7 @@ request, percentiles by linear interpolation.
 from __future__ import annotations
 
 import math
+import struct
 import tempfile
 from array import array
 
@@ -28,6 +29,11 @@ PENDING_ROWS = 1024  # requests that left whose rows wait for one vectorised pas
 PENDING_SPANS = 4096  # decode-set spans whose largest gap waits for that pass (Timeline.decode_gaps)
 SPILL_VALUES = 1 << 16  # doubles an output table keeps in memory before moving them to a temporary file
 CHUNK_VALUES = 1 << 19  # doubles read back from a spill file at a time when only a few columns are needed
+# a row as the bytes of its doubles, appended with one frombytes (array.extend of a tuple converts and grows item by
+# item; the packed doubles are the same: both convert each value with float())
+_REQUEST_ROW = struct.Struct(f"{len(REQUEST_COLUMNS)}d").pack
+_ITERATION_ROW = struct.Struct(f"{len(ITERATION_COLUMNS)}d").pack
+_STRETCH_ROW = struct.Struct(f"{STRETCH_FIELDS}d").pack
 
 
 class Spilled:
@@ -212,7 +218,7 @@ class Recorder:
         done = req.status is Status.FINISHED
         first = req.first_token_s
         rows = self._rows
-        rows.buf.extend((
+        rows.buf.frombytes(_REQUEST_ROW(
             req.rid,
             -1 if req.replica is None else req.replica,
             STATUS_CODES[req.status],
@@ -427,8 +433,9 @@ class Timeline:
         self.regular.extend(array("i", (count,)) * k)
         self._prev_end_s = ends[-1]
         # a steady plan: decodes only (no prefill, no swap), decode_seqs = num_seqs = new_tokens = count
-        self._stretches.buf.extend((len(self.rows) // len(ITERATION_COLUMNS), len(self._ends) - k, k, first_start_s,
-                                    blocks[0], blocks[1], blocks[2], plan.pairs - count * k, count))
+        self._stretches.buf.frombytes(_STRETCH_ROW(len(self.rows) // len(ITERATION_COLUMNS), len(self._ends) - k, k,
+                                                   first_start_s, blocks[0], blocks[1], blocks[2], plan.pairs - count * k,
+                                                   count))
         self._stretches.spill_if_full()
 
     def on_tokens(self, index: int, start_s: float, end_s: float, outcome) -> None:
@@ -453,8 +460,7 @@ class Timeline:
         self.regular.append(regular)  # its gap is the iteration's duration (end_s - start_s)
         self._prev_end_s = end_s
         rows = self.rows
-        rows.buf.extend(self._pending)
-        rows.buf.append(outcome.output_tokens)
+        rows.buf.frombytes(_ITERATION_ROW(*self._pending, outcome.output_tokens))
         rows.spill_if_full()
 
 def stats(values: np.ndarray) -> dict[str, float | None]:
