@@ -98,8 +98,8 @@ class ArrivalFeed:
     After the last group `next_fire` is inf, where `arrivals` would still end at that instant (one more event);
     nothing waits on that end, so only the loop's idle fast-forward sees the difference, and it is exact either
     way. The first group is counted at construction: the loop schedules nothing before the feed is made. The
-    executor must not schedule SimPy events of its own (the run gives the feed only to executors whose `begin` is
-    the modelled one: one that lines up a clock of its own overrides `begin`)."""
+    executor must not schedule SimPy events of its own: the run gives the feed to the model's own executor only
+    (`ModelledExecutor` itself; a subclass, a replay's executor, keeps the `arrivals` process)."""
 
     __slots__ = ("env", "_make_requests", "_deliver", "_times", "_order", "_reqs", "_block_times",
                  "_k", "_a", "next_fire", "next_seq", "_seq")

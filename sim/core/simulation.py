@@ -306,7 +306,7 @@ class Simulation:
         frontend = Frontend(env, sc, self.workload, replicas, ROUTERS[sc.cluster.router.kind](), rec, self.progress)
         # the arrivals released by the engine loop itself when they and it are all there is to schedule
         feed = (frontend.arrival_feed() if self.arrival_feed and own_clock and not sc.cluster.faults
-                and all(type(own(r)).begin is ModelledExecutor.begin for r in replicas) else None)
+                and all(type(own(r)) is ModelledExecutor for r in replicas) else None)
         for r in replicas:
             frontend.start(r, own(r), feed)
         frontend.open(feed)

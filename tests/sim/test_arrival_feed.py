@@ -129,13 +129,17 @@ def test_the_tie_cases_meet_iteration_ends_and_a_wrong_tie_rule_shows():
 
 
 def test_the_feed_is_not_used_where_other_processes_run(monkeypatch):
-    """Two replicas, closed-loop users, cancellations, faults and a replay's own executor keep `arrivals` as a
+    """Two replicas, closed-loop users, cancellations, faults and any executor but the model's own keep `arrivals` as a
     process (the feed assumes nothing else is scheduled)."""
     calls = _released(monkeypatch)
 
     class Replay(ModelledExecutor):  # an executor that lines up a clock of its own when the loop wakes
         def begin(self, now_s):
             pass
+
+    class Watching(ModelledExecutor):  # one that only looks at the plans (it could schedule events of its own)
+        def execute(self, plan, start_s):
+            return super().execute(plan, start_s)
 
     others = [
         scenario(cluster={"replicas": 2}),
@@ -150,5 +154,6 @@ def test_the_feed_is_not_used_where_other_processes_run(monkeypatch):
     for sc in others:
         _run(sc, True)
     _run(scenario(), True, executor=Replay)
+    _run(scenario(), True, executor=Watching)
     assert not calls
     assert engine.arrivals  # (the process they keep)
