@@ -157,3 +157,26 @@ def test_the_feed_is_not_used_where_other_processes_run(monkeypatch):
     _run(scenario(), True, executor=Watching)
     assert not calls
     assert engine.arrivals  # (the process they keep)
+
+
+def test_the_steady_iteration_an_arrival_falls_in_is_fast_forwarded_too(monkeypatch):
+    """With the feed, the steady decode iteration an arrival lands in is committed with the stretch before it
+    (Scheduler.fast_forward's `land`); with the arrivals process it goes through the engine loop. Same bytes
+    either way (the cases above), fewer explicit commits with the feed: none of a decode-only iteration that
+    finished nobody, where the process run has many."""
+    from sim.core.schedulers.base import Scheduler
+    commit = Scheduler.commit
+    idle: list[int] = []
+
+    def counted(self, plan, now_s):
+        outcome = commit(self, plan, now_s)
+        if not plan.items and not outcome.finished_decodes:
+            idle.append(self.iteration)
+        return outcome
+    monkeypatch.setattr(Scheduler, "commit", counted)
+    sc = scenario(**CASES["poisson"])
+    fed = _run(sc, True)
+    folded = len(idle)
+    idle.clear()
+    assert _run(sc, False) == fed
+    assert folded == 0 and len(idle) > 50

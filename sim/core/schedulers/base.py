@@ -33,7 +33,7 @@ from pydantic import Field, PositiveInt
 from sim.core.kv import BlockManager
 from sim.core.step import StepPlan, join_hits, leave_hits
 from sim.core.request import Request, Status
-from sim.core.schedulers.steady import linear_terms, steady_linear
+from sim.core.schedulers.steady import grow, linear_terms, steady_linear, steady_stepped
 from sim.io.schema import StrictModel
 
 
@@ -471,38 +471,41 @@ class Scheduler:
         return max(m, 0)
 
     def fast_forward(self, plan: StepPlan, start_s: float, step_s: float, horizon_s: float,
-                     step_time: Callable[[StepPlan], float], timeline, blocks: tuple) -> tuple[float, float]:
+                     step_time: Callable[[StepPlan], float], timeline, blocks: tuple,
+                     land: Callable[[float, float], float] | None = None) -> tuple[float, float, bool]:
         """Commit the steady iterations (see `steady_iterations`) that end before `horizon_s`, the
         next event of the run, without the event loop; exactly what plan/commit would have done,
         iteration by iteration (same floats, same rows). `plan` becomes the next iteration's plan;
-        returns its start and step time. Nothing happens when the stretch is empty."""
+        returns its start and step time, and False. Nothing happens when the stretch is empty.
+
+        With `land` (the next event is an arrival, which joins only the iteration after the one it falls in), the
+        iteration ending at or past `horizon_s` is committed too when it is steady. It ends where the engine's clock
+        would land it: at start + step when it starts at `start_s`, else at start_s + land(start_s, start + step) (the
+        delay the engine would wait from `start_s`, engine._delay_to). Then the end comes back, with the step time
+        and True: the caller releases the arrivals up to it and plans afresh."""
         m = self.steady_iterations(plan)
         if m <= 0:
-            return start_s, step_s
+            return start_s, step_s, False
         plan = plan.thawed()   # this scheduler's own plan becomes the next steady iteration's, in place
         count = plan.lazy_decodes
         first, durations, ends, busy = start_s, [], [], timeline.busy_s
         linear = linear_terms(step_time, plan)
+        k = 0
         if linear is not None:  # LinearModel.step_s inlined on local counters: the same products, in the same order
             start_s, step_s, k, busy = steady_linear(linear, plan, count, m, start_s, step_s, horizon_s, durations, ends,
                                                      busy)
-            m = 0 if k else m
-        while m > 0:
-            end_s = start_s + step_s
-            if not end_s < horizon_s:
-                break
-            d = end_s - start_s
-            durations.append(d)
+            m -= k  # (the steady iterations left, from the one at start_s)
+        if not k:
+            start_s, step_s, m, busy = steady_stepped(plan, count, m, start_s, step_s, horizon_s, step_time, durations,
+                                                      ends, busy)
+        folded = land is not None and m > 0 and not start_s + step_s < horizon_s
+        if folded:  # the iteration the arrival falls in: steady too, committed here
+            end_s = start_s + step_s if start_s == first else first + land(first, start_s + step_s)
+            durations.append(end_s - start_s)
             ends.append(end_s)
-            busy += d
-            plan.pairs += count
-            plan.kv_tokens_read += count
-            plan.decode_kv_tokens += count
-            plan.decode_pairs += count
-            plan.max_context += 1
-            step_s = step_time(plan)
+            busy += end_s - start_s
+            grow(plan, count, 1)
             start_s = end_s
-            m -= 1
         plan.freeze()
         if ends:
             k = len(ends)
@@ -510,7 +513,7 @@ class Scheduler:
             self.iteration += k
             self._dec_computed += k * count
             self.now_s = ends[-1]
-        return start_s, step_s
+        return start_s, step_s, folded
 
     # ---- committing -----------------------------------------------------------------------
     def commit(self, plan: StepPlan, now_s: float) -> Outcome:

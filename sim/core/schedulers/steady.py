@@ -33,7 +33,7 @@ def steady_linear(linear: tuple, plan: StepPlan, count: int, m: int, start_s: fl
     own error; with none done the caller's loop steps into it at once. `busy_s` comes back with every duration added
     in turn (the sum Timeline.on_iteration would make, in the same order)."""
     head, p, r, seqs, decodes = linear
-    pairs, kv = plan.pairs, plan.kv_tokens_read
+    pairs, kv = plan.pairs, plan.kv_tokens_read  # (the plan itself is grown once, at the end)
     k = 0
     while k < m:
         end_s = start_s + step_s
@@ -50,8 +50,34 @@ def steady_linear(linear: tuple, plan: StepPlan, count: int, m: int, start_s: fl
         kv += count
         start_s, step_s = end_s, nxt
         k += 1
-    plan.pairs, plan.kv_tokens_read = pairs, kv
+    grow(plan, count, k)
+    return start_s, step_s, k, busy_s
+
+
+def grow(plan: StepPlan, count: int, k: int) -> None:
+    """Move a steady plan of `count` decodes on by k iterations: each reads one more token per sequence."""
+    plan.pairs += k * count
+    plan.kv_tokens_read += k * count
     plan.decode_kv_tokens += k * count
     plan.decode_pairs += k * count
     plan.max_context += k
-    return start_s, step_s, k, busy_s
+
+
+def steady_stepped(plan: StepPlan, count: int, m: int, start_s: float, step_s: float, horizon_s: float,
+                   step_time: Callable, durations: list, ends: list, busy_s: float) -> tuple[float, float, int, float]:
+    """`steady_linear` for any step-time model: up to m iterations that end before `horizon_s`, the plan grown and
+    `step_time` asked after each; returns the next iteration's start and step, the steady iterations left (of m) and
+    the busy time."""
+    while m > 0:
+        end_s = start_s + step_s
+        if not end_s < horizon_s:
+            break
+        d = end_s - start_s
+        durations.append(d)
+        ends.append(end_s)
+        busy_s += d
+        grow(plan, count, 1)
+        step_s = step_time(plan)
+        start_s = end_s
+        m -= 1
+    return start_s, step_s, m, busy_s
