@@ -89,6 +89,35 @@ def test_memory_per_gpu_is_exact(scenario, model, layout, fmt, hand):
     assert mem.num_blocks == mem.kv_budget_bytes_per_gpu // (16 * hand["kv_per_token"])
 
 
+# Llama-3.1-70B, TP8, BF16: 8 heads and 1 KV head per GPU, FFN 3584 per GPU, vocab 16032 rows per GPU
+LLAMA70_TP8 = {
+    "attention": 80 * (8192 * 8 * 128 + 2 * 8192 * 1 * 128 + 8 * 128 * 8192) * 2,
+    "ffn": 80 * (3 * 8192 * 3584) * 2,
+    "embedding": 16032 * 8192 * 2, "lm_head": 16032 * 8192 * 2,
+    "norms": (80 * (8192 + 8192) + 8192) * 2,
+    "kv_per_token": 80 * 1 * 2 * 128 * 2,
+}
+
+
+def test_disaggregated_pools_memory_per_gpu_is_exact(tmp_path):
+    """The shipped disaggregated deployment (docs/disaggregation.md's table): each pool's replica sized by hand."""
+    from capsim.cli import main
+    out = tmp_path / "d"
+    assert main(["run", str(REPO / "scenarios" / "disagg-llama-3.1-70b-h100.yaml"), "--out", str(out),
+                 "--set", "workload.num_requests=4"]) == 0
+    pools = json.loads((out / "summary.json").read_text())["disaggregation"]
+    card = int(0.9 * load_hardware("h100-sxm").memory_bytes)
+    for pool, hand, gpus in (("prefill", LLAMA70_TP4, 4), ("decode", LLAMA70_TP8, 8)):
+        par = pools[pool]["parallel"]
+        total = sum(hand[p] for p in ("attention", "ffn", "embedding", "lm_head", "norms"))
+        assert par["gpus_per_replica"] == gpus and par["weights_bytes_per_gpu"] == total
+        assert par["kv_bytes_per_token_per_gpu"] == hand["kv_per_token"]
+        assert par["activation_bytes_per_gpu"] == 2 * GIB
+        assert par["kv_budget_bytes_per_gpu"] == card - total - 2 * GIB
+        assert pools[pool]["kv_capacity_blocks"] == par["kv_budget_bytes_per_gpu"] // (16 * hand["kv_per_token"])
+    assert (pools["prefill"]["kv_capacity_blocks"], pools["decode"]["kv_capacity_blocks"]) == (26_377, 79_668)
+
+
 @pytest.mark.parametrize("model", ["llama-3.1-8b", "qwen3-8b", "mixtral-8x7b", "deepseek-v3", "qwen3-235b-a22b",
                                    "minimax-m2.5", "kimi-k2.5", "llama-3.1-405b"])
 @pytest.mark.parametrize("fmt", ["bf16", "fp8"])
@@ -150,6 +179,14 @@ def test_pipeline_stages_split_layers_and_edges():
 def test_layouts_the_model_cannot_take(model, layout, field, allowed):
     problems = layout_problems(ModelSpec(load_model(model)), layout)
     assert problems and problems[0].startswith(field + ":") and allowed in problems[0]
+
+
+def test_a_wrong_tp_is_not_blamed_on_ep():
+    """tp 3 on Mixtral: the heads say why; ep, left at 1, had been blamed too (its expert width over 3 GPUs), with an ep
+    of 3 offered that does not divide the 8 experts."""
+    spec = ModelSpec(load_model("mixtral-8x7b"))
+    assert layout_problems(spec, Layout(tp=3)) == [
+        "parallel.tp: 3 does not divide mixtral-8x7b's 32 attention heads (allowed: [1, 2, 4, 8, 16, 32])"]
 
 
 def _scenario(tmp_path, parallel: str, model="llama-3.1-8b", step="{kind: ops}", extra="", hardware="h100-sxm",
@@ -230,6 +267,20 @@ def test_pipeline_bubble_shows_in_iteration_time(tmp_path):
     assert pp4.step_s(plan) > pp1.step_s(plan)
     big = prefill_plan(2, 1024)
     assert pp4.step_s(big) < pp1.step_s(big)
+
+
+def test_collectives_beyond_the_largest_message_take_its_bandwidth(tmp_path):
+    """A 70B prefill pass of 8,192 tokens sends 134 MB between stages, twice the largest measured send: the
+    largest message's time in proportion to the bytes (its bus bandwidth), where it had stopped the run."""
+    from sim.models.ops_compose import prefill_plan
+    pp = _ops(tmp_path, "parallel: {tp: 2, pp: 2}", model="llama-3.1-70b")
+    for table, op in ((pp.net, "send_recv"), (pp.nccl, "all_reduce")):
+        xs, ys = table.series[(op, 2)]
+        assert table.at(op, 2, xs[-1]) == pytest.approx(ys[-1])
+        assert table.at(op, 2, 3 * xs[-1]) == pytest.approx(3 * ys[-1])
+        assert table.at(op, 2, 0.5 * xs[-1]) < ys[-1]
+    assert 8192 * 8192 * 2 > pp.net.series[("send_recv", 2)][0][-1]
+    assert pp.step_s(prefill_plan(2, 4096)) > pp.step_s(prefill_plan(2, 2048))
 
 
 def test_moe_reads_only_touched_experts(tmp_path):
