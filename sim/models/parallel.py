@@ -120,14 +120,16 @@ def layout_problems(spec: ModelSpec, layout: Layout, field: str = "parallel") ->
                            f"(allowed: {default!r}, or leave it out)")
     elif p.moe is not None:
         m = p.moe
+        fits = [d for d in _divisors(layout.expert_gpus)  # ep values both the experts and their width allow
+                if m.num_experts % d == 0 and m.expert_intermediate_size % (layout.expert_gpus // d) == 0]
         if m.num_experts % ep:
             out.append(f"{field}.ep: {ep} does not divide {p.name}'s {m.num_experts} experts "
                        f"(allowed: {[d for d in _divisors(m.num_experts) if layout.expert_gpus % d == 0]} "
                        f"with {layout.expert_gpus} expert GPUs)")
-        elif m.expert_intermediate_size % layout.moe_tp:
+        elif m.expert_intermediate_size % layout.moe_tp and not any(o.startswith(f"{field}.tp:") for o in out):
             out.append(f"{field}.ep: expert GPUs / ep = {layout.moe_tp} does not divide {p.name}'s expert width "
                        f"{m.expert_intermediate_size} (allowed ep for {layout.expert_gpus} expert GPUs: "
-                       f"{[d for d in _divisors(layout.expert_gpus) if m.expert_intermediate_size % (layout.expert_gpus // d) == 0]})")
+                       f"{fits or 'none: change tp'})")
     return out
 
 
