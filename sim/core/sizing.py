@@ -117,15 +117,24 @@ def _kv_budget(scenario: Scenario, hw: HardwareProfile, weight_bytes: int, gpus:
 
 
 def _layout_hint(scenario: Scenario, spec: ModelSpec, hw: HardwareProfile) -> str:
-    """'; the smallest layout that fits is ...' when the weights leave no KV on the card."""
-    from sim.models.parallel import smallest_fitting_layout
+    """'; the smallest layout that fits is ...' (and the smallest of tensor parallelism alone, when that one
+    pipelines) when the weights leave no KV on the card: the usable memory and reserve of the scenario's kv.budget
+    (a budget in bytes: the whole card, nothing reserved)."""
+    from sim.models.parallel import KV_HEADROOM, smallest_fitting_layout
     b = scenario.kv.budget
-    best = smallest_fitting_layout(spec, int(b.gpu_memory_utilization * hw.memory_bytes), scenario.weight_format,
-                                   b.activation_bytes + b.other_bytes)
+    usable, reserve = ((hw.memory_bytes, 0) if isinstance(b, int)
+                       else (int(b.gpu_memory_utilization * hw.memory_bytes), b.activation_bytes + b.other_bytes))
+    best = smallest_fitting_layout(spec, usable, scenario.weight_format, reserve)
     if best is None:
         return "; no layout of up to 64 GPUs fits"
-    return (f"; the smallest layout that fits is parallel: {{tp: {best.tp}, pp: {best.pp}, ep: {best.ep}}} "
-            f"({best.gpus} GPUs, leaving 20% or more of each for KV)")
+
+    def field(lay) -> str:
+        return f"parallel: {{tp: {lay.tp}, pp: {lay.pp}, ep: {lay.ep}}} ({lay.gpus} GPUs)"
+    hint = f"; the smallest layout that fits is {field(best)}, leaving {KV_HEADROOM:.0%} or more of each GPU for KV"
+    tp_only = smallest_fitting_layout(spec, usable, scenario.weight_format, reserve, max_pp=1)
+    if best.pp > 1 and tp_only is not None:
+        hint += f"; with tensor parallelism alone: {field(tp_only)}"
+    return hint
 
 
 def replica_memory(scenario: Scenario, spec: ModelSpec, hw: HardwareProfile) -> ReplicaMemory:
@@ -160,7 +169,7 @@ def replica_memory(scenario: Scenario, spec: ModelSpec, hw: HardwareProfile) -> 
         raise ConfigError(
             f"model: {spec.profile.name}'s {scenario.weight_format} weights need {gpu_weights / 2**30:.2f} GiB per GPU, "
             f"more than {hw.name}'s {hw.memory_bytes / 2**30:.2f} GiB; use a smaller weight_format, more GPUs "
-            "(parallel: {tp: N}) or offload: {layers: N}")
+            "(parallel: {tp: N}) or offload: {layers: N}" + _layout_hint(scenario, spec, hw))
     lora_bytes = 0
     if scenario.lora is not None:
         lora_bytes = scenario.lora.adapters * spec.lora_adapter_bytes(scenario.lora.rank, tuple(scenario.lora.targets),

@@ -217,8 +217,17 @@ def test_weights_larger_than_the_card_are_refused_before_running(capsys):
     lines = errors_of(capsys, ["run", str(EXAMPLE), *SMALL, "--set", "model=llama-2-70b"])
     assert lines == [f"error: {EXAMPLE}: model: llama-2-70b's bf16 weights need 128.48 GiB per GPU, more than "
                      "rtx-pro-6000-bw-ws's 89.41 GiB; use a smaller weight_format, more GPUs (parallel: {tp: N}) "
-                     "or offload: {layers: N}"]
+                     "or offload: {layers: N}; the smallest layout that fits is parallel: {tp: 2, pp: 1, ep: 1} "
+                     "(2 GPUs), leaving 20% or more of each GPU for KV"]
     assert main(["run", str(EXAMPLE), *SMALL, "--set", "model=llama-2-70b", "--set", "weight_format=int4"]) == 0
+    # where pipelining fits on fewer GPUs than tensor parallelism alone, both are named (as `capsim memory` does)
+    lines = errors_of(capsys, ["run", str(REPO_SCENARIOS / "parallel" / "llama-3.1-70b-tp4-h100.yaml"),
+                               "--set", "parallel.tp=1"])
+    assert len(lines) == 1 and lines[0].endswith(
+        "the smallest layout that fits is parallel: {tp: 1, pp: 3, ep: 1} (3 GPUs), leaving 20% or more of each GPU "
+        "for KV; with tensor parallelism alone: parallel: {tp: 4, pp: 1, ep: 1} (4 GPUs)")
+    assert main(["run", str(REPO_SCENARIOS / "parallel" / "llama-3.1-70b-tp4-h100.yaml"), "--set", "parallel.tp=1",
+                 "--set", "parallel.pp=3", "--set", "workload.num_requests=20"]) == 0
 
 
 @pytest.mark.parametrize("override, expected", [
