@@ -11,8 +11,9 @@ Per layer on one GPU (tp GPUs per stage, see sim.models.parallel for what each h
 - MoE layers: the router (M x hidden x E, replicated); the routed experts from an engine's measured fused-MoE
   kernel (profiles/ops/<card>/moe.csv, sim.models.moe_tables: the whole routed step for M tokens entering
   a GPU of E / ep experts split tp / ep ways, balanced routing; `moe_kernels`: vllm by default, sglang,
-  trtllm) when the table has the layer's shape, dtype and split and the layout's routing is uniform;
-  otherwise (or `moe_kernels: composed`) as one grouped GEMM per
+  trtllm) when the table has the layer's shape, dtype and split and the layout's routing is not skewed (with
+  `expert_imbalance` the busiest GPU runs the kernel at that many times the tokens: an upper bound at decode, where
+  its extra tokens mostly land on experts already read); otherwise (or `moe_kernels: composed`) as one grouped GEMM per
   projection over the GPU's E / ep experts: with T tokens touching D = sum_e 1 - (1 - q_e)^T distinct
   experts (q_e = k p_e, uniform p_e = 1/E unless parallel.routing_skew gives Zipf popularity), the
   busiest GPU runs D / ep experts with T k x expert_imbalance / D tokens each, costing D / E of the
@@ -172,12 +173,21 @@ class ParallelOpsModel(OpsModel):
 
     def _moe_kernel(self, tables: TableSet, dtype: str):
         """The measured fused-MoE curve over tokens for this layer's shape, dtype and expert split, or None
-        (no table, engine, shape or split not measured, skewed or imbalanced routing, or `moe_kernels: composed`)."""
+        (no table, engine, shape or split not measured, skewed routing, or `moe_kernels: composed`). Imbalance
+        keeps the kernel: the busiest GPU runs it at expert_imbalance times the tokens (`_moe_ffn_s`)."""
         lay, e = self.layout, self.moe
-        if self.cfg.moe_kernels == "composed" or lay.routing_skew != 0 or lay.expert_imbalance != 1:
+        if self.cfg.moe_kernels == "composed":
             return None
         path = find_table(tables.folder, "moe")
         if path is None:
+            return None
+        if lay.routing_skew != 0:  # the tables measure balanced and power-law routing, not this popularity
+            note = (path, "skew", self.spec.profile.name, lay.routing_skew)
+            if note not in _COMPOSED_NOTED:
+                _COMPOSED_NOTED.add(note)
+                print(f"note: parallel.routing_skew {lay.routing_skew:g}: {self.spec.profile.name}'s routed experts are "
+                      f"composed from GEMMs (the measured fused-MoE kernels of {path} assume "
+                      f"{self.cfg.moe_routing} routing)", file=self.stream)
             return None
         table = _cached(MoeTable, path)
         for name in MOE_DTYPES[dtype]:
@@ -248,8 +258,8 @@ class ParallelOpsModel(OpsModel):
         e, lay = self.moe, self.layout
         g = self.moe_gemms
         rank = tokens / self.dp if rank is None else rank
-        if self.moe_kernel is not None:  # measured: the activation is inside the fused kernel
-            routed = self._look(self.moe_kernel.at, tokens)
+        if self.moe_kernel is not None:  # measured: the activation is inside the fused kernel; the busiest GPU's
+            routed = self._look(self.moe_kernel.at, tokens * lay.expert_imbalance)  # experts get imbalance x the work
             routed_width = 0.0
         else:
             touched = distinct_experts(e.num_experts, e.experts_per_token, tokens, lay.routing_skew)

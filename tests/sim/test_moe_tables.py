@@ -89,6 +89,19 @@ def test_ops_model_takes_the_routed_experts_from_the_table(tmp_path):
     assert _model(tmp_path, folder, "{tp: 2}", extra_step=", moe_routing: balanced, moe_kernels: trtllm").moe_kernel is None
 
 
+def test_imbalance_runs_the_measured_kernel_at_more_tokens(tmp_path):
+    """The busiest GPU's experts get expert_imbalance times the work: the kernel at that many times the tokens, so a
+    step never gets faster as imbalance grows (it had switched to the composition, faster at some sizes)."""
+    folder = _card_with_moe(tmp_path, f"{MIXTRAL_TP2},1,100\n{MIXTRAL_TP2},8192,9000\n")
+    even = _model(tmp_path, folder, "{tp: 2}")
+    steps = [_model(tmp_path, folder, f"{{tp: 2, expert_imbalance: {x}}}") for x in (1.0, 1.001, 1.5, 4.0)]
+    assert all(m.moe_kernel is not None for m in steps)
+    times = [m._moe_ffn_s(64) for m in steps]
+    assert times[0] == even._moe_ffn_s(64) and times == sorted(times) and times[-1] > times[0]
+    assert steps[2]._moe_ffn_s(64) - even._moe_ffn_s(64) == pytest.approx(
+        even.moe_kernel.at(96) - even.moe_kernel.at(64))
+
+
 def test_routing_picks_its_measured_curve(tmp_path):
     skewed = MIXTRAL_TP2.replace("balanced", "power_law_1.2")
     folder = _card_with_moe(tmp_path, f"{MIXTRAL_TP2},1,100\n{MIXTRAL_TP2},8192,9000\n"
@@ -98,12 +111,13 @@ def test_routing_picks_its_measured_curve(tmp_path):
     assert m.moe_kernel.at(8192) == pytest.approx(12000e-6) and m.moe_kernel.at(1) == pytest.approx(90e-6)
 
 
-def test_table_not_used_where_it_does_not_apply(tmp_path):
-    # the table has tp 2 only: an EP layout, skewed routing or imbalance, or no table at all compose from GEMMs
+def test_table_not_used_where_it_does_not_apply(tmp_path, capsys):
+    # the table has tp 2 only: an EP layout, skewed routing, or no table at all compose from GEMMs
     folder = _card_with_moe(tmp_path, f"{MIXTRAL_TP2},1,100\n{MIXTRAL_TP2},8192,9000\n")
     assert _model(tmp_path, folder, "{tp: 2, ep: 2}").moe_kernel is None
-    assert _model(tmp_path, folder, "{tp: 2, routing_skew: 1.2}").moe_kernel is None
-    assert _model(tmp_path, folder, "{tp: 2, expert_imbalance: 1.3}").moe_kernel is None
+    assert _model(tmp_path, folder, "{tp: 2, routing_skew: 1.25}").moe_kernel is None
+    assert "note: parallel.routing_skew 1.25: mixtral-8x7b's routed experts are composed from GEMMs" in (
+        capsys.readouterr().err)
     bare = _card_with_moe(tmp_path / "bare", None)
     assert _model(tmp_path, bare, "{tp: 2}").moe_kernel is None
 
