@@ -196,8 +196,7 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
     A fault interrupts it (simpy.Interrupt): it stops where it is, the in-flight iteration lost.
     With `feed` (the run's only other process would have been `arrivals`) it releases the arrivals itself:
     nothing else is scheduled, so the next event of the run is the feed's next group, which joins only the
-    iteration after the one it falls in: a steady one is committed by the fast-forward too (`fold`), ending
-    where a timeout from `now` would land it.
+    iteration after the one it falls in (a steady one the fast-forward commits too: `fold`).
     """
     inbox, scheduler, timeline = replica.inbox, replica.scheduler, replica.timeline
     arrived, pool = inbox.items, scheduler.pool
@@ -238,11 +237,10 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
             step = model_step(plan) if modelled else executor.execute(plan, start)
             horizon = env.peek() if feed is None else feed.next_fire  # the run's next event
             if fast_forward is not None and not plan.items:  # (a plan with explicit work is no steady stretch)
-                start, step, folded = fast_forward(plan, start, step, horizon, executor.step_time.step_s, timeline,
-                                                   blocks, fold)
-                if folded:  # the iteration the next arrival falls in was steady too: committed, ending at `start`
-                    feed.release_until(start, feed.tick())
-                    env._now, stepped = start, True
+                start, step, outcome = fast_forward(plan, start, step, horizon, executor.step_time.step_s, timeline,
+                                                    blocks, fold)
+                if outcome is not None:  # the iteration after the stretch was committed too, ending at `start`
+                    stepped = _folded(env, feed, start, horizon, outcome, on_outcome, scheduler, on_dropped)
                     continue
                 index = scheduler.iteration
             end = start + step
@@ -267,6 +265,19 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
                 on_dropped(now)
     except simpy.Interrupt:
         return
+
+
+def _folded(env, feed: ArrivalFeed | None, end: float, horizon: float, outcome, on_outcome, scheduler,
+            on_dropped) -> bool:
+    """The engine loop's side of an iteration the fast-forward committed (Scheduler.fast_forward): the arrivals that
+    fell in it released, the time passed to its end, its outcome handed on. True: the loop has stepped."""
+    if not end < horizon:  # (only with the feed: an arrival's group fell in it)
+        feed.release_until(end, feed.tick())
+    env._now = end
+    on_outcome(outcome, end)
+    if scheduler.dropped:
+        on_dropped(end)
+    return True
 
 
 def _plan_ahead(scheduler, arrived: list, now: float):

@@ -33,7 +33,7 @@ from pydantic import Field, PositiveInt
 from sim.core.kv import BlockManager
 from sim.core.step import StepPlan, join_hits, leave_hits
 from sim.core.request import Request, Status
-from sim.core.schedulers.steady import grow, linear_terms, steady_linear, steady_stepped
+from sim.core.schedulers.steady import stretch
 from sim.io.schema import StrictModel
 
 
@@ -452,11 +452,11 @@ class Scheduler:
         """How many iterations, starting with the one `plan` describes, commit nothing but one token
         for every decode-set member, if no event (arrival, cancellation, fault) comes first: the
         batch stays the same, each iteration one token longer, until a member finishes or (on_demand)
-        needs its next block. 0 when anything else is going on."""
+        needs its next block (0: in the first, which is otherwise steady). -1 when anything else is going on."""
         if (not self.steady_decodes_only or not self.lazy or self.speculator is not None or plan.items
                 or plan.lazy_decodes != plan.num_seqs or plan.swap_bytes or self.waiting or self._explicit
                 or self._cancelled_in_flight or self._pending_decoders or self.dropped or not self.decoding):
-            return 0
+            return -1
         i = self.iteration
         heap = self._finish_heap
         while heap[0][2] != heap[0][3].lazy_version:  # stale entries (commit skips them too)
@@ -472,40 +472,26 @@ class Scheduler:
 
     def fast_forward(self, plan: StepPlan, start_s: float, step_s: float, horizon_s: float,
                      step_time: Callable[[StepPlan], float], timeline, blocks: tuple,
-                     land: Callable[[float, float], float] | None = None) -> tuple[float, float, bool]:
+                     land: Callable[[float, float], float] | None = None) -> tuple[float, float, Outcome | None]:
         """Commit the steady iterations (see `steady_iterations`) that end before `horizon_s`, the
         next event of the run, without the event loop; exactly what plan/commit would have done,
         iteration by iteration (same floats, same rows). `plan` becomes the next iteration's plan;
-        returns its start and step time, and False. Nothing happens when the stretch is empty.
+        returns its start and step time. Nothing happens when the plan is not steady.
 
-        With `land` (the next event is an arrival, which joins only the iteration after the one it falls in), the
-        iteration ending at or past `horizon_s` is committed too when it is steady. It ends where the engine's clock
-        would land it: at start + step when it starts at `start_s`, else at start_s + land(start_s, start + step) (the
-        delay the engine would wait from `start_s`, engine._delay_to). Then the end comes back, with the step time
-        and True: the caller releases the arrivals up to it and plans afresh."""
+        That next iteration is committed here too (its outcome returned, else None) when nothing comes before its
+        end: the decode set's members whose last token it is leave as `commit` takes them out. With `land` (the next
+        event is an arrival, which joins only the iteration after the one it falls in), so is a steady one ending at
+        or past `horizon_s`, where the engine's clock would land it: start_s + land(start_s, its end) when it starts
+        later than `start_s` (engine._delay_to). The caller passes the time to its end (the start returned) and
+        releases the arrivals up to it."""
         m = self.steady_iterations(plan)
-        if m <= 0:
-            return start_s, step_s, False
+        if m < 0:
+            return start_s, step_s, None
         plan = plan.thawed()   # this scheduler's own plan becomes the next steady iteration's, in place
         count = plan.lazy_decodes
-        first, durations, ends, busy = start_s, [], [], timeline.busy_s
-        linear = linear_terms(step_time, plan)
-        k = 0
-        if linear is not None:  # LinearModel.step_s inlined on local counters: the same products, in the same order
-            start_s, step_s, k, busy = steady_linear(linear, plan, count, m, start_s, step_s, horizon_s, durations, ends,
-                                                     busy)
-            m -= k  # (the steady iterations left, from the one at start_s)
-        if not k:
-            start_s, step_s, m, busy = steady_stepped(plan, count, m, start_s, step_s, horizon_s, step_time, durations,
-                                                      ends, busy)
-        folded = land is not None and m > 0 and not start_s + step_s < horizon_s
-        if folded:  # the iteration the arrival falls in: steady too, committed here
-            end_s = start_s + step_s if start_s == first else first + land(first, start_s + step_s)
-            durations.append(end_s - start_s)
-            ends.append(end_s)
-            busy += end_s - start_s
-            grow(plan, count, 1)
-            start_s = end_s
+        first, durations, ends = start_s, [], []
+        start_s, step_s, folded, busy = stretch(plan, count, m, start_s, step_s, horizon_s, step_time, land, durations,
+                                                ends, timeline.busy_s)
         plan.freeze()
         if ends:
             k = len(ends)
@@ -513,7 +499,12 @@ class Scheduler:
             self.iteration += k
             self._dec_computed += k * count
             self.now_s = ends[-1]
-        return start_s, step_s, folded
+        if not folded:
+            return start_s, step_s, None
+        finished = self._due(self.iteration - 1)  # (its timing is on the timeline: they materialise to its end)
+        for req in finished:
+            self._finish(req, start_s)
+        return start_s, step_s, Outcome([], finished, count, count)
 
     # ---- committing -----------------------------------------------------------------------
     def commit(self, plan: StepPlan, now_s: float) -> Outcome:
@@ -528,13 +519,7 @@ class Scheduler:
                     self._leave_decode(req, i)
             decode_tokens = len(self.decoding)
             self._dec_computed += decode_tokens
-            heap = self._finish_heap
-            while heap and heap[0][0] <= i:
-                _, _, version, req = heapq.heappop(heap)
-                if version != req.lazy_version:
-                    continue
-                self._leave_decode(req, i + 1)
-                finished_decodes.append(req)
+            finished_decodes = self._due(i)
         emitted = []
         extra_tokens = 0
         accepted = {}
@@ -584,6 +569,17 @@ class Scheduler:
         self._cancelled_in_flight.clear()
         self.iteration = i + 1
         return Outcome(emitted, finished_decodes, decode_tokens, decode_tokens + len(emitted) + extra_tokens)
+
+    def _due(self, i: int) -> list[Request]:
+        """The decode set's members whose last token is iteration i's, out of the set and materialised (heap order)."""
+        out = []
+        heap = self._finish_heap
+        while heap and heap[0][0] <= i:
+            _, _, version, req = heapq.heappop(heap)
+            if version == req.lazy_version:
+                self._leave_decode(req, i + 1)
+                out.append(req)
+        return out
 
     def _finish(self, req: Request, now_s: float) -> None:
         req.status = Status.FINISHED

@@ -81,3 +81,33 @@ def steady_stepped(plan: StepPlan, count: int, m: int, start_s: float, step_s: f
         start_s = end_s
         m -= 1
     return start_s, step_s, m, busy_s
+
+
+def stretch(plan: StepPlan, count: int, m: int, start_s: float, step_s: float, horizon_s: float, step_time: Callable,
+            land: Callable[[float, float], float] | None, durations: list, ends: list,
+            busy_s: float) -> tuple[float, float, bool, float]:
+    """Scheduler.fast_forward's iterations: the steady ones (up to m) that end before `horizon_s`, under a plain linear
+    model on local counters (`steady_linear`), else asking `step_time` (`steady_stepped`); then the next one too when
+    it ends before `horizon_s`, or, with `land`, when it is steady (m left) and ends at or past it, at
+    start + land(start, its end) when it starts later than the first (`start_s`). Returns the start and step of the
+    iteration after the last one done, whether that next one was done (folded), and the busy time."""
+    first, k = start_s, 0
+    linear = linear_terms(step_time, plan)
+    if linear is not None:  # LinearModel.step_s inlined on local counters: the same products, in the same order
+        start_s, step_s, k, busy_s = steady_linear(linear, plan, count, m, start_s, step_s, horizon_s, durations, ends,
+                                                   busy_s)
+        m -= k  # (the steady iterations left, from the one at start_s)
+    if not k:
+        start_s, step_s, m, busy_s = steady_stepped(plan, count, m, start_s, step_s, horizon_s, step_time, durations,
+                                                    ends, busy_s)
+    end_s = start_s + step_s
+    folded = end_s < horizon_s or (land is not None and m > 0)
+    if folded:
+        if not end_s < horizon_s and start_s != first:
+            end_s = first + land(first, end_s)
+        durations.append(end_s - start_s)
+        ends.append(end_s)
+        busy_s += end_s - start_s
+        grow(plan, count, 1)
+        start_s = end_s
+    return start_s, step_s, folded, busy_s
