@@ -195,8 +195,7 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
     Idle, it waits for the next arrival; the run ends when no process has anything left to do.
     A fault interrupts it (simpy.Interrupt): it stops where it is, the in-flight iteration lost.
     With `feed` (the run's only other process would have been `arrivals`) it releases the arrivals itself:
-    nothing else is scheduled, so the next event of the run is the feed's next group, which joins only the
-    iteration after the one it falls in (a steady one the fast-forward commits too: `fold`).
+    nothing else is scheduled, so the next event of the run is the feed's next group.
     """
     inbox, scheduler, timeline = replica.inbox, replica.scheduler, replica.timeline
     arrived, pool = inbox.items, scheduler.pool
@@ -206,7 +205,6 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
     # the model's own executor: its begin and committed do nothing and execute is the model's step_s (no frames)
     modelled = type(executor) is ModelledExecutor and executor.shapes is None
     model_step = executor.step_time.step_s if modelled else None
-    fold = _delay_to if feed is not None else None
     stepped = False
     try:
         while True:
@@ -232,27 +230,27 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
                     replica.idle_get = None
                     scheduler.admit(req, env.now)
                 continue
-            start, index = now, scheduler.iteration  # (fast-forwarding passes the time to exactly start + step)
+            start, index = now, scheduler.iteration
             blocks = (pool.used_blocks, pool.cached_free.count, pool.host_used_blocks)
             step = model_step(plan) if modelled else executor.execute(plan, start)
             horizon = env.peek() if feed is None else feed.next_fire  # the run's next event
             if fast_forward is not None and not plan.items:  # (a plan with explicit work is no steady stretch)
-                start, step, outcome = fast_forward(plan, start, step, horizon, executor.step_time.step_s, timeline,
-                                                    blocks, fold)
-                if outcome is not None:  # the iteration after the stretch was committed too, ending at `start`
-                    stepped = _folded(env, feed, start, horizon, outcome, on_outcome, scheduler, on_dropped)
-                    continue
+                start, step = fast_forward(plan, start, step, horizon, executor.step_time.step_s, timeline, blocks)
                 index = scheduler.iteration
             end = start + step
             if fast_forward is not None and end < horizon:
-                env._now = end  # nothing else comes first: no event (exact, where a timeout may land an ulp off)
+                # nothing else is scheduled before the step ends: pass the time without an event, to
+                # exactly start + step (the same callbacks and event order as yielding a timeout, fewer
+                # events; and exact where a timeout from `now` may land one unit in the last place off)
+                env._now = end
             else:
                 delay = step if start == now else _delay_to(now, end)
                 if feed is None:
                     yield env.timeout(delay)
                 else:  # the groups due before the timeout would fire, then the time it would fire at
-                    feed.release_until(now + delay, feed.tick())
-                    env._now = now + delay
+                    land = now + delay
+                    feed.release_until(land, feed.tick())
+                    env._now = land
             now = env.now
             timeline.on_iteration(start, now, plan, blocks)
             outcome = scheduler.commit(plan, now)
@@ -265,19 +263,6 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
                 on_dropped(now)
     except simpy.Interrupt:
         return
-
-
-def _folded(env, feed: ArrivalFeed | None, end: float, horizon: float, outcome, on_outcome, scheduler,
-            on_dropped) -> bool:
-    """The engine loop's side of an iteration the fast-forward committed (Scheduler.fast_forward): the arrivals that
-    fell in it released, the time passed to its end, its outcome handed on. True: the loop has stepped."""
-    if not end < horizon:  # (only with the feed: an arrival's group fell in it)
-        feed.release_until(end, feed.tick())
-    env._now = end
-    on_outcome(outcome, end)
-    if scheduler.dropped:
-        on_dropped(end)
-    return True
 
 
 def _plan_ahead(scheduler, arrived: list, now: float):

@@ -157,31 +157,3 @@ def test_the_feed_is_not_used_where_other_processes_run(monkeypatch):
     _run(scenario(), True, executor=Watching)
     assert not calls
     assert engine.arrivals  # (the process they keep)
-
-
-def test_the_iteration_after_a_stretch_is_fast_forwarded_too(monkeypatch):
-    """Scheduler.fast_forward also commits the iteration after its stretch: the steady one an arrival lands in (with
-    the feed, `land`), and one in which members finish when nothing comes before its end. Same bytes either way
-    (the cases above, and fast-forward on against off in test_fast_forward.py); far fewer explicit commits of
-    decode-only iterations: none that finished nobody, where the process run has many, and of those that finished
-    somebody only the ones an arrival fell in, under half of what stepping every iteration commits."""
-    from sim.core.schedulers.base import Scheduler
-    commit = Scheduler.commit
-    idle: list[int] = []
-    finishing: list[int] = []
-
-    def counted(self, plan, now_s):
-        outcome = commit(self, plan, now_s)
-        if not plan.items:
-            (finishing if outcome.finished_decodes else idle).append(self.iteration)
-        return outcome
-    monkeypatch.setattr(Scheduler, "commit", counted)
-    sc = scenario(**CASES["poisson"])
-    fed = _run(sc, True)
-    folded = (len(idle), len(finishing))
-    idle.clear(), finishing.clear()
-    assert _run(sc, False) == fed
-    assert folded[0] == 0 and len(idle) > 50
-    idle.clear(), finishing.clear()
-    assert _run(sc, True, lambda st: ModelledExecutor(st, fast_forward=False)) == fed
-    assert len(finishing) > 50 and folded[1] < len(finishing) / 2

@@ -33,7 +33,7 @@ from pydantic import Field, PositiveInt
 from sim.core.kv import BlockManager
 from sim.core.step import StepPlan, join_hits, leave_hits
 from sim.core.request import Request, Status
-from sim.core.schedulers.steady import stretch
+from sim.core.schedulers.steady import linear_terms, steady_linear
 from sim.io.schema import StrictModel
 
 
@@ -452,11 +452,11 @@ class Scheduler:
         """How many iterations, starting with the one `plan` describes, commit nothing but one token
         for every decode-set member, if no event (arrival, cancellation, fault) comes first: the
         batch stays the same, each iteration one token longer, until a member finishes or (on_demand)
-        needs its next block (0: in the first, which is otherwise steady). -1 when anything else is going on."""
+        needs its next block. 0 when anything else is going on."""
         if (not self.steady_decodes_only or not self.lazy or self.speculator is not None or plan.items
                 or plan.lazy_decodes != plan.num_seqs or plan.swap_bytes or self.waiting or self._explicit
                 or self._cancelled_in_flight or self._pending_decoders or self.dropped or not self.decoding):
-            return -1
+            return 0
         i = self.iteration
         heap = self._finish_heap
         while heap[0][2] != heap[0][3].lazy_version:  # stale entries (commit skips them too)
@@ -471,27 +471,38 @@ class Scheduler:
         return max(m, 0)
 
     def fast_forward(self, plan: StepPlan, start_s: float, step_s: float, horizon_s: float,
-                     step_time: Callable[[StepPlan], float], timeline, blocks: tuple,
-                     land: Callable[[float, float], float] | None = None) -> tuple[float, float, Outcome | None]:
+                     step_time: Callable[[StepPlan], float], timeline, blocks: tuple) -> tuple[float, float]:
         """Commit the steady iterations (see `steady_iterations`) that end before `horizon_s`, the
         next event of the run, without the event loop; exactly what plan/commit would have done,
         iteration by iteration (same floats, same rows). `plan` becomes the next iteration's plan;
-        returns its start and step time. Nothing happens when the plan is not steady.
-
-        That next iteration is committed here too (its outcome returned, else None) when nothing comes before its
-        end: the decode set's members whose last token it is leave as `commit` takes them out. With `land` (the next
-        event is an arrival, which joins only the iteration after the one it falls in), so is a steady one ending at
-        or past `horizon_s`, where the engine's clock would land it: start_s + land(start_s, its end) when it starts
-        later than `start_s` (engine._delay_to). The caller passes the time to its end (the start returned) and
-        releases the arrivals up to it."""
+        returns its start and step time. Nothing happens when the stretch is empty."""
         m = self.steady_iterations(plan)
-        if m < 0:
-            return start_s, step_s, None
+        if m <= 0:
+            return start_s, step_s
         plan = plan.thawed()   # this scheduler's own plan becomes the next steady iteration's, in place
         count = plan.lazy_decodes
-        first, durations, ends = start_s, [], []
-        start_s, step_s, folded, busy = stretch(plan, count, m, start_s, step_s, horizon_s, step_time, land, durations,
-                                                ends, timeline.busy_s)
+        first, durations, ends, busy = start_s, [], [], timeline.busy_s
+        linear = linear_terms(step_time, plan)
+        if linear is not None:  # LinearModel.step_s inlined on local counters: the same products, in the same order
+            start_s, step_s, k, busy = steady_linear(linear, plan, count, m, start_s, step_s, horizon_s, durations, ends,
+                                                     busy)
+            m = 0 if k else m
+        while m > 0:
+            end_s = start_s + step_s
+            if not end_s < horizon_s:
+                break
+            d = end_s - start_s
+            durations.append(d)
+            ends.append(end_s)
+            busy += d
+            plan.pairs += count
+            plan.kv_tokens_read += count
+            plan.decode_kv_tokens += count
+            plan.decode_pairs += count
+            plan.max_context += 1
+            step_s = step_time(plan)
+            start_s = end_s
+            m -= 1
         plan.freeze()
         if ends:
             k = len(ends)
@@ -499,12 +510,7 @@ class Scheduler:
             self.iteration += k
             self._dec_computed += k * count
             self.now_s = ends[-1]
-        if not folded:
-            return start_s, step_s, None
-        finished = self._due(self.iteration - 1)  # (its timing is on the timeline: they materialise to its end)
-        for req in finished:
-            self._finish(req, start_s)
-        return start_s, step_s, Outcome([], finished, count, count)
+        return start_s, step_s
 
     # ---- committing -----------------------------------------------------------------------
     def commit(self, plan: StepPlan, now_s: float) -> Outcome:
@@ -519,7 +525,13 @@ class Scheduler:
                     self._leave_decode(req, i)
             decode_tokens = len(self.decoding)
             self._dec_computed += decode_tokens
-            finished_decodes = self._due(i)
+            heap = self._finish_heap
+            while heap and heap[0][0] <= i:
+                _, _, version, req = heapq.heappop(heap)
+                if version != req.lazy_version:
+                    continue
+                self._leave_decode(req, i + 1)
+                finished_decodes.append(req)
         emitted = []
         extra_tokens = 0
         accepted = {}
@@ -569,17 +581,6 @@ class Scheduler:
         self._cancelled_in_flight.clear()
         self.iteration = i + 1
         return Outcome(emitted, finished_decodes, decode_tokens, decode_tokens + len(emitted) + extra_tokens)
-
-    def _due(self, i: int) -> list[Request]:
-        """The decode set's members whose last token is iteration i's, out of the set and materialised (heap order)."""
-        out = []
-        heap = self._finish_heap
-        while heap and heap[0][0] <= i:
-            _, _, version, req = heapq.heappop(heap)
-            if version == req.lazy_version:
-                self._leave_decode(req, i + 1)
-                out.append(req)
-        return out
 
     def _finish(self, req: Request, now_s: float) -> None:
         req.status = Status.FINISHED

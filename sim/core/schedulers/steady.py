@@ -33,7 +33,7 @@ def steady_linear(linear: tuple, plan: StepPlan, count: int, m: int, start_s: fl
     own error; with none done the caller's loop steps into it at once. `busy_s` comes back with every duration added
     in turn (the sum Timeline.on_iteration would make, in the same order)."""
     head, p, r, seqs, decodes = linear
-    pairs, kv = plan.pairs, plan.kv_tokens_read  # (the plan itself is grown once, at the end)
+    pairs, kv = plan.pairs, plan.kv_tokens_read
     k = 0
     while k < m:
         end_s = start_s + step_s
@@ -50,64 +50,8 @@ def steady_linear(linear: tuple, plan: StepPlan, count: int, m: int, start_s: fl
         kv += count
         start_s, step_s = end_s, nxt
         k += 1
-    grow(plan, count, k)
-    return start_s, step_s, k, busy_s
-
-
-def grow(plan: StepPlan, count: int, k: int) -> None:
-    """Move a steady plan of `count` decodes on by k iterations: each reads one more token per sequence."""
-    plan.pairs += k * count
-    plan.kv_tokens_read += k * count
+    plan.pairs, plan.kv_tokens_read = pairs, kv
     plan.decode_kv_tokens += k * count
     plan.decode_pairs += k * count
     plan.max_context += k
-
-
-def steady_stepped(plan: StepPlan, count: int, m: int, start_s: float, step_s: float, horizon_s: float,
-                   step_time: Callable, durations: list, ends: list, busy_s: float) -> tuple[float, float, int, float]:
-    """`steady_linear` for any step-time model: up to m iterations that end before `horizon_s`, the plan grown and
-    `step_time` asked after each; returns the next iteration's start and step, the steady iterations left (of m) and
-    the busy time."""
-    while m > 0:
-        end_s = start_s + step_s
-        if not end_s < horizon_s:
-            break
-        d = end_s - start_s
-        durations.append(d)
-        ends.append(end_s)
-        busy_s += d
-        grow(plan, count, 1)
-        step_s = step_time(plan)
-        start_s = end_s
-        m -= 1
-    return start_s, step_s, m, busy_s
-
-
-def stretch(plan: StepPlan, count: int, m: int, start_s: float, step_s: float, horizon_s: float, step_time: Callable,
-            land: Callable[[float, float], float] | None, durations: list, ends: list,
-            busy_s: float) -> tuple[float, float, bool, float]:
-    """Scheduler.fast_forward's iterations: the steady ones (up to m) that end before `horizon_s`, under a plain linear
-    model on local counters (`steady_linear`), else asking `step_time` (`steady_stepped`); then the next one too when
-    it ends before `horizon_s`, or, with `land`, when it is steady (m left) and ends at or past it, at
-    start + land(start, its end) when it starts later than the first (`start_s`). Returns the start and step of the
-    iteration after the last one done, whether that next one was done (folded), and the busy time."""
-    first, k = start_s, 0
-    linear = linear_terms(step_time, plan)
-    if linear is not None:  # LinearModel.step_s inlined on local counters: the same products, in the same order
-        start_s, step_s, k, busy_s = steady_linear(linear, plan, count, m, start_s, step_s, horizon_s, durations, ends,
-                                                   busy_s)
-        m -= k  # (the steady iterations left, from the one at start_s)
-    if not k:
-        start_s, step_s, m, busy_s = steady_stepped(plan, count, m, start_s, step_s, horizon_s, step_time, durations,
-                                                    ends, busy_s)
-    end_s = start_s + step_s
-    folded = end_s < horizon_s or (land is not None and m > 0)
-    if folded:
-        if not end_s < horizon_s and start_s != first:
-            end_s = first + land(first, end_s)
-        durations.append(end_s - start_s)
-        ends.append(end_s)
-        busy_s += end_s - start_s
-        grow(plan, count, 1)
-        start_s = end_s
-    return start_s, step_s, folded, busy_s
+    return start_s, step_s, k, busy_s
