@@ -29,6 +29,14 @@ LLAMA70_TP4 = {
     "norms": (80 * (8192 + 8192) + 8192) * 2,
     "kv_per_token": 80 * 2 * 2 * 128 * 2,
 }
+# Llama-3.1-70B, TP8, BF16: 8 heads and 1 KV head per GPU, FFN 3584 per GPU, vocab 16032 rows per GPU
+LLAMA70_TP8 = {
+    "attention": 80 * (8192 * 8 * 128 + 2 * 8192 * 1 * 128 + 8 * 128 * 8192) * 2,
+    "ffn": 80 * (3 * 8192 * 3584) * 2,
+    "embedding": 16032 * 8192 * 2, "lm_head": 16032 * 8192 * 2,
+    "norms": (80 * (8192 + 8192) + 8192) * 2,
+    "kv_per_token": 80 * 1 * 2 * 128 * 2,
+}
 # Mixtral-8x7B, TP2, BF16: h 4096, 32 layers, 32 heads (16), 8 KV heads (4), router 4096 x 8 replicated,
 # 8 experts of 3 x 4096 x 14336 each split two ways, vocab 32000 (16000 rows)
 MIXTRAL_TP2 = {
@@ -87,16 +95,6 @@ def test_memory_per_gpu_is_exact(scenario, model, layout, fmt, hand):
     assert mem.kv_budget_bytes_per_gpu == int(0.9 * hw.memory_bytes) - total - 2 * GIB
     assert mem.kv_bytes_per_token_per_gpu == hand["kv_per_token"]
     assert mem.num_blocks == mem.kv_budget_bytes_per_gpu // (16 * hand["kv_per_token"])
-
-
-# Llama-3.1-70B, TP8, BF16: 8 heads and 1 KV head per GPU, FFN 3584 per GPU, vocab 16032 rows per GPU
-LLAMA70_TP8 = {
-    "attention": 80 * (8192 * 8 * 128 + 2 * 8192 * 1 * 128 + 8 * 128 * 8192) * 2,
-    "ffn": 80 * (3 * 8192 * 3584) * 2,
-    "embedding": 16032 * 8192 * 2, "lm_head": 16032 * 8192 * 2,
-    "norms": (80 * (8192 + 8192) + 8192) * 2,
-    "kv_per_token": 80 * 1 * 2 * 128 * 2,
-}
 
 
 def test_disaggregated_pools_memory_per_gpu_is_exact(tmp_path):
