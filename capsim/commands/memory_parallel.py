@@ -155,7 +155,8 @@ def parallel_rows(block: dict) -> list[tuple[str, str]]:
                                 f"{fmt_bytes(w['lm_head'])}, norms {fmt_bytes(w['norms'])}; stage {w['stage']})"),
             ("KV per token per GPU", f"{block['kv_bytes_per_token_per_gpu']:g} B (each KV element kept "
                                      f"{block['kv_replication']}x)"),
-            ("activations per GPU", fmt_bytes(block["activation_bytes_per_gpu"])),
+            ("activations per GPU", fmt_bytes(block["activation_bytes_per_gpu"]) if block["activation_bytes_per_gpu"]
+             else "0 B (none reserved: --activation sets the activations' and CUDA graphs' share)"),
             ("KV for the requests per GPU", fmt_bytes(block["kv_bytes_per_gpu"]))]
     if block["kv_budget_bytes_per_gpu"] is not None:
         rows += [("KV budget per GPU", fmt_bytes(block["kv_budget_bytes_per_gpu"])),

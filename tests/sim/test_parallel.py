@@ -312,6 +312,9 @@ def test_memory_command_per_gpu_and_smallest_layout(capsys):
     assert out["parallel"]["kv_budget_bytes_per_gpu"] == int(0.9 * 80e9) - total - 2 * GIB
     assert out["parallel"]["kv_budget_bytes_per_replica"] == 4 * out["parallel"]["kv_budget_bytes_per_gpu"]
     assert out["parallel"]["fits_per_gpu"] is True
+    # without --activation nothing is reserved, and the text says so rather than showing a computed-looking 0
+    assert main(["memory", "--model", "llama-3.1-70b", "--hardware", "h100-sxm", "--tp", "4"]) == 0
+    assert "activations per GPU          0 B (none reserved: --activation sets" in capsys.readouterr().out
     assert main(["memory", "--model", "deepseek-v3", "--hardware", "h200-sxm"]) == 2
     err = capsys.readouterr().err
     assert "deepseek-v3 (bf16) does not fit one h200-sxm" in err and "the smallest layout that fits is" in err
