@@ -59,7 +59,8 @@ def print_summary(s: dict, file=None) -> None:
           f"{num(s['energy_j_per_good'], '{:.1f}')} J", file=file)
     par = s.get("parallel")
     if par:  # a replica over several GPUs (sim.models.parallel)
-        print(f"replica of {par['gpus_per_replica']} GPUs (tp {par['tp']}, pp {par['pp']}, ep {par['ep']}), "
+        dp = f"attention dp {par['attention_dp']}, " if par.get("attention_dp", 1) > 1 else ""
+        print(f"replica of {par['gpus_per_replica']} GPUs ({dp}tp {par['tp']}, pp {par['pp']}, ep {par['ep']}), "
               f"{par['gpus']} in all; per GPU: weights {fmt_bytes(par['weights_bytes_per_gpu'])}, KV budget "
               f"{fmt_bytes(par['kv_budget_bytes_per_gpu'])}, activations {fmt_bytes(par['activation_bytes_per_gpu'])}",
               file=file)

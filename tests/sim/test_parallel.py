@@ -538,3 +538,12 @@ def test_experts_only_nvfp4_takes_each_part_from_its_own_table(tmp_path):
         for name in ("experts_gate_up", "experts_down"):
             assert mixed.moe_gemms[name].at(m) == fp4.moe_gemms[name].at(m)
     assert mixed.moe_kernel is not None and mixed.moe_kernel.at(64) == fp4.moe_kernel.at(64)
+
+
+def test_run_names_attention_data_parallelism(tmp_path, capsys):
+    """The run's replica line says the attention data-parallel ranks (8 GPUs as dp 2 x tp 4, not tp 4 alone)."""
+    from capsim.cli import main
+    sc = _scenario(tmp_path, "parallel: {tp: 4, ep: 8, attention_dp: 2}", model="qwen3-235b-a22b",
+                   hardware="h200-sxm")
+    assert main(["run", str(sc), "--set", "workload.num_requests=4"]) == 0
+    assert "replica of 8 GPUs (attention dp 2, tp 4, pp 1, ep 8), 8 in all" in capsys.readouterr().out
