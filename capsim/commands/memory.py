@@ -139,9 +139,10 @@ def cmd_memory(args) -> int:
     ]
     if budget is not None:
         rows += [("KV budget", fmt_bytes(budget)), ("fits", "yes" if plan.fits else "NO"),
-                 ("max requests", str(plan.max_requests))] + [("card", f"NO: weights {fmt_bytes(out['weight_bytes'])} + "
-                  f"KV budget {fmt_bytes(budget)} exceed {hw.name}'s {fmt_bytes(hw.memory_bytes)}")] * (
-                      out.get("card_fit") is False)
+                 ("max requests", str(plan.max_requests))]
+        if out.get("card_fit") is False:  # (known only with --hardware)
+            rows.append(("card", f"NO: weights {fmt_bytes(out['weight_bytes'])} + KV budget {fmt_bytes(budget)} "
+                                 f"exceed {hw.name}'s {fmt_bytes(hw.memory_bytes)}"))
     if "parallel" in out:
         rows += parallel_rows(out["parallel"])
     width = max(len(k) for k, _ in rows)

@@ -55,6 +55,10 @@ def test_memory_says_when_the_budget_cannot_exist_on_the_card(capsys):
     assert "card                       NO: weights 15.26 GiB + KV budget 9313.23 GiB exceed h100-sxm's 74.51 GiB" in out
     assert main(["memory", "--model", "qwen3-8b", "--kv-budget", "10GiB", "--hardware", "h100-sxm", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["card_fit"] is True
+    # without --hardware there is no card to check: the table, no card row (it had raised AttributeError)
+    assert main(["memory", "--model", "qwen3-8b", "--kv-budget", "10GiB"]) == 0
+    out = capsys.readouterr().out
+    assert "KV budget" in out and "max requests" in out and "card " not in out
     assert main(["memory", "--model", "qwen3-8b", "--prompt", "200000", "--output", "10"]) == 0
     assert ("warning: --prompt + --output = 200,010 positions, more than qwen3-8b's 40,960"
             in capsys.readouterr().err)
