@@ -11,7 +11,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, NonNegativeFloat, NonNegativeInt, PositiveFloat, PositiveInt, model_validator
 
-from sim.io.schema import StrictModel
+from sim.io.schema import MAX_REPLICAS, StrictModel
 
 
 class RouterConfig(StrictModel):
@@ -37,7 +37,7 @@ class Fault(StrictModel):
 
 class ClusterConfig(StrictModel):
     """Replicas of one deployment behind a router, with injected faults and what a lost request does."""
-    replicas: PositiveInt = 1
+    replicas: PositiveInt = Field(1, le=MAX_REPLICAS, description="Replicas behind the router")
     router: RouterConfig = Field(default_factory=RouterConfig)
     faults: list[Fault] = Field(default_factory=list, description="Replicas down for an interval (state lost)")
     on_failure: Literal["fail", "retry"] = Field(

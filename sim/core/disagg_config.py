@@ -13,11 +13,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, NonNegativeFloat, PositiveFloat, PositiveInt, field_validator
+from pydantic import Field, NonNegativeFloat, PositiveInt, field_validator
 
 from sim.core.schedulers import AnySchedulerConfig
 from sim.io.parallel_schema import ParallelConfig
-from sim.io.schema import StrictModel
+from sim.io.schema import MAX_REPLICAS, StrictModel
 from sim.io.units import parse_bytes
 
 
@@ -28,7 +28,7 @@ FIRST_TOKEN = ("prefill", "decode_admission", "decode_step", "decode_recompute")
 class PoolConfig(StrictModel):
     """One pool: how many replicas, and what it does differently from the scenario's defaults."""
 
-    replicas: PositiveInt = Field(description="Replicas in this pool (each spans the pool's layout of GPUs)")
+    replicas: PositiveInt = Field(le=MAX_REPLICAS, description="Replicas in this pool (each spans the pool's layout of GPUs)")
     scheduler: AnySchedulerConfig | None = Field(None, description="This pool's scheduler (default: the scenario's)")
     kv_budget: int | None = Field(
         None, ge=1, description="This pool's kv.budget in bytes per replica (e.g. 120GiB; default: the scenario's)")
@@ -44,8 +44,9 @@ class PoolConfig(StrictModel):
 class LinkConfig(StrictModel):
     """The link prefill replicas send KV over to decode replicas (per GPU, one direction)."""
 
-    bandwidth_gbs: PositiveFloat | None = Field(
-        None, description="GB/s (1e9 B/s) per GPU, one direction; default: the hardware profile's kv_transfer_link")
+    bandwidth_gbs: float | None = Field(
+        None, ge=1e-3, description="GB/s (1e9 B/s) per GPU, one direction, at least 0.001 (1 MB/s); default: the "
+        "hardware profile's kv_transfer_link")
     latency_s: NonNegativeFloat = Field(0.0, description="Fixed cost per transfer (handshake, first byte), seconds")
 
 

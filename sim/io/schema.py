@@ -105,6 +105,11 @@ MAX_MAGNITUDE = 1e15
 beyond it a value is a typo (1e30, 2**63) that would overflow or run for ever, never a real setting."""
 
 
+MAX_REPLICAS = 10_000
+"""Most replicas of one deployment or pool: each is simulated with state of its own, so a typo (1e6) would take
+gigabytes before the first request; real deployments of one model stop at a few thousand GPUs."""
+
+
 def _huge_numbers(node, path: tuple = ()) -> list[tuple[str, Any]]:
     if isinstance(node, dict):
         return [hit for k, v in node.items() for hit in _huge_numbers(v, path + (k,))]

@@ -363,8 +363,8 @@ def run_layout_plan(scenario: str | Path, out_dir: str | Path, gpus: int, card: 
     from sim.planning.sweep import Base, Runner
     if gpus < 1:
         raise ConfigError(f"--gpus: expected a positive GPU count, got {gpus}")
-    if price_per_gpu_hour is not None and not price_per_gpu_hour > 0:
-        raise ConfigError(f"--price-per-gpu-hour: expected a positive price, got {price_per_gpu_hour}")
+    if price_per_gpu_hour is not None and not 0 < price_per_gpu_hour < math.inf:
+        raise ConfigError(f"--price-per-gpu-hour: expected a finite positive price, got {price_per_gpu_hour}")
     bad = [m for m in modes if m not in ("agg", "disagg")]
     if bad or not modes:
         raise ConfigError(f"--modes: expected agg, disagg or both (comma-separated), got {','.join(modes)!r}")

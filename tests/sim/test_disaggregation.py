@@ -135,6 +135,25 @@ def test_a_pool_with_zero_replicas_is_refused_naming_the_field():
     assert "disaggregation.prefill.replicas" in str(err.value)
 
 
+@pytest.mark.parametrize("pools, field, expected", [
+    (disagg(decode=1_000_000), "disaggregation.decode.replicas", "less than or equal to 10000"),
+    (disagg(bandwidth_gbs=1e-9), "disaggregation.link.bandwidth_gbs", "greater than or equal to 0.001"),
+    (disagg(bandwidth_gbs=0.0), "disaggregation.link.bandwidth_gbs", "greater than or equal to 0.001"),
+])
+def test_absurd_pool_sizes_and_links_are_refused_naming_the_field(pools, field, expected):
+    """A million decode replicas had taken 9 GB before the first request; a link of 1e-9 GB/s had run and printed
+    transfers of 3e11 ms."""
+    base = scenario().model_dump(mode="python")
+    base["disaggregation"] = pools
+    with pytest.raises(ConfigError) as err:
+        _load(base)
+    assert f"{field}: Input should be {expected}" in str(err.value)
+    base = scenario().model_dump(mode="python")
+    base["cluster"] = {"replicas": 20_000}
+    with pytest.raises(ConfigError, match="cluster.replicas: Input should be less than or equal to 10000"):
+        _load(base)
+
+
 def test_a_missing_link_bandwidth_is_refused_naming_the_field():
     # the RTX PRO 6000 workstation card has no kv_transfer_link in its profile
     sc = scenario(workload=requests((0.0, 100, 5)), disaggregation=disagg(bandwidth_gbs=None))

@@ -1,6 +1,7 @@
 """capsim plan --gpus: deployments of a GPU budget, ranked by goodput per GPU (sim.planning.layouts)."""
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -96,8 +97,9 @@ def test_bad_budgets_and_modes_are_refused(tmp_path: Path):
         run_layout_plan(path, tmp_path / "o", gpus=0)
     with pytest.raises(ConfigError, match="--modes"):
         run_layout_plan(path, tmp_path / "o", gpus=2, modes=("both",))
-    with pytest.raises(ConfigError, match="--price-per-gpu-hour"):
-        run_layout_plan(path, tmp_path / "o", gpus=2, price_per_gpu_hour=-1.0)
+    for price in (-1.0, 0.0, math.nan, math.inf):  # (inf had ranked every deployment at 0 req/$, JSON Infinity)
+        with pytest.raises(ConfigError, match="--price-per-gpu-hour: expected a finite positive price"):
+            run_layout_plan(path, tmp_path / "o", gpus=2, price_per_gpu_hour=price)
 
 
 def test_layout_flags_without_gpus_an_unknown_card_and_a_bad_dask_address_are_refused(tmp_path: Path, capsys):
