@@ -140,9 +140,14 @@ def cmd_step(args) -> int:
     from sim.models.spec import ModelSpec
     _check(args)
     spec, hw = ModelSpec(load_model(args.model)), load_hardware(args.hardware)
-    model = build_composed_model(_ops_cfg(args), spec, hw, cli_layout(spec, args.tp, args.pp, args.ep),
-                                 args.dtype or "bf16", args.allow_extrapolation)
     from sim.io.errors import ConfigError
+    try:
+        model = build_composed_model(_ops_cfg(args), spec, hw, cli_layout(spec, args.tp, args.pp, args.ep),
+                                     args.dtype or "bf16", args.allow_extrapolation)
+    except ConfigError as exc:  # this command's flags, not the scenario field the model names
+        raise ConfigError([line.replace("step_time.model.tables (default: the hardware, ", "--tables (default: "
+                                        "--hardware, ").replace("step_time.model.tables", "--tables")
+                           for line in exc.lines]) from None
     for flag, given in (("--prefill-seqs", args.prefill_seqs is not None), ("--cached", args.cached > 0)):
         if given and not args.prefill:  # it describes the prefill: without one it would be ignored
             raise ConfigError(f"{flag}: only with --prefill (it describes the prefill chunk)")

@@ -266,7 +266,11 @@ def build_ops_model(cfg: OpsStepTime, spec: ModelSpec, hw, weight_format: str, k
                     allow_extrapolation: bool, stream=None) -> OpsModel:
     """The ops model for a scenario: tables default to the hardware's name, dtype to the weight format."""
     scale = kv_read_scale(kv_format)
-    tables = load_table_set(cfg.tables or hw.name)
+    try:
+        tables = load_table_set(cfg.tables or hw.name)
+    except ConfigError as exc:  # say where the name came from
+        where = "step_time.model.tables" if cfg.tables else f"step_time.model.tables (default: the hardware, {hw.name})"
+        raise ConfigError(f"{where}: {exc}") from None
     model = OpsModel(cfg, spec, tables, ops_dtype(cfg, weight_format), hw.memory_bandwidth_gbs.value,
                      allow_extrapolation, stream)
     model.kv_read_scale = scale

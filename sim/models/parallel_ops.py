@@ -411,7 +411,11 @@ def build_replica_ops_model(cfg: OpsStepTime, spec: ModelSpec, hw, layout: Layou
             cfg = cfg.model_copy(update={"tp": layout.tp})
         return build_ops_model(cfg, spec, hw, weight_format, kv_format, allow_extrapolation, stream)
     scale = kv_read_scale(kv_format)
-    tables = load_table_set(cfg.tables or hw.name)
+    try:
+        tables = load_table_set(cfg.tables or hw.name)
+    except ConfigError as exc:  # say where the name came from
+        where = "step_time.model.tables" if cfg.tables else f"step_time.model.tables (default: the hardware, {hw.name})"
+        raise ConfigError(f"{where}: {exc}") from None
     model = ParallelOpsModel(cfg, spec, tables, ops_dtype(cfg, weight_format), hw.memory_bandwidth_gbs.value, layout,
                              allow_extrapolation, stream)
     model.kv_read_scale = scale

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+from pathlib import Path
+
 import pytest
 
 from capsim.cli import main
@@ -70,7 +72,12 @@ def test_bad_requests_are_clear_errors(capsys, tmp_path):
                  "--max-new-tokens", "16384", "--out", str(tmp_path / "x.yaml")]) == 2
     assert "stops at m = 8192" in capsys.readouterr().err
     assert main(["profile", "step", "--model", "llama-3.1-8b", "--hardware", "l4", "--batch", "1"]) == 2
-    assert "unknown kernel table set 'l4'" in capsys.readouterr().err
+    assert "error: --tables (default: --hardware, l4): unknown kernel table set 'l4'" in capsys.readouterr().err
+    # a scenario names its own field, and where the name came from
+    scenario = Path(__file__).resolve().parents[2] / "scenarios" / "parallel" / "mixtral-8x7b-tp2-h100.yaml"
+    assert main(["run", str(scenario), "--set", "hardware=l40s", "--set", "step_time.model.tables=l4",
+                 "--set", "weight_format=fp8", "--set", "workload.num_requests=3"]) == 2
+    assert "step_time.model.tables: unknown kernel table set 'l4'" in capsys.readouterr().err
 
 
 @pytest.fixture(scope="module")
