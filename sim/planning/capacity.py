@@ -373,14 +373,7 @@ class Planner:
             fixed = [("cluster.replicas", replicas), ("cluster.router.kind", "least_outstanding")]
         configs = [[*fixed, *ov] for ov in grid_points(axes)]
         shown = len(fixed)
-        lines = []
-        for i, ov in enumerate(configs):
-            try:
-                self.base.scenario(ov)
-            except ConfigError as exc:
-                lines += [f"--search configuration {i} ({_label(ov)}): {x}" for x in exc.lines]
-        if lines:
-            raise ConfigError(lines)
+        check_configs(self.base, configs)
         jobs = []
         for ov in configs:
             jobs.append((ov, rate, self.base.scenario(ov).cluster.replicas, _label(ov[shown:])))
@@ -416,6 +409,20 @@ class Planner:
         return rows
 
 
+def check_configs(base: Base, configs: list[list[Override]]) -> None:
+    """Every --search configuration is a valid scenario that builds (its layout, memory and step-time model: what
+    validate-scenario checks), or one ConfigError naming each that is not."""
+    from sim.core.simulation import Simulation
+    lines = []
+    for i, ov in enumerate(configs):
+        try:
+            Simulation(base.scenario(ov), base.base_dir).check()
+        except ConfigError as exc:
+            lines += [f"--search configuration {i} ({_label(ov)}): {x}" for x in exc.lines]
+    if lines:
+        raise ConfigError(lines)
+
+
 def _label(ov: list[Override]) -> str:
     return ", ".join(f"{k.split('.')[-1]}={display_value(v)}" for k, v in ov) or "base"
 
@@ -443,6 +450,8 @@ def run_plan(scenario: str | Path, out_dir: str | Path, slo: SLO | None = None, 
     sc = base.scenario()
     check_error(step_time_error, sc.step_time.scale)
     fit = step_time_fit(sc, Path(base.base_dir))  # before any simulation: a bad file costs no compute
+    if axes:  # a bad --search value is refused before the capacity search, not after it (or hidden by its answer)
+        check_configs(base, grid_points(axes))
     slo = slo or slo_from_scenario(sc)
     if not slo.given():
         raise ConfigError(f"{scenario}: no SLO to plan for: give --slo ttft=..,tpot=..,e2e=.. or set slo: in the scenario")

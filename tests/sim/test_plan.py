@@ -304,3 +304,19 @@ def test_plane_deadline_defaults_to_the_scenario_slo():
     assert plane_rows(files)[0]["deadline_s"] == 7.0
     with pytest.raises(ConfigError, match="no deadline"):
         plane_rows([REPO_SCENARIOS / "chapter8" / "four-requests-chunked.yaml"])
+
+
+def test_bad_search_values_are_refused_before_any_simulation(tmp_path, monkeypatch):
+    """A --search value the scenario cannot take (a wrong type, a layout the model refuses) is refused naming its
+    configuration before the capacity search runs: with few requests that search had answered first ('the target
+    still holds at 2.7e9 req/s'), hiding the bad value."""
+    import sim.planning.capacity as capacity
+    ran = []
+    monkeypatch.setattr(capacity.Planner, "capacity", lambda *a, **k: ran.append(1) or (None, None, None, None))
+    scenario = REPO_SCENARIOS / "parallel" / "llama-3.1-70b-tp4-h100.yaml"
+    for value, expected in (("x", "--search configuration 0 (tp=x): "),
+                            ("4,3", "--search configuration 1 (tp=3): parallel.tp: 3 does not divide")):
+        with pytest.raises(ConfigError) as err:
+            run_plan(scenario, tmp_path / "o", search=[f"parallel.tp={value}"], requests=20, workers=1)
+        assert expected in str(err.value)
+    assert not ran
