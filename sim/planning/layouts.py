@@ -155,7 +155,10 @@ def candidate_layouts(gpus: int, tp: list[int] | None, pp: list[int] | None, ep:
     lays = [Layout(t, p, e, d) for d, t, p, e in itertools.product(dp, tp, pp, ep)
             if (t * d) % e == 0 and t * p * d <= gpus]
     if not lays:
-        raise ConfigError(f"--tp/--pp/--ep/--attention-dp: no layout fits {gpus} GPUs with ep dividing attention-dp x tp")
+        small = min(t * p * d for d, t, p in itertools.product(dp, tp, pp))
+        why = (f"the smallest replica asked for takes {small} GPUs" if small > gpus
+               else "ep must divide attention-dp x tp")
+        raise ConfigError(f"--tp/--pp/--ep/--attention-dp: no layout fits {gpus} GPUs ({why})")
     return lays
 
 

@@ -100,6 +100,9 @@ def test_bad_budgets_and_modes_are_refused(tmp_path: Path):
     for price in (-1.0, 0.0, math.nan, math.inf):  # (inf had ranked every deployment at 0 req/$, JSON Infinity)
         with pytest.raises(ConfigError, match="--price-per-gpu-hour: expected a finite positive price"):
             run_layout_plan(path, tmp_path / "o", gpus=2, price_per_gpu_hour=price)
+    # no layout within the budget: say why (a replica larger than the budget, or ep not dividing)
+    with pytest.raises(ConfigError, match=r"no layout fits 8 GPUs \(the smallest replica asked for takes 16 GPUs\)"):
+        run_layout_plan(path, tmp_path / "o", gpus=8, tp=[16])
 
 
 def test_layout_flags_without_gpus_an_unknown_card_and_a_bad_dask_address_are_refused(tmp_path: Path, capsys):
