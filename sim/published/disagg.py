@@ -38,11 +38,12 @@ class PoolShape:
 
 def pool_shape(row: dict, prefix: str, where: str, integer_field, text) -> PoolShape:
     """The `prefix`_* columns (prefill_ or decode_) of a record; 0 in the *_dp / moe_* columns means
-    "not used" (as in the agg columns), empty workers or tp stay None."""
+    "not used" (as in the agg columns), empty workers or tp stay None (the file never writes 0 for them: a 0 is an
+    error, as an agg row's tp_size of 0 is)."""
     get = lambda col, default, minimum: integer_field(where, prefix + col, text(row, prefix + col),  # noqa: E731
                                                       default, minimum)
-    workers = get("num_workers", 0, 0) or None
-    tp = get("tp_size", 0, 0) or None
+    workers = get("num_workers", 0, 1) or None
+    tp = get("tp_size", 0, 1) or None
     return PoolShape(workers, tp, max(get("pp_size", 1, 0), 1), max(get("attention_dp_size", 1, 0), 1),
                      max(get("moe_tp_size", 1, 0), 1), max(get("moe_ep_size", 1, 0), 1),
                      get("batch_size", 0, 0) or None)

@@ -41,6 +41,22 @@ def test_a_bad_concurrency_names_the_column():
     assert concurrency_from_source("db; silicon_concurrency=12; m", "w") == 12
 
 
+@pytest.mark.parametrize("column", ["prefill_num_workers", "decode_num_workers", "decode_tp_size"])
+def test_a_zero_worker_count_or_tp_names_the_column(tmp_path, column):
+    """The file leaves these empty when it does not state them (a skip with the reason); a 0 is a broken row, refused
+    as an agg row's tp_size of 0 is (it had been skipped as 'not stated')."""
+    with open(FIXTURE, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    rows[0][column] = "0.0"
+    bad = tmp_path / "bad.csv"
+    with open(bad, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    with pytest.raises(ConfigError, match=rf"bad.csv: line 2, column {column}: expected an integer >= 1, got '0.0'"):
+        read_published(bad)
+
+
 def test_an_expressible_row_runs_as_two_pools():
     # the Qwen3-32B row with a concurrency of 4 given here (the file states none): exercises the replay,
     # not a validation (no error is reported from it)
