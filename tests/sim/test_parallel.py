@@ -20,23 +20,21 @@ GIB = 1 << 30
 
 # ---- hand computations (parameters from profiles/models, written out) ------------------------
 
-# Llama-3.1-70B, TP4, BF16: h 8192, 80 layers, 64 heads (16 per GPU), 8 KV heads (2 per GPU), head 128,
-# FFN 28672 (7168 per GPU), vocab 128256 (32064 rows per GPU)
-LLAMA70_TP4 = {
-    "attention": 80 * (8192 * 16 * 128 + 2 * 8192 * 2 * 128 + 16 * 128 * 8192) * 2,
-    "ffn": 80 * (3 * 8192 * 7168) * 2,
-    "embedding": 32064 * 8192 * 2, "lm_head": 32064 * 8192 * 2,
-    "norms": (80 * (8192 + 8192) + 8192) * 2,
-    "kv_per_token": 80 * 2 * 2 * 128 * 2,
-}
-# Llama-3.1-70B, TP8, BF16: 8 heads and 1 KV head per GPU, FFN 3584 per GPU, vocab 16032 rows per GPU
-LLAMA70_TP8 = {
-    "attention": 80 * (8192 * 8 * 128 + 2 * 8192 * 1 * 128 + 8 * 128 * 8192) * 2,
-    "ffn": 80 * (3 * 8192 * 3584) * 2,
-    "embedding": 16032 * 8192 * 2, "lm_head": 16032 * 8192 * 2,
-    "norms": (80 * (8192 + 8192) + 8192) * 2,
-    "kv_per_token": 80 * 1 * 2 * 128 * 2,
-}
+def _llama70_by_hand(tp: int) -> dict:
+    """Llama-3.1-70B in BF16 over tp GPUs: h 8192, 80 layers, 64 heads and 8 KV heads (64 / tp and 8 / tp per GPU),
+    head 128, FFN 28672 (28672 / tp per GPU), vocab 128256 (128256 / tp rows per GPU), 2 B a value."""
+    heads, kv, ffn, rows = 64 // tp, 8 // tp, 28672 // tp, 128256 // tp
+    return {
+        "attention": 80 * (8192 * heads * 128 + 2 * 8192 * kv * 128 + heads * 128 * 8192) * 2,
+        "ffn": 80 * (3 * 8192 * ffn) * 2,
+        "embedding": rows * 8192 * 2, "lm_head": rows * 8192 * 2,
+        "norms": (80 * (8192 + 8192) + 8192) * 2,
+        "kv_per_token": 80 * kv * 2 * 128 * 2,
+    }
+
+
+LLAMA70_TP4 = _llama70_by_hand(4)   # 16 heads, 2 KV heads, FFN 7168, 32064 vocab rows per GPU
+LLAMA70_TP8 = _llama70_by_hand(8)   # 8 heads, 1 KV head, FFN 3584, 16032 vocab rows per GPU
 # Mixtral-8x7B, TP2, BF16: h 4096, 32 layers, 32 heads (16), 8 KV heads (4), router 4096 x 8 replicated,
 # 8 experts of 3 x 4096 x 14336 each split two ways, vocab 32000 (16000 rows)
 MIXTRAL_TP2 = {
