@@ -36,16 +36,13 @@ from sim.core.step_time_builder import build_step_time
 from sim.io.config import Scenario
 from sim.io.describe import describe_setup
 from sim.io.errors import ConfigError
+from sim.io.notices import say_once
 from sim.io.profiles import load_hardware, load_model
 from sim.models import step_time as costmod
 from sim.models.spec import scenario_spec
 from sim.workloads.workload import build_workload, prefix_stream
 
 __all__ = ["Simulation", "Result"]
-
-
-_CONTEXT_WARNED: set = set()
-"""The beyond-context warnings already printed in this process (Simulation._warn_beyond_context)."""
 
 
 GC_YOUNG_THRESHOLD = 50_000
@@ -136,12 +133,11 @@ class Simulation:
         limit = self.model.max_position_embeddings
         need = self.workload.prompt_tokens + self.workload.output_tokens
         over = int((need > limit).sum())
-        key = (self.scenario.name, self.scenario.model, over, int(need.max()))
-        if over and key not in _CONTEXT_WARNED:  # once per process: a plan or sweep builds it for every point
-            _CONTEXT_WARNED.add(key)
-            print(f"warning: workload: {over:,} of {len(need):,} requests need more than {self.scenario.model}'s "
-                  f"{limit:,} positions (prompt + output, up to {int(need.max()):,}); simulated as asked, a real "
-                  "engine would refuse them", file=stream)
+        if over:  # once per process: a plan or sweep builds it for every point
+            say_once((self.scenario.name, self.scenario.model, over, int(need.max())),
+                     f"warning: workload: {over:,} of {len(need):,} requests need more than {self.scenario.model}'s "
+                     f"{limit:,} positions (prompt + output, up to {int(need.max()):,}); simulated as asked, a real "
+                     "engine would refuse them", stream)
 
     def _add_step_overheads(self) -> None:
         """Drafts, swaps, KV conversion, weight streaming and LoRA on top of the step-time model."""

@@ -30,6 +30,7 @@ import math
 import sys
 
 from sim.io.errors import ConfigError
+from sim.io.notices import say
 from sim.io.ops_schema import DEFAULT_HOST_OVERHEAD_S, OpsStepTime
 from sim.models.ops_tables import MCurve, OutOfRange, TableSet, load_table_set
 from sim.models.spec import ModelSpec
@@ -161,8 +162,8 @@ class OpsModel:
                                   f"{EXTRAPOLATION_ADVICE}") from None
             if not self._warned:
                 self._warned = True
-                print(f"warning: step_time.model (kind ops, tables {self.tables.name}): {exc}; extrapolating in "
-                      "proportion to the work; further extrapolations are not reported", file=self.stream)
+                say(f"ops:{self.tables.name}", f"warning: step_time.model (kind ops, tables {self.tables.name}): {exc}; "
+                    "extrapolating in proportion to the work; further extrapolations are not reported", self.stream)
             return exc.extrapolated_s
 
     # ---- pieces -----------------------------------------------------------------------------

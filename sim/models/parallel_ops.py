@@ -45,6 +45,7 @@ import sys
 from typing import NamedTuple
 
 from sim.io.errors import ConfigError
+from sim.io.notices import say_once
 from sim.io.ops_schema import DEFAULT_HOST_OVERHEAD_S, OpsStepTime
 from sim.models.ops import OpsModel, SMALL_OPS, REFERENCE_BANDWIDTH_GBS, ops_dtype, qk_norm_ops
 from sim.models.moe_tables import MoeTable
@@ -55,8 +56,6 @@ from sim.models.spec import ModelSpec
 MOE_DTYPES = {"bf16": ("bfloat16",), "fp8": ("fp8_block", "fp8"), "nvfp4": ("nvfp4",)}
 """GEMM dtype -> the fused-MoE table's dtypes to look for, in order (released FP8 MoE checkpoints are
 block-quantised: DeepSeek-V3, Qwen3-235B-A22B-FP8, MiniMax-M2.5)."""
-_COMPOSED_NOTED: set = set()
-"""(table, engine, dtype, routing, model, moe_tp, moe_ep) whose fallback to the composition was already noted."""
 MLA_CONTEXT_SCALE = (192 + 128) / 256
 """MLA prefill per head: QK over 192 dims and PV over 128, against the 128 + 128 of the measured MHA kernel."""
 MLA_GENERATION_SCALE = (512 + 64) / (2 * 128)
@@ -182,12 +181,10 @@ class ParallelOpsModel(OpsModel):
         if path is None:
             return None
         if lay.routing_skew != 0:  # the tables measure balanced and power-law routing, not this popularity
-            note = (path, "skew", self.spec.profile.name, lay.routing_skew)
-            if note not in _COMPOSED_NOTED:
-                _COMPOSED_NOTED.add(note)
-                print(f"note: parallel.routing_skew {lay.routing_skew:g}: {self.spec.profile.name}'s routed experts are "
-                      f"composed from GEMMs (the measured fused-MoE kernels of {path} assume "
-                      f"{self.cfg.moe_routing} routing)", file=self.stream)
+            say_once((path, "skew", self.spec.profile.name, lay.routing_skew),
+                     f"note: parallel.routing_skew {lay.routing_skew:g}: {self.spec.profile.name}'s routed experts are "
+                     f"composed from GEMMs (the measured fused-MoE kernels of {path} assume "
+                     f"{self.cfg.moe_routing} routing)", self.stream)
             return None
         table = _cached(MoeTable, path)
         for name in MOE_DTYPES[dtype]:
@@ -195,12 +192,10 @@ class ParallelOpsModel(OpsModel):
                                 e.num_experts, lay.moe_tp, lay.ep)
             if curve is not None:
                 return curve
-        note = (path, self.cfg.moe_kernels, dtype, self.cfg.moe_routing, self.spec.profile.name, lay.moe_tp, lay.ep)
-        if note not in _COMPOSED_NOTED:   # said once per process: a sweep builds the same model many times
-            _COMPOSED_NOTED.add(note)
-            print(f"note: {path}: no {self.cfg.moe_kernels} fused-MoE kernel for {self.spec.profile.name}'s experts "
-                  f"({', '.join(MOE_DTYPES[dtype])}, {self.cfg.moe_routing}, moe_tp {lay.moe_tp} moe_ep {lay.ep}); "
-                  "its routed experts are composed from GEMMs", file=self.stream)
+        say_once((path, self.cfg.moe_kernels, dtype, self.cfg.moe_routing, self.spec.profile.name, lay.moe_tp, lay.ep),
+                 f"note: {path}: no {self.cfg.moe_kernels} fused-MoE kernel for {self.spec.profile.name}'s experts "
+                 f"({', '.join(MOE_DTYPES[dtype])}, {self.cfg.moe_routing}, moe_tp {lay.moe_tp} moe_ep {lay.ep}); "
+                 "its routed experts are composed from GEMMs", self.stream)  # once: a sweep builds it many times
         return None
 
     def _check_collectives(self) -> None:

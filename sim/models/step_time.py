@@ -13,6 +13,7 @@ from collections import OrderedDict
 from pathlib import Path
 
 from sim.io.errors import ConfigError
+from sim.io.notices import say
 from sim.models.spec import ModelSpec
 from sim.io.profiles import EfficiencyStepTime, LinearStepTime, ValidRange
 from sim.models.memory import offload_step_s
@@ -102,7 +103,7 @@ class EfficiencyModel:
         """docs/scenarios.md's promise: every extrapolation or fallback is said once, on stderr."""
         if key not in self._warned:
             self._warned.add(key)
-            print(f"warning: step_time (efficiency): {text}; further cases are not reported", file=sys.stderr)
+            say(f"efficiency:{key}", f"warning: step_time (efficiency): {text}; further cases are not reported")
 
     def _table(self, xs: list[float], ys: list[float], x: float, what: str) -> float:
         if self.allow and not xs[0] <= x <= xs[-1]:
@@ -296,8 +297,8 @@ class RangeChecked:
                     "grid or set step_time.allow_extrapolation: true in the scenario")
             if not self._warned:
                 self._warned = True
-                print(f"warning: {self.source}: extrapolating beyond valid_range ({bad}); "
-                      "further extrapolations are not reported", file=self._stream)
+                say(f"valid_range:{self.source}", f"warning: {self.source}: extrapolating beyond valid_range ({bad}); "
+                    "further extrapolations are not reported", self._stream)
         return self.inner.step_s(plan)
 
 

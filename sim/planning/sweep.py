@@ -36,6 +36,7 @@ from typing import Any, Callable, Iterable, Iterator
 import yaml
 
 from sim.io.errors import ConfigError
+from sim.io.notices import once_per_process
 from sim.io.outputs import check_out_dir
 from sim.planning.sweep_manifest import check_manifest as _check_manifest
 from sim.planning.sweep_manifest import manifest as _manifest
@@ -159,7 +160,8 @@ class Base:
     def simulate(self, extra: Iterable[Override] = ()):
         """Run this base with `extra` overrides and return its Result."""
         from sim.core.simulation import Simulation
-        return Simulation(self.scenario(extra), Path(self.base_dir)).run()
+        with once_per_process(str(self.source)):  # its models' warnings once per process, not once per run
+            return Simulation(self.scenario(extra), Path(self.base_dir)).run()
 
 
 def _error_text(exc: BaseException) -> str:

@@ -270,7 +270,8 @@ def test_requests_beyond_the_models_context_are_warned_about(capsys):
     assert "positions" not in capsys.readouterr().err
     # a sweep builds the scenario for every point: the same warning once per process, not once per point
     from sim.core import simulation
-    simulation._CONTEXT_WARNED.clear()
+    from sim.io import notices
+    notices._said_ever.clear()
     sc, base = load_scenario(EXAMPLE, ["workload.prompt_tokens={kind: fixed, value: 100000}", "workload.num_requests=3",
                                        "kv.budget=40GiB"])
     for _ in range(3):

@@ -76,3 +76,15 @@ def test_runs_inside_the_table_say_nothing(tmp_path, capsys, allow):
     model = {**NARROW, "decode_table": [{"bytes": 1.0e9, "time_s": 0.01}, {"bytes": 1.0e12, "time_s": 1.0}]}
     assert main(["run", str(scenario(tmp_path, model, allow, TWO))]) == 0
     assert warnings_of(capsys.readouterr().err) == []
+
+
+def test_a_sweep_says_each_warning_once_not_once_per_point(tmp_path, capsys):
+    # every point builds a fresh model of the same scenario: its warning is said by the first point only
+    path = scenario(tmp_path, NARROW, True, TWO * 3)
+    assert main(["sweep", str(path), "--grid", "seed=0,1,2", "--workers", "1", "--no-progress",
+                 "--out", str(tmp_path / "out")]) == 0
+    lines = warnings_of(capsys.readouterr().err)
+    assert len(lines) == 1 and lines[0].startswith("warning: step_time (efficiency): decode bytes read ")
+    # a plain run afterwards, in the same process, still says it (the once-per-process rule holds inside sweeps)
+    assert main(["run", str(path), "--out", str(tmp_path / "run")]) == 0
+    assert len(warnings_of(capsys.readouterr().err)) == 1
