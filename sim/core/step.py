@@ -32,6 +32,9 @@ def leave_hits(groups: dict, req: Request) -> int:
     return 0
 
 
+_NO_ADAPTERS = frozenset()
+
+
 @dataclass(slots=True)
 class StepPlan:
     """One iteration's work: explicit (request, new tokens, cached tokens before) items plus the
@@ -125,8 +128,10 @@ class StepPlan:
         tokens] (to count the re-reads of hits that explicit items of the plan read too); `hit_kv_tokens` all
         their hit tokens."""
         self.lazy_decodes += count
-        self.shared_kv_tokens += shared_kv_tokens
-        self.hit_kv_tokens += hit_kv_tokens
+        if shared_kv_tokens:
+            self.shared_kv_tokens += shared_kv_tokens
+        if hit_kv_tokens:
+            self.hit_kv_tokens += hit_kv_tokens
         if hit_groups and self.hit_reads:
             for key, m in list(self.hit_reads.items()):
                 g = hit_groups.get(key)
@@ -134,14 +139,15 @@ class StepPlan:
                     self.shared_kv_tokens += g[1] if g[1] < m else m
                     if g[1] > m:
                         self.hit_reads[key] = g[1]
+        pairs = kv_tokens + count
         self.num_seqs += count
         self.new_tokens += count
-        self.pairs += kv_tokens + count
+        self.pairs += pairs
         self.kv_tokens_read += kv_tokens
         self.decode_seqs += count
         self.decode_kv_tokens += kv_tokens
         self.decode_positions += count
-        self.decode_pairs += kv_tokens + count
+        self.decode_pairs += pairs
         self.decode_logits += count
         if max_context > self.max_context:
             self.max_context = max_context
@@ -149,9 +155,9 @@ class StepPlan:
     def freeze(self) -> "FrozenStepPlan":
         """Hand the plan out: from now on it is read only (its lists become tuples; setting a field raises).
         Costs one class switch, so building stays as fast as before."""
-        self.items = tuple(self.items)
-        self.spec_items = tuple(self.spec_items)
-        self.adapters = frozenset(self.adapters)
+        self.items = tuple(self.items) if self.items else ()
+        self.spec_items = tuple(self.spec_items) if self.spec_items else ()
+        self.adapters = frozenset(self.adapters) if self.adapters else _NO_ADAPTERS
         object.__setattr__(self, "__class__", FrozenStepPlan)
         return self
 

@@ -36,6 +36,8 @@ from sim.core.request import Request, Status
 from sim.core.schedulers.steady import linear_terms, steady_linear
 from sim.io.schema import StrictModel
 
+CANCELLED = Status.CANCELLED  # (a module constant: an enum member's lookup costs more than a global)
+
 
 def check_budget_holds_decodes(cfg) -> None:
     """A token budget smaller than max_num_seqs could not give every running decode its token."""
@@ -180,7 +182,7 @@ class Scheduler:
         self._plan = plan
         self._preempted = False
         self._schedule(plan, now_s)
-        if plan.is_empty:
+        if not plan.num_seqs:  # (plan.is_empty)
             dropped = len(self.dropped)
             self._reject_stuck()
             if self.running and len(self.dropped) == dropped:
@@ -240,9 +242,9 @@ class Scheduler:
             plan.adapters.update(self._dec_adapters)
         if self.decoding:
             ctx = self._ctx_heap
-            while ctx[0][2] != ctx[0][3].lazy_version:
+            while (top := ctx[0])[2] != top[3].lazy_version:
                 heapq.heappop(ctx)
-            plan.add_decodes(len(self.decoding), self._dec_computed, -ctx[0][0] + i + 1, self._dec_shared,
+            plan.add_decodes(len(self.decoding), self._dec_computed, i + 1 - top[0], self._dec_shared,
                              self._dec_hits, self._dec_hit_tokens)
 
     def _reserve_tokens(self, req: Request) -> int:
@@ -519,11 +521,13 @@ class Scheduler:
         self.now_s = now_s
         finished_decodes: list[Request] = []
         decode_tokens = 0
+        cancelled = self._cancelled_in_flight
         if self.lazy:
-            for req in self._cancelled_in_flight:  # their token of this iteration is discarded
-                if req.rid in self.decoding:
+            decoding = self.decoding
+            for req in cancelled:  # their token of this iteration is discarded
+                if req.rid in decoding:
                     self._leave_decode(req, i)
-            decode_tokens = len(self.decoding)
+            decode_tokens = len(decoding)
             self._dec_computed += decode_tokens
             heap = self._finish_heap
             while heap and heap[0][0] <= i:
@@ -534,16 +538,16 @@ class Scheduler:
                 finished_decodes.append(req)
         emitted = []
         extra_tokens = 0
-        accepted = {}
+        accepted = None
         if plan.spec_items:
-            live = [(r, k) for r, k in plan.spec_items if r.status is not Status.CANCELLED]
+            live = [(r, k) for r, k in plan.spec_items if r.status is not CANCELLED]
             if live:
                 counts = self.speculator.sample([r for r, _ in live], [k for _, k in live])
                 accepted = {r.rid: int(a) for (r, _), a in zip(live, counts)}
         for req, n, _h in plan.items:
-            if req.status is Status.CANCELLED:
+            if req.status is CANCELLED:
                 continue
-            if req.rid in accepted:  # a speculative round: accepted drafts + the target's own token
+            if accepted and req.rid in accepted:  # a speculative round: accepted drafts + the target's own token
                 a = accepted[req.rid]
                 req.computed_tokens += a + 1
                 req.output_tokens += a + 1
@@ -551,12 +555,12 @@ class Scheduler:
                 emitted.append(req)
                 continue
             before = req.computed_tokens
-            req.computed_tokens = before + n
+            req.computed_tokens = computed = before + n
             if req.recompute_upto > before:
-                req.recomputed_tokens += min(req.computed_tokens, req.recompute_upto) - before
+                req.recomputed_tokens += min(computed, req.recompute_upto) - before
             if before < req.prompt_tokens:
-                self.pool.register(req, min(req.computed_tokens, req.prompt_tokens), now_s)
-            if req.computed_tokens == req.prompt_tokens + req.output_tokens:
+                self.pool.register(req, min(computed, req.prompt_tokens), now_s)
+            if computed == req.prompt_tokens + req.output_tokens:
                 req.output_tokens += 1
                 emitted.append(req)
             elif self.lazy and req.output_tokens and not req.in_prefill:
@@ -564,11 +568,11 @@ class Scheduler:
         for req in finished_decodes:
             self._finish(req, now_s)
         for req in emitted:
-            if req.done:
+            if req.output_tokens >= req.max_output_tokens:  # (req.done)
                 self._finish(req, now_s)
             elif self.lazy:
                 self._join_decode(req, i + 1)
-        for req in self._cancelled_in_flight:
+        for req in cancelled:
             req.finish_s = now_s
             if req.rid in self.running:
                 del self.running[req.rid]
@@ -578,7 +582,8 @@ class Scheduler:
             self.pool.register(req, req.computed_tokens, now_s)
             self.pool.free(req, now_s)
             self.dropped.append(req)
-        self._cancelled_in_flight.clear()
+        if cancelled:
+            cancelled.clear()
         self.iteration = i + 1
         return Outcome(emitted, finished_decodes, decode_tokens, decode_tokens + len(emitted) + extra_tokens)
 
