@@ -32,7 +32,7 @@ CHUNK_VALUES = 1 << 19  # doubles read back from a spill file at a time when onl
 # a row as the bytes of its doubles, appended with one frombytes (array.extend of a tuple converts and grows item by
 # item; the packed doubles are the same: both convert each value with float())
 _REQUEST_ROW = struct.Struct(f"{len(REQUEST_COLUMNS)}d").pack
-_ITERATION_ROW = struct.Struct(f"{len(ITERATION_COLUMNS)}d").pack
+_ITERATION_HEAD = struct.Struct(f"{len(ITERATION_COLUMNS) - 1}d").pack  # a row but its last column (output_tokens)
 _STRETCH_ROW = struct.Struct(f"{STRETCH_FIELDS}d").pack
 
 
@@ -286,8 +286,11 @@ class Timeline:
     def on_iteration(self, start_s: float, end_s: float, plan, blocks: tuple[int, int, int]) -> None:
         """Record an iteration's timing and shape; called before its outcome is committed."""
         duration = end_s - start_s
-        self._pending = (self.replica, start_s, duration, plan.prefill_tokens, plan.decode_seqs, plan.pairs,
-                         blocks[0], blocks[1], blocks[2], plan.num_seqs, plan.new_tokens, plan.swap_bytes)
+        # its row but the output tokens, which on_tokens appends once the outcome is known (nothing else writes a
+        # row in between: the engine commits at once, and fast-forwarded stretches are recorded before)
+        self.rows.buf.frombytes(_ITERATION_HEAD(self.replica, start_s, duration, plan.prefill_tokens, plan.decode_seqs,
+                                                plan.pairs, blocks[0], blocks[1], blocks[2], plan.num_seqs,
+                                                plan.new_tokens, plan.swap_bytes))
         self.durations.append(duration)
         self._ends.append(end_s)
         self.busy_s += duration
@@ -460,8 +463,9 @@ class Timeline:
         self.regular.append(regular)  # its gap is the iteration's duration (end_s - start_s)
         self._prev_end_s = end_s
         rows = self.rows
-        rows.buf.frombytes(_ITERATION_ROW(*self._pending, outcome.output_tokens))
-        rows.spill_if_full()
+        rows.buf.append(outcome.output_tokens)  # (the row's last column: on_iteration wrote the others)
+        if len(rows.buf) >= SPILL_VALUES:
+            rows.spill_if_full()
 
 def stats(values: np.ndarray) -> dict[str, float | None]:
     """mean, median, p90, p99, max with numpy's linear interpolation; None when empty."""
