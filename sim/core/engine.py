@@ -203,6 +203,7 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
     on_iteration, on_tokens = timeline.on_iteration, timeline.on_tokens
     # a modelled step: skip steady decode stretches (a replay's executor runs every iteration)
     fast_forward = scheduler.fast_forward if getattr(executor, "fast_forward", False) else None
+    steady_step = executor.step_time.step_s if fast_forward is not None else None  # (the model's, without shapes)
     ahead = scheduler.config.async_scheduling  # the next iteration was planned while the last one ran
     # the model's own executor: its begin and committed do nothing and execute is the model's step_s (no frames)
     modelled = type(executor) is ModelledExecutor and executor.shapes is None
@@ -238,10 +239,12 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
             blocks = (pool.used_blocks, pool.cached_free.count, pool.host_used_blocks)
             step = model_step(plan) if modelled else executor.execute(plan, start)
             horizon = env.peek() if feed is None else feed.next_fire  # the run's next event
-            if fast_forward is not None and not plan.items:  # (a plan with explicit work is no steady stretch)
-                start, step = fast_forward(plan, start, step, horizon, executor.step_time.step_s, timeline, blocks)
-                index = scheduler.iteration
             end = start + step
+            # a plan with explicit work is no steady stretch; one that ends at or after the next event has none either
+            if fast_forward is not None and not plan.items and end < horizon:
+                start, step = fast_forward(plan, start, step, horizon, steady_step, timeline, blocks)
+                index = scheduler.iteration
+                end = start + step
             if fast_forward is not None and end < horizon:
                 # nothing else is scheduled before the step ends: pass the time without an event, to
                 # exactly start + step (the same callbacks and event order as yielding a timeout, fewer

@@ -27,10 +27,12 @@ class LinearModel:
 
     def __init__(self, cfg: LinearStepTime):
         self.cfg = cfg
-        # (its coefficients read once: step_s runs every iteration; the config is frozen)
-        self._terms = (cfg.constant_s, cfg.per_new_token_s, cfg.per_pair_s, cfg.per_kv_token_s, cfg.per_sequence_s,
-                       cfg.per_decode_sequence_s)
-        self._optional = bool(cfg.per_prefill_completion_s) or cfg.per_shared_kv_token_s is not None
+        # (read once: step_s runs every iteration; the config is frozen)
+        self.coefficients = (cfg.constant_s, cfg.per_new_token_s, cfg.per_pair_s, cfg.per_kv_token_s,
+                             cfg.per_sequence_s, cfg.per_decode_sequence_s)
+        """The terms every step has: constant, per new token, pair, KV token read, sequence, decode sequence."""
+        self.optional_terms = bool(cfg.per_prefill_completion_s) or cfg.per_shared_kv_token_s is not None
+        """Whether the per prefill completion or shared KV token terms may add to a step."""
 
     def prefill_part_s(self, plan) -> float:
         """The prefill part of a step (chunked-prefill budgeting): its token, pair and sequence terms."""
@@ -42,10 +44,10 @@ class LinearModel:
 
     def step_s(self, plan) -> float:
         """The iteration's time: the linear terms over the whole batch (refused when negative)."""
-        constant, per_new, per_pair, per_kv, per_seq, per_decode = self._terms
+        constant, per_new, per_pair, per_kv, per_seq, per_decode = self.coefficients
         t = (constant + per_new * plan.new_tokens + per_pair * plan.pairs + per_kv * plan.kv_tokens_read
              + per_seq * plan.num_seqs + per_decode * plan.decode_seqs)
-        if self._optional:
+        if self.optional_terms:
             c = self.cfg
             if c.per_prefill_completion_s:   # optional term (0 in most profiles: t stays bit for bit as before)
                 t += c.per_prefill_completion_s * plan.prefill_logits
