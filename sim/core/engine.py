@@ -217,10 +217,9 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
             if ahead and stepped and arrived:
                 plan = _plan_ahead(scheduler, arrived, now)
             else:
-                if arrived:
-                    for req in arrived:
-                        admit(req, now)
-                    arrived.clear()
+                for req in arrived:
+                    admit(req, now)
+                arrived.clear()
                 plan = plan_next(now)
             stepped = False
             if dropped:
@@ -240,8 +239,7 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
             step = model_step(plan) if modelled else executor.execute(plan, start)
             horizon = env.peek() if feed is None else feed.next_fire  # the run's next event
             end = start + step
-            # a plan with explicit work is no steady stretch; one that ends at or after the next event has none either
-            if fast_forward is not None and not plan.items and end < horizon:
+            if fast_forward is not None and not plan.items and end < horizon:  # (else no steady stretch follows)
                 start, step = fast_forward(plan, start, step, horizon, steady_step, timeline, blocks)
                 index = scheduler.iteration
                 end = start + step
