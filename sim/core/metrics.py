@@ -433,7 +433,7 @@ class Timeline:
         self.busy_s = busy_s
         self.durations.fromlist(durations)  # (fromlist: half the time of extend's item-by-item growth)
         self._ends.fromlist(ends)
-        self.regular.extend(array("i", (count,)) * k)
+        self.regular.fromlist([count] * k)
         self._prev_end_s = ends[-1]
         # a steady plan: decodes only (no prefill, no swap), decode_seqs = num_seqs = new_tokens = count
         self._stretches.buf.frombytes(_STRETCH_ROW(len(self.rows) // len(ITERATION_COLUMNS), len(self._ends) - k, k,

@@ -1,4 +1,4 @@
-"""StepPlan: one iteration's work and the batch features step-time models read.
+"""StepPlan: one iteration's work and the batch features step-time models read; Outcome: what it produced.
 
 Pure (no simpy): calibration builds StepPlans for measured iterations and evaluates sim.models.step_time on
 them, so a fitted profile's error is the simulator's own error.
@@ -186,3 +186,17 @@ class FrozenStepPlan(StepPlan):
         """The same object, writable again (for its scheduler only; freeze() it again before handing it on)."""
         object.__setattr__(self, "__class__", StepPlan)
         return self
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What an iteration produced, for the recorder and the caller."""
+
+    emitted: list[Request]
+    """Requests scheduled explicitly that emitted a token (plan order)."""
+    finished_decodes: list[Request]
+    """Decode-set members that emitted their last token (running order), already materialised."""
+    decode_tokens: int
+    """Tokens emitted by decode-set members (all regular gaps: they emitted last iteration too)."""
+    output_tokens: int = 0
+    """All output tokens the iteration produced (a speculative round counts every accepted token)."""

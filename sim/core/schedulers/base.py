@@ -25,13 +25,12 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from dataclasses import dataclass
 from typing import Callable, ClassVar, Literal
 
 from pydantic import Field, PositiveInt
 
 from sim.core.kv import BlockManager
-from sim.core.step import StepPlan, join_hits, leave_hits
+from sim.core.step import Outcome, StepPlan, join_hits, leave_hits
 from sim.core.request import Request, Status
 from sim.core.schedulers.steady import linear_terms, steady_linear
 from sim.io.schema import StrictModel
@@ -52,20 +51,6 @@ class SchedulerConfig(StrictModel):
     max_num_seqs: PositiveInt = Field(256, description="Most requests running at once")
     async_scheduling: bool = Field(False, description="Plan the next iteration while this one runs (async / overlap "
                                    "scheduling): a request arriving mid-iteration joins one later; idle, at once")
-
-
-@dataclass(slots=True)
-class Outcome:
-    """What an iteration produced, for the recorder and the caller."""
-
-    emitted: list[Request]
-    """Requests scheduled explicitly that emitted a token (plan order)."""
-    finished_decodes: list[Request]
-    """Decode-set members that emitted their last token (running order), already materialised."""
-    decode_tokens: int
-    """Tokens emitted by decode-set members (all regular gaps: they emitted last iteration too)."""
-    output_tokens: int = 0
-    """All output tokens the iteration produced (a speculative round counts every accepted token)."""
 
 
 class Scheduler:
@@ -448,6 +433,9 @@ class Scheduler:
             else:
                 del self._dec_adapters[req.adapter]
         req.lazy_version += 1
+        if len(self._ctx_heap) > 2 * len(self.decoding) + 64:  # mostly left members' entries: the live ones only
+            self._ctx_heap = [e for e in self._ctx_heap if e[2] == e[3].lazy_version]
+            heapq.heapify(self._ctx_heap)
 
     # ---- fast-forward ---------------------------------------------------------------------
     def steady_iterations(self, plan: StepPlan) -> int:
