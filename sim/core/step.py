@@ -6,7 +6,7 @@ them, so a fitted profile's error is the simulator's own error.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sim.core.request import Request
 
@@ -38,9 +38,10 @@ _NO_ADAPTERS = frozenset()
 @dataclass(slots=True)
 class StepPlan:
     """One iteration's work: explicit (request, new tokens, cached tokens before) items plus the
-    decode set's aggregate, and the batch features step-time models read."""
+    decode set's aggregate, and the batch features step-time models read. Its items, spec_items and adapters
+    start as shared empty constants, a list or set made at their first add (most plans have none)."""
 
-    items: list[tuple[Request, int, int]] = field(default_factory=list)
+    items: list[tuple[Request, int, int]] = ()
     num_seqs: int = 0
     new_tokens: int = 0
     pairs: int = 0
@@ -67,12 +68,12 @@ class StepPlan:
     """Positions computed by decode sequences (1 each, 1 + drafts when verifying a speculative round)."""
     decode_pairs: int = 0
     decode_logits: int = 0
-    spec_items: list = field(default_factory=list)
+    spec_items: list = ()
     """(request, drafts) of this iteration's speculative rounds."""
     draft_s: float = 0.0
     """Time the draft source needs for this round (added to, or hidden behind, the verify step)."""
     draft_overlapped: bool = False
-    adapters: set = field(default_factory=set)
+    adapters: set = _NO_ADAPTERS
     """Distinct LoRA adapters in the batch (only counted, never iterated)."""
     swap_bytes: float = 0.0
     """KV bytes moved between GPU and host memory before this iteration (swap-out and swap-in)."""
@@ -81,9 +82,15 @@ class StepPlan:
         """`req` computes n positions; with `drafts`, a speculative round verifying n = 1 + drafts."""
         h = req.computed_tokens
         pairs = n * h + n * (n + 1) // 2
-        self.items.append((req, n, h))
+        if self.items:
+            self.items.append((req, n, h))
+        else:
+            self.items = [(req, n, h)]
         if req.adapter is not None:
-            self.adapters.add(req.adapter)
+            if isinstance(self.adapters, set):
+                self.adapters.add(req.adapter)
+            else:  # (still the shared empty frozenset)
+                self.adapters = {*self.adapters, req.adapter}
         self.num_seqs += 1
         self.new_tokens += n
         self.pairs += pairs
@@ -102,12 +109,15 @@ class StepPlan:
             self.decode_pairs += pairs
             self.decode_logits += n
             if drafts:
-                self.spec_items.append((req, drafts))
+                if self.spec_items:
+                    self.spec_items.append((req, drafts))
+                else:
+                    self.spec_items = [(req, drafts)]
         else:
             self.prefill_seqs += 1
             self.prefill_tokens += n
             self.prefill_pairs += pairs
-            if n == req.tokens_to_compute:
+            if n == req.prompt_tokens + req.output_tokens - h:  # (req.tokens_to_compute)
                 self.prefill_logits += 1
 
     def _read_hits(self, key, r: int) -> None:

@@ -224,7 +224,7 @@ class Scheduler:
                     if self._ensure_kv(req, 1, plan):
                         self._add(plan, req, 1)
         if self._dec_adapters:
-            plan.adapters.update(self._dec_adapters)
+            plan.adapters = {*plan.adapters, *self._dec_adapters}
         if self.decoding:
             ctx = self._ctx_heap
             while (top := ctx[0])[2] != top[3].lazy_version:
