@@ -211,7 +211,7 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
     stepped = False
     try:
         while True:
-            now = env.now
+            now = env._now  # (env.now without the property's call: this loop sets _now itself below)
             if not modelled:
                 executor.begin(now)
             if ahead and stepped and arrived:

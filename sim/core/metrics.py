@@ -279,6 +279,7 @@ class Timeline:
         self._prev_end_s: float | None = None
         self.busy_s = 0.0
         self._stretches = Spilled()  # fast-forwarded iterations, STRETCH_FIELDS each (see _expand())
+        self._steady = 0             # fast-forwarded iterations so far (every other one has a row)
         self._span_req: list[Request] = []  # decode-set spans whose largest gap is not yet known (decode_gaps)
         self._span_first, self._span_last = array("q"), array("q")
 
@@ -435,11 +436,14 @@ class Timeline:
         self._ends.fromlist(ends)
         self.regular.fromlist([count] * k)
         self._prev_end_s = ends[-1]
+        first = len(self._ends) - k
+        explicit, self._steady = first - self._steady, self._steady + k  # (rows recorded before the stretch)
         # a steady plan: decodes only (no prefill, no swap), decode_seqs = num_seqs = new_tokens = count
-        self._stretches.buf.frombytes(_STRETCH_ROW(len(self.rows) // len(ITERATION_COLUMNS), len(self._ends) - k, k,
-                                                   first_start_s, blocks[0], blocks[1], blocks[2], plan.pairs - count * k,
-                                                   count))
-        self._stretches.spill_if_full()
+        buf = self._stretches.buf
+        buf.frombytes(_STRETCH_ROW(explicit, first, k, first_start_s, blocks[0], blocks[1], blocks[2],
+                                   plan.pairs - count * k, count))
+        if len(buf) >= SPILL_VALUES:
+            self._stretches.spill_if_full()
 
     def on_tokens(self, index: int, start_s: float, end_s: float, outcome) -> None:
         """Token times of an iteration's emitters; decode-set members count as regular gaps."""
