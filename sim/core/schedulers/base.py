@@ -408,19 +408,17 @@ class Scheduler:
             heapq.heappush(self._block_heap, (i + req.num_blocks * self.pool.block_tokens - req.computed_tokens,
                                               seq, v, req))
 
-    def _materialize(self, req: Request, i: int) -> None:
-        """Bring a member's counters and token times up to the start of iteration i."""
-        d = i - req.base_iter
-        if d > 0:
+    def _leave_decode(self, req: Request, i: int | None = None) -> None:
+        """`req` leaves the decode set at the start of iteration i (its counters and token times brought up to it)."""
+        if i is None:
+            i = self.iteration
+        if (d := i - req.base_iter) > 0:
             req.computed_tokens += d
             req.output_tokens += d
             req.last_token_s = self.timeline.end_s(i - 1)
             req.last_iteration = i - 1
             self.timeline.decode_gaps(req, req.base_iter, i - 1)
         req.base_iter = i
-
-    def _leave_decode(self, req: Request, i: int | None = None) -> None:
-        self._materialize(req, self.iteration if i is None else i)
         del self.decoding[req.rid]
         self._dec_computed -= req.computed_tokens
         if req.cached_tokens and req.hit_key is not None:
