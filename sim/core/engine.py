@@ -198,9 +198,12 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
     nothing else is scheduled, so the next event of the run is the feed's next group.
     """
     inbox, scheduler, timeline = replica.inbox, replica.scheduler, replica.timeline
-    arrived, pool = inbox.items, scheduler.pool
+    arrived, pool, dropped = inbox.items, scheduler.pool, scheduler.dropped  # (lists the others fill and drain in place)
+    admit, plan_next, commit = scheduler.admit, scheduler.plan, scheduler.commit  # (bound once: called every pass)
+    on_iteration, on_tokens = timeline.on_iteration, timeline.on_tokens
     # a modelled step: skip steady decode stretches (a replay's executor runs every iteration)
     fast_forward = scheduler.fast_forward if getattr(executor, "fast_forward", False) else None
+    steady_step = executor.step_time.step_s if fast_forward is not None else None  # (the model's, without shapes)
     ahead = scheduler.config.async_scheduling  # the next iteration was planned while the last one ran
     # the model's own executor: its begin and committed do nothing and execute is the model's step_s (no frames)
     modelled = type(executor) is ModelledExecutor and executor.shapes is None
@@ -208,17 +211,18 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
     stepped = False
     try:
         while True:
-            now = env.now
+            now = env._now  # (env.now without the property's call: this loop sets _now itself below)
             if not modelled:
                 executor.begin(now)
             if ahead and stepped and arrived:
                 plan = _plan_ahead(scheduler, arrived, now)
             else:
-                while arrived:
-                    scheduler.admit(arrived.pop(0), now)
-                plan = scheduler.plan(now)
+                for req in arrived:
+                    admit(req, now)
+                arrived.clear()
+                plan = plan_next(now)
             stepped = False
-            if scheduler.dropped:
+            if dropped:
                 on_dropped(now)
             if plan is None:
                 if not scheduler.has_work:
@@ -228,38 +232,39 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
                     replica.idle_get = inbox.get()
                     req = yield replica.idle_get
                     replica.idle_get = None
-                    scheduler.admit(req, env.now)
+                    admit(req, env.now)
                 continue
             start, index = now, scheduler.iteration
             blocks = (pool.used_blocks, pool.cached_free.count, pool.host_used_blocks)
             step = model_step(plan) if modelled else executor.execute(plan, start)
             horizon = env.peek() if feed is None else feed.next_fire  # the run's next event
-            if fast_forward is not None and not plan.items:  # (a plan with explicit work is no steady stretch)
-                start, step = fast_forward(plan, start, step, horizon, executor.step_time.step_s, timeline, blocks)
-                index = scheduler.iteration
             end = start + step
+            if fast_forward is not None and not plan.items and end < horizon:  # (else no steady stretch follows)
+                start, step = fast_forward(plan, start, step, horizon, steady_step, timeline, blocks)
+                index = scheduler.iteration
+                end = start + step
             if fast_forward is not None and end < horizon:
                 # nothing else is scheduled before the step ends: pass the time without an event, to
                 # exactly start + step (the same callbacks and event order as yielding a timeout, fewer
                 # events; and exact where a timeout from `now` may land one unit in the last place off)
-                env._now = end
+                env._now = now = end
             else:
                 delay = step if start == now else _delay_to(now, end)
                 if feed is None:
                     yield env.timeout(delay)
+                    now = env.now
                 else:  # the groups due before the timeout would fire, then the time it would fire at
-                    land = now + delay
-                    feed.release_until(land, feed.tick())
-                    env._now = land
-            now = env.now
-            timeline.on_iteration(start, now, plan, blocks)
-            outcome = scheduler.commit(plan, now)
-            timeline.on_tokens(index, start, now, outcome)
+                    now += delay
+                    feed.release_until(now, feed.tick())
+                    env._now = now
+            on_iteration(start, now, plan, blocks)
+            outcome = commit(plan, now)
+            on_tokens(index, start, now, outcome)
             if not modelled:
                 executor.committed(plan, outcome, now)
             on_outcome(outcome, now)
             stepped = True
-            if scheduler.dropped:
+            if dropped:
                 on_dropped(now)
     except simpy.Interrupt:
         return

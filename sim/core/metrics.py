@@ -32,7 +32,7 @@ CHUNK_VALUES = 1 << 19  # doubles read back from a spill file at a time when onl
 # a row as the bytes of its doubles, appended with one frombytes (array.extend of a tuple converts and grows item by
 # item; the packed doubles are the same: both convert each value with float())
 _REQUEST_ROW = struct.Struct(f"{len(REQUEST_COLUMNS)}d").pack
-_ITERATION_ROW = struct.Struct(f"{len(ITERATION_COLUMNS)}d").pack
+_ITERATION_HEAD = struct.Struct(f"{len(ITERATION_COLUMNS) - 1}d").pack  # a row but its last column (output_tokens)
 _STRETCH_ROW = struct.Struct(f"{STRETCH_FIELDS}d").pack
 
 
@@ -279,6 +279,7 @@ class Timeline:
         self._prev_end_s: float | None = None
         self.busy_s = 0.0
         self._stretches = Spilled()  # fast-forwarded iterations, STRETCH_FIELDS each (see _expand())
+        self._steady = 0             # fast-forwarded iterations so far (every other one has a row)
         self._span_req: list[Request] = []  # decode-set spans whose largest gap is not yet known (decode_gaps)
         self._span_first, self._span_last = array("q"), array("q")
 
@@ -286,8 +287,11 @@ class Timeline:
     def on_iteration(self, start_s: float, end_s: float, plan, blocks: tuple[int, int, int]) -> None:
         """Record an iteration's timing and shape; called before its outcome is committed."""
         duration = end_s - start_s
-        self._pending = (self.replica, start_s, duration, plan.prefill_tokens, plan.decode_seqs, plan.pairs,
-                         blocks[0], blocks[1], blocks[2], plan.num_seqs, plan.new_tokens, plan.swap_bytes)
+        # its row but the output tokens, which on_tokens appends once the outcome is known (nothing else writes a
+        # row in between: the engine commits at once, and fast-forwarded stretches are recorded before)
+        self.rows.buf.frombytes(_ITERATION_HEAD(self.replica, start_s, duration, plan.prefill_tokens, plan.decode_seqs,
+                                                plan.pairs, blocks[0], blocks[1], blocks[2], plan.num_seqs,
+                                                plan.new_tokens, plan.swap_bytes))
         self.durations.append(duration)
         self._ends.append(end_s)
         self.busy_s += duration
@@ -430,13 +434,16 @@ class Timeline:
         self.busy_s = busy_s
         self.durations.fromlist(durations)  # (fromlist: half the time of extend's item-by-item growth)
         self._ends.fromlist(ends)
-        self.regular.extend(array("i", (count,)) * k)
+        self.regular.fromlist([count] * k)
         self._prev_end_s = ends[-1]
+        first = len(self._ends) - k
+        explicit, self._steady = first - self._steady, self._steady + k  # (rows recorded before the stretch)
         # a steady plan: decodes only (no prefill, no swap), decode_seqs = num_seqs = new_tokens = count
-        self._stretches.buf.frombytes(_STRETCH_ROW(len(self.rows) // len(ITERATION_COLUMNS), len(self._ends) - k, k,
-                                                   first_start_s, blocks[0], blocks[1], blocks[2], plan.pairs - count * k,
-                                                   count))
-        self._stretches.spill_if_full()
+        buf = self._stretches.buf
+        buf.frombytes(_STRETCH_ROW(explicit, first, k, first_start_s, blocks[0], blocks[1], blocks[2],
+                                   plan.pairs - count * k, count))
+        if len(buf) >= SPILL_VALUES:
+            self._stretches.spill_if_full()
 
     def on_tokens(self, index: int, start_s: float, end_s: float, outcome) -> None:
         """Token times of an iteration's emitters; decode-set members count as regular gaps."""
@@ -460,8 +467,9 @@ class Timeline:
         self.regular.append(regular)  # its gap is the iteration's duration (end_s - start_s)
         self._prev_end_s = end_s
         rows = self.rows
-        rows.buf.frombytes(_ITERATION_ROW(*self._pending, outcome.output_tokens))
-        rows.spill_if_full()
+        rows.buf.append(outcome.output_tokens)  # (the row's last column: on_iteration wrote the others)
+        if len(rows.buf) >= SPILL_VALUES:
+            rows.spill_if_full()
 
 def stats(values: np.ndarray) -> dict[str, float | None]:
     """mean, median, p90, p99, max with numpy's linear interpolation; None when empty."""

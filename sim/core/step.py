@@ -1,4 +1,4 @@
-"""StepPlan: one iteration's work and the batch features step-time models read.
+"""StepPlan: one iteration's work and the batch features step-time models read; Outcome: what it produced.
 
 Pure (no simpy): calibration builds StepPlans for measured iterations and evaluates sim.models.step_time on
 them, so a fitted profile's error is the simulator's own error.
@@ -6,7 +6,7 @@ them, so a fitted profile's error is the simulator's own error.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from sim.core.request import Request
 
@@ -32,12 +32,16 @@ def leave_hits(groups: dict, req: Request) -> int:
     return 0
 
 
+_NO_ADAPTERS = frozenset()
+
+
 @dataclass(slots=True)
 class StepPlan:
     """One iteration's work: explicit (request, new tokens, cached tokens before) items plus the
-    decode set's aggregate, and the batch features step-time models read."""
+    decode set's aggregate, and the batch features step-time models read. Its items, spec_items and adapters
+    start as shared empty constants, a list or set made at their first add (most plans have none)."""
 
-    items: list[tuple[Request, int, int]] = field(default_factory=list)
+    items: list[tuple[Request, int, int]] = ()
     num_seqs: int = 0
     new_tokens: int = 0
     pairs: int = 0
@@ -64,12 +68,12 @@ class StepPlan:
     """Positions computed by decode sequences (1 each, 1 + drafts when verifying a speculative round)."""
     decode_pairs: int = 0
     decode_logits: int = 0
-    spec_items: list = field(default_factory=list)
+    spec_items: list = ()
     """(request, drafts) of this iteration's speculative rounds."""
     draft_s: float = 0.0
     """Time the draft source needs for this round (added to, or hidden behind, the verify step)."""
     draft_overlapped: bool = False
-    adapters: set = field(default_factory=set)
+    adapters: set = _NO_ADAPTERS
     """Distinct LoRA adapters in the batch (only counted, never iterated)."""
     swap_bytes: float = 0.0
     """KV bytes moved between GPU and host memory before this iteration (swap-out and swap-in)."""
@@ -78,9 +82,15 @@ class StepPlan:
         """`req` computes n positions; with `drafts`, a speculative round verifying n = 1 + drafts."""
         h = req.computed_tokens
         pairs = n * h + n * (n + 1) // 2
-        self.items.append((req, n, h))
+        if self.items:
+            self.items.append((req, n, h))
+        else:
+            self.items = [(req, n, h)]
         if req.adapter is not None:
-            self.adapters.add(req.adapter)
+            if isinstance(self.adapters, set):
+                self.adapters.add(req.adapter)
+            else:  # (still the shared empty frozenset)
+                self.adapters = {*self.adapters, req.adapter}
         self.num_seqs += 1
         self.new_tokens += n
         self.pairs += pairs
@@ -99,12 +109,15 @@ class StepPlan:
             self.decode_pairs += pairs
             self.decode_logits += n
             if drafts:
-                self.spec_items.append((req, drafts))
+                if self.spec_items:
+                    self.spec_items.append((req, drafts))
+                else:
+                    self.spec_items = [(req, drafts)]
         else:
             self.prefill_seqs += 1
             self.prefill_tokens += n
             self.prefill_pairs += pairs
-            if n == req.tokens_to_compute:
+            if n == req.prompt_tokens + req.output_tokens - h:  # (req.tokens_to_compute)
                 self.prefill_logits += 1
 
     def _read_hits(self, key, r: int) -> None:
@@ -125,8 +138,10 @@ class StepPlan:
         tokens] (to count the re-reads of hits that explicit items of the plan read too); `hit_kv_tokens` all
         their hit tokens."""
         self.lazy_decodes += count
-        self.shared_kv_tokens += shared_kv_tokens
-        self.hit_kv_tokens += hit_kv_tokens
+        if shared_kv_tokens:
+            self.shared_kv_tokens += shared_kv_tokens
+        if hit_kv_tokens:
+            self.hit_kv_tokens += hit_kv_tokens
         if hit_groups and self.hit_reads:
             for key, m in list(self.hit_reads.items()):
                 g = hit_groups.get(key)
@@ -134,14 +149,15 @@ class StepPlan:
                     self.shared_kv_tokens += g[1] if g[1] < m else m
                     if g[1] > m:
                         self.hit_reads[key] = g[1]
+        pairs = kv_tokens + count
         self.num_seqs += count
         self.new_tokens += count
-        self.pairs += kv_tokens + count
+        self.pairs += pairs
         self.kv_tokens_read += kv_tokens
         self.decode_seqs += count
         self.decode_kv_tokens += kv_tokens
         self.decode_positions += count
-        self.decode_pairs += kv_tokens + count
+        self.decode_pairs += pairs
         self.decode_logits += count
         if max_context > self.max_context:
             self.max_context = max_context
@@ -149,10 +165,10 @@ class StepPlan:
     def freeze(self) -> "FrozenStepPlan":
         """Hand the plan out: from now on it is read only (its lists become tuples; setting a field raises).
         Costs one class switch, so building stays as fast as before."""
-        self.items = tuple(self.items)
-        self.spec_items = tuple(self.spec_items)
-        self.adapters = frozenset(self.adapters)
-        object.__setattr__(self, "__class__", FrozenStepPlan)
+        self.items = tuple(self.items) if self.items else ()
+        self.spec_items = tuple(self.spec_items) if self.spec_items else ()
+        self.adapters = frozenset(self.adapters) if self.adapters else _NO_ADAPTERS
+        self.__class__ = FrozenStepPlan  # (still a StepPlan here: a plain assignment, cheaper than object.__setattr__)
         return self
 
     @property
@@ -180,3 +196,17 @@ class FrozenStepPlan(StepPlan):
         """The same object, writable again (for its scheduler only; freeze() it again before handing it on)."""
         object.__setattr__(self, "__class__", StepPlan)
         return self
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What an iteration produced, for the recorder and the caller."""
+
+    emitted: list[Request]
+    """Requests scheduled explicitly that emitted a token (plan order)."""
+    finished_decodes: list[Request]
+    """Decode-set members that emitted their last token (running order), already materialised."""
+    decode_tokens: int
+    """Tokens emitted by decode-set members (all regular gaps: they emitted last iteration too)."""
+    output_tokens: int = 0
+    """All output tokens the iteration produced (a speculative round counts every accepted token)."""

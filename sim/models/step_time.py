@@ -28,6 +28,12 @@ class LinearModel:
 
     def __init__(self, cfg: LinearStepTime):
         self.cfg = cfg
+        # (read once: step_s runs every iteration; the config is frozen)
+        self.coefficients = (cfg.constant_s, cfg.per_new_token_s, cfg.per_pair_s, cfg.per_kv_token_s,
+                             cfg.per_sequence_s, cfg.per_decode_sequence_s)
+        """The terms every step has: constant, per new token, pair, KV token read, sequence, decode sequence."""
+        self.optional_terms = bool(cfg.per_prefill_completion_s) or cfg.per_shared_kv_token_s is not None
+        """Whether the per prefill completion or shared KV token terms may add to a step."""
 
     def prefill_part_s(self, plan) -> float:
         """The prefill part of a step (chunked-prefill budgeting): its token, pair and sequence terms."""
@@ -39,16 +45,17 @@ class LinearModel:
 
     def step_s(self, plan) -> float:
         """The iteration's time: the linear terms over the whole batch (refused when negative)."""
-        c = self.cfg
-        t = (c.constant_s + c.per_new_token_s * plan.new_tokens + c.per_pair_s * plan.pairs
-             + c.per_kv_token_s * plan.kv_tokens_read + c.per_sequence_s * plan.num_seqs
-             + c.per_decode_sequence_s * plan.decode_seqs)
-        if c.per_prefill_completion_s:   # optional term (0 in most profiles: t stays bit for bit as before)
-            t += c.per_prefill_completion_s * plan.prefill_logits
-        if c.per_shared_kv_token_s is not None:   # optional too (absent: as before)
-            shared = plan.hit_kv_tokens if c.shared_kv_form == "hits" else plan.shared_kv_tokens
-            if shared:
-                t += (c.per_shared_kv_token_s - c.per_kv_token_s) * shared
+        constant, per_new, per_pair, per_kv, per_seq, per_decode = self.coefficients
+        t = (constant + per_new * plan.new_tokens + per_pair * plan.pairs + per_kv * plan.kv_tokens_read
+             + per_seq * plan.num_seqs + per_decode * plan.decode_seqs)
+        if self.optional_terms:
+            c = self.cfg
+            if c.per_prefill_completion_s:   # optional term (0 in most profiles: t stays bit for bit as before)
+                t += c.per_prefill_completion_s * plan.prefill_logits
+            if c.per_shared_kv_token_s is not None:   # optional too (absent: as before)
+                shared = plan.hit_kv_tokens if c.shared_kv_form == "hits" else plan.shared_kv_tokens
+                if shared:
+                    t += (c.per_shared_kv_token_s - c.per_kv_token_s) * shared
         if t < 0:  # negative coefficients (a fit's) can go below zero far from the fitted shapes
             raise ExtrapolationError(
                 f"the linear model (step_time.model) gives a negative step time ({t:.6g} s) for an iteration of "

@@ -25,16 +25,17 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
-from dataclasses import dataclass
 from typing import Callable, ClassVar, Literal
 
 from pydantic import Field, PositiveInt
 
 from sim.core.kv import BlockManager
-from sim.core.step import StepPlan, join_hits, leave_hits
+from sim.core.step import Outcome, StepPlan, join_hits, leave_hits
 from sim.core.request import Request, Status
 from sim.core.schedulers.steady import linear_terms, steady_linear
 from sim.io.schema import StrictModel
+
+CANCELLED = Status.CANCELLED  # (a module constant: an enum member's lookup costs more than a global)
 
 
 def check_budget_holds_decodes(cfg) -> None:
@@ -50,20 +51,6 @@ class SchedulerConfig(StrictModel):
     max_num_seqs: PositiveInt = Field(256, description="Most requests running at once")
     async_scheduling: bool = Field(False, description="Plan the next iteration while this one runs (async / overlap "
                                    "scheduling): a request arriving mid-iteration joins one later; idle, at once")
-
-
-@dataclass(slots=True)
-class Outcome:
-    """What an iteration produced, for the recorder and the caller."""
-
-    emitted: list[Request]
-    """Requests scheduled explicitly that emitted a token (plan order)."""
-    finished_decodes: list[Request]
-    """Decode-set members that emitted their last token (running order), already materialised."""
-    decode_tokens: int
-    """Tokens emitted by decode-set members (all regular gaps: they emitted last iteration too)."""
-    output_tokens: int = 0
-    """All output tokens the iteration produced (a speculative round counts every accepted token)."""
 
 
 class Scheduler:
@@ -180,7 +167,7 @@ class Scheduler:
         self._plan = plan
         self._preempted = False
         self._schedule(plan, now_s)
-        if plan.is_empty:
+        if not plan.num_seqs:  # (plan.is_empty)
             dropped = len(self.dropped)
             self._reject_stuck()
             if self.running and len(self.dropped) == dropped:
@@ -237,12 +224,12 @@ class Scheduler:
                     if self._ensure_kv(req, 1, plan):
                         self._add(plan, req, 1)
         if self._dec_adapters:
-            plan.adapters.update(self._dec_adapters)
+            plan.adapters = {*plan.adapters, *self._dec_adapters}
         if self.decoding:
             ctx = self._ctx_heap
-            while ctx[0][2] != ctx[0][3].lazy_version:
+            while (top := ctx[0])[2] != top[3].lazy_version:
                 heapq.heappop(ctx)
-            plan.add_decodes(len(self.decoding), self._dec_computed, -ctx[0][0] + i + 1, self._dec_shared,
+            plan.add_decodes(len(self.decoding), self._dec_computed, i + 1 - top[0], self._dec_shared,
                              self._dec_hits, self._dec_hit_tokens)
 
     def _reserve_tokens(self, req: Request) -> int:
@@ -421,19 +408,17 @@ class Scheduler:
             heapq.heappush(self._block_heap, (i + req.num_blocks * self.pool.block_tokens - req.computed_tokens,
                                               seq, v, req))
 
-    def _materialize(self, req: Request, i: int) -> None:
-        """Bring a member's counters and token times up to the start of iteration i."""
-        d = i - req.base_iter
-        if d > 0:
+    def _leave_decode(self, req: Request, i: int | None = None) -> None:
+        """`req` leaves the decode set at the start of iteration i (its counters and token times brought up to it)."""
+        if i is None:
+            i = self.iteration
+        if (d := i - req.base_iter) > 0:
             req.computed_tokens += d
             req.output_tokens += d
             req.last_token_s = self.timeline.end_s(i - 1)
             req.last_iteration = i - 1
             self.timeline.decode_gaps(req, req.base_iter, i - 1)
         req.base_iter = i
-
-    def _leave_decode(self, req: Request, i: int | None = None) -> None:
-        self._materialize(req, self.iteration if i is None else i)
         del self.decoding[req.rid]
         self._dec_computed -= req.computed_tokens
         if req.cached_tokens and req.hit_key is not None:
@@ -446,6 +431,9 @@ class Scheduler:
             else:
                 del self._dec_adapters[req.adapter]
         req.lazy_version += 1
+        if len(self._ctx_heap) > 2 * len(self.decoding) + 64:  # mostly left members' entries: the live ones only
+            self._ctx_heap = [e for e in self._ctx_heap if e[2] == e[3].lazy_version]
+            heapq.heapify(self._ctx_heap)
 
     # ---- fast-forward ---------------------------------------------------------------------
     def steady_iterations(self, plan: StepPlan) -> int:
@@ -519,11 +507,13 @@ class Scheduler:
         self.now_s = now_s
         finished_decodes: list[Request] = []
         decode_tokens = 0
+        cancelled = self._cancelled_in_flight
         if self.lazy:
-            for req in self._cancelled_in_flight:  # their token of this iteration is discarded
-                if req.rid in self.decoding:
+            decoding = self.decoding
+            for req in cancelled:  # their token of this iteration is discarded
+                if req.rid in decoding:
                     self._leave_decode(req, i)
-            decode_tokens = len(self.decoding)
+            decode_tokens = len(decoding)
             self._dec_computed += decode_tokens
             heap = self._finish_heap
             while heap and heap[0][0] <= i:
@@ -534,16 +524,16 @@ class Scheduler:
                 finished_decodes.append(req)
         emitted = []
         extra_tokens = 0
-        accepted = {}
+        accepted = None
         if plan.spec_items:
-            live = [(r, k) for r, k in plan.spec_items if r.status is not Status.CANCELLED]
+            live = [(r, k) for r, k in plan.spec_items if r.status is not CANCELLED]
             if live:
                 counts = self.speculator.sample([r for r, _ in live], [k for _, k in live])
                 accepted = {r.rid: int(a) for (r, _), a in zip(live, counts)}
         for req, n, _h in plan.items:
-            if req.status is Status.CANCELLED:
+            if req.status is CANCELLED:
                 continue
-            if req.rid in accepted:  # a speculative round: accepted drafts + the target's own token
+            if accepted and req.rid in accepted:  # a speculative round: accepted drafts + the target's own token
                 a = accepted[req.rid]
                 req.computed_tokens += a + 1
                 req.output_tokens += a + 1
@@ -551,12 +541,12 @@ class Scheduler:
                 emitted.append(req)
                 continue
             before = req.computed_tokens
-            req.computed_tokens = before + n
+            req.computed_tokens = computed = before + n
             if req.recompute_upto > before:
-                req.recomputed_tokens += min(req.computed_tokens, req.recompute_upto) - before
+                req.recomputed_tokens += min(computed, req.recompute_upto) - before
             if before < req.prompt_tokens:
-                self.pool.register(req, min(req.computed_tokens, req.prompt_tokens), now_s)
-            if req.computed_tokens == req.prompt_tokens + req.output_tokens:
+                self.pool.register(req, min(computed, req.prompt_tokens), now_s)
+            if computed == req.prompt_tokens + req.output_tokens:
                 req.output_tokens += 1
                 emitted.append(req)
             elif self.lazy and req.output_tokens and not req.in_prefill:
@@ -564,11 +554,11 @@ class Scheduler:
         for req in finished_decodes:
             self._finish(req, now_s)
         for req in emitted:
-            if req.done:
+            if req.output_tokens >= req.max_output_tokens:  # (req.done)
                 self._finish(req, now_s)
             elif self.lazy:
                 self._join_decode(req, i + 1)
-        for req in self._cancelled_in_flight:
+        for req in cancelled:
             req.finish_s = now_s
             if req.rid in self.running:
                 del self.running[req.rid]
@@ -578,7 +568,8 @@ class Scheduler:
             self.pool.register(req, req.computed_tokens, now_s)
             self.pool.free(req, now_s)
             self.dropped.append(req)
-        self._cancelled_in_flight.clear()
+        if cancelled:
+            cancelled.clear()
         self.iteration = i + 1
         return Outcome(emitted, finished_decodes, decode_tokens, decode_tokens + len(emitted) + extra_tokens)
 

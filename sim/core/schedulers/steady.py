@@ -17,11 +17,11 @@ def linear_terms(step_time: Callable, plan: StepPlan) -> tuple | None:
     if type(model).__name__ != "LinearModel" or getattr(step_time, "__name__", "") != "step_s":
         return None
     c = model.cfg
-    if (c.per_prefill_completion_s and plan.prefill_logits) or (
-            c.per_shared_kv_token_s is not None and (plan.shared_kv_tokens or plan.hit_kv_tokens)):
+    if model.optional_terms and ((c.per_prefill_completion_s and plan.prefill_logits) or (
+            c.per_shared_kv_token_s is not None and (plan.shared_kv_tokens or plan.hit_kv_tokens))):
         return None   # (a steady plan's shared KV stays fixed, but step_s itself keeps the float order)
-    return (c.constant_s + c.per_new_token_s * plan.new_tokens, c.per_pair_s, c.per_kv_token_s,
-            c.per_sequence_s * plan.num_seqs, c.per_decode_sequence_s * plan.decode_seqs)
+    constant, per_new, per_pair, per_kv, per_seq, per_decode = model.coefficients
+    return constant + per_new * plan.new_tokens, per_pair, per_kv, per_seq * plan.num_seqs, per_decode * plan.decode_seqs
 
 
 def steady_linear(linear: tuple, plan: StepPlan, count: int, m: int, start_s: float, step_s: float, horizon_s: float,
