@@ -17,7 +17,7 @@ import simpy
 from sim.core import engine
 from sim.core.cluster import Replica
 from sim.core.metrics import Recorder
-from sim.core.request import Request, Status
+from sim.core.request import FINISHED, Request, Status, arriving
 from sim.workloads.closed_loop import closed_loop_clients
 from sim.workloads.workload import prefix_stream
 
@@ -97,10 +97,9 @@ class Frontend:
                 shareable = p if self._retried else 0
             else:
                 shareable = self._shareable(i)
-            out.append(Request(i, a, p, output[k], a + outside[k],
-                               adapter=adapter[k] if adapter is not None and adapter[k] >= 0 else None,
-                               deadline_s=None if d != d else d, cancel_at_s=None if c != c else c,
-                               segments=(((0, i), 0, p),) if own else wl.segments_of(i), shareable_tokens=shareable))
+            out.append(arriving(i, a, p, output[k], a + outside[k], None if d != d else d, None if c != c else c,
+                                (((0, i), 0, p),) if own else wl.segments_of(i), shareable,
+                                adapter[k] if adapter is not None and adapter[k] >= 0 else None))
         return out
 
     def deliver(self, req: Request) -> None:
