@@ -32,7 +32,7 @@ from pydantic import Field, PositiveInt
 
 from sim.core.kv import BlockManager
 from sim.core.step import StepPlan, join_hits, leave_hits
-from sim.core.request import Request, Status
+from sim.core.request import CANCELLED, FINISHED, RUNNING, Request, Status
 from sim.core.schedulers.steady import linear_terms, steady_linear
 from sim.io.schema import StrictModel
 
@@ -110,10 +110,11 @@ class Scheduler:
     # ---- arrivals, cancellation -----------------------------------------------------------
     def admit(self, req: Request, now_s: float) -> None:
         """Queue an arriving request (admission into the batch happens in plan)."""
-        if req.status is Status.CANCELLED:  # the client gave up while it waited at this replica's door
+        if req.status is CANCELLED:  # the client gave up while it waited at this replica's door
             self.dropped.append(req)
             return
-        if (blocks := self.pool.blocks_for(self._reserve_tokens(req))) > self.pool.num_blocks:
+        pool = self.pool
+        if (blocks := -(-self._reserve_tokens(req) // pool.block_tokens)) > pool.num_blocks:  # (pool.blocks_for)
             self._reject(req, "kv: request needs more blocks than the whole pool")
             return
         refusal = None if req.remote_kv_tokens else self._refusal(req)  # KV sent by a prefill pool: no prefill here
@@ -148,8 +149,9 @@ class Scheduler:
     def _enqueue(self, req: Request, front: bool = False, blocks: int | None = None) -> None:
         """Waiting queue with a running sum of what its requests would reserve (`blocks`, when known)
         less the prefix blocks already cached: what it would add if admitted now (for KV demand)."""
-        blocks = self.pool.blocks_for(self._reserve_tokens(req)) if blocks is None else blocks
-        req.queued_blocks = blocks - len(self.pool.match(req))
+        pool = self.pool
+        blocks = pool.blocks_for(self._reserve_tokens(req)) if blocks is None else blocks
+        req.queued_blocks = blocks - len(pool.match(req)) if pool.prefix_caching else blocks  # (nothing to match)
         self._waiting_blocks += req.queued_blocks
         if front:
             self.waiting.appendleft(req)
@@ -267,24 +269,25 @@ class Scheduler:
             self._unqueue(req)
             self._reject(req, "deadline: cannot finish in time")
             return None
+        pool = self.pool
         swapped = req.swapped_blocks > 0
         carried = swapped or req.remote_kv_tokens > 0  # its KV exists elsewhere: the host tier, or a prefill pool
-        hits = [] if carried else self.pool.match(req)
-        computed = req.computed_tokens if carried else len(hits) * self.pool.block_tokens
+        hits = pool.match(req) if pool.prefix_caching and not carried else []  # (nothing to match without caching)
+        computed = req.computed_tokens if carried else len(hits) * pool.block_tokens
         n = self._first_chunk(req.prompt_tokens + req.output_tokens - computed, left)
         if n <= 0:
             return 0
         need = self._reserve_tokens(req) if self.kv_admission == "reserve" else computed + n
-        if not self.pool.can_allocate(req, need, hits):
+        if not pool.can_allocate(req, need, hits):
             if not req.kv_waited:
                 req.kv_waited = True
-                demand = self.pool.used_blocks + self._waiting_blocks
+                demand = pool.used_blocks + self._waiting_blocks
                 self.kv_demand_peak_blocks = max(self.kv_demand_peak_blocks, demand)
             return 0
-        self.pool.allocate(req, need, hits, now_s)
+        pool.allocate(req, need, hits, now_s)
         self._unqueue(req)
         if swapped:
-            self._plan.swap_bytes += self.pool.swap_in(req)
+            self._plan.swap_bytes += pool.swap_in(req)
         elif req.remote_kv_tokens:
             req.remote_kv_tokens = 0  # the transferred KV now lives in the blocks just allocated
             if req.first_token_on_admit:  # its first token came with the KV: streamed now
@@ -294,8 +297,8 @@ class Scheduler:
             if req.admitted_s is None:
                 req.cached_tokens = computed
                 req.hit_key = hits[-1] if hits else None
-                self.pool.stats.hit_tokens += computed
-        req.status = Status.RUNNING
+                pool.stats.hit_tokens += computed
+        req.status = RUNNING
         if req.admitted_s is None:
             req.admitted_s = now_s
         req.admit_seq = self._admit_counter
@@ -583,7 +586,7 @@ class Scheduler:
         return Outcome(emitted, finished_decodes, decode_tokens, decode_tokens + len(emitted) + extra_tokens)
 
     def _finish(self, req: Request, now_s: float) -> None:
-        req.status = Status.FINISHED
+        req.status = FINISHED
         req.finish_s = now_s
         del self.running[req.rid]
         self._explicit.pop(req.rid, None)
