@@ -220,24 +220,26 @@ class Recorder:
     def _row(self, req: Request) -> None:
         status = req.status
         done = status is FINISHED
-        first = req.first_token_s
-        rows = self._rows
-        rows.buf.frombytes(_REQUEST_ROW(
+        arrival, admitted, first, finish = req.arrival_s, req.admitted_s, req.first_token_s, req.finish_s
+        prompt, out, cached = req.prompt_tokens, req.output_tokens, req.cached_tokens
+        gaps = done and out > 1
+        buf = self._rows.buf
+        buf.frombytes(_REQUEST_ROW(
             req.rid,
             -1 if req.replica is None else req.replica,
             _FINISHED_CODE if done else STATUS_CODES[status],
-            req.arrival_s,
-            NAN if req.admitted_s is None else req.admitted_s,
+            arrival,
+            NAN if admitted is None else admitted,
             NAN if first is None else first,
-            NAN if req.finish_s is None else req.finish_s,
-            NAN if first is None else first - req.arrival_s,
-            req.finish_s - req.arrival_s if done else NAN,
-            (req.finish_s - first) / (req.output_tokens - 1) if done and req.output_tokens > 1 else NAN,
-            req.max_itl_s if done and req.output_tokens > 1 else NAN,
-            req.prompt_tokens,
-            req.output_tokens,
-            req.cached_tokens,
-            req.cached_tokens / req.prompt_tokens,
+            NAN if finish is None else finish,
+            NAN if first is None else first - arrival,
+            finish - arrival if done else NAN,
+            (finish - first) / (out - 1) if gaps else NAN,
+            req.max_itl_s if gaps else NAN,
+            prompt,
+            out,
+            cached,
+            cached / prompt,
             req.preemptions,
             req.recomputed_tokens,
             1.0 if req.kv_waited else 0.0,
@@ -245,7 +247,8 @@ class Recorder:
             (1.0 if done else 0.0) if (self._no_slo and req.deadline_s is None) else (1.0 if self.met_slo(req) else 0.0),
             NAN if req.correct is None else float(req.correct),
         ))
-        rows.spill_if_full()
+        if len(buf) >= SPILL_VALUES:
+            self._rows.spill_if_full()
         if self._gaps:
             self._gaps.pop(req.rid, None)
 

@@ -590,5 +590,7 @@ class Scheduler:
         req.finish_s = now_s
         del self.running[req.rid]
         self._explicit.pop(req.rid, None)
-        self.pool.register(req, req.computed_tokens, now_s)  # its outputs too: a next turn may reuse them
-        self.pool.free(req, now_s)
+        pool = self.pool
+        if pool.prefix_caching:  # (register indexes nothing without caching)
+            pool.register(req, req.computed_tokens, now_s)  # its outputs too: a next turn may reuse them
+        pool.free(req, now_s)
