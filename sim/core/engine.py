@@ -149,9 +149,10 @@ class ArrivalFeed:
         fire = self.next_fire
         env._now = fire
         while True:
-            deliver(self._reqs[self._k])
-            self._k += 1
-            t = self._peek()
+            k = self._k
+            deliver(self._reqs[k])
+            self._k = k = k + 1
+            t = self._block_times[k] if k < len(self._block_times) else self._peek()  # (_peek inside a block)
             if t is None:
                 self.next_fire = math.inf
                 return

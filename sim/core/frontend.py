@@ -9,6 +9,7 @@ here for their prompt's prefill and then fork from it. Every arrival and departu
 from __future__ import annotations
 
 import math
+from itertools import repeat
 from typing import Callable
 
 import numpy as np
@@ -17,11 +18,9 @@ import simpy
 from sim.core import engine
 from sim.core.cluster import Replica
 from sim.core.metrics import Recorder
-from sim.core.request import Request, Status
+from sim.core.request import FINISHED, Request, Status, arriving
 from sim.workloads.closed_loop import closed_loop_clients
 from sim.workloads.workload import prefix_stream
-
-FINISHED = Status.FINISHED  # (a module constant: on_outcome tests it for every request, an enum lookup costs more)
 
 
 class Frontend:
@@ -93,16 +92,15 @@ class Frontend:
         own = wl.segments is None  # every prompt its own private stream
         plain = own and not wl.shared_streams and not self._warm  # nothing shared: shareable_tokens 0
         out = []
-        for k, i in enumerate(rows.tolist()):
-            a, p, c, d = arrival[k], prompt[k], cancel[k], deadline[k]
+        append, retried = out.append, self._retried
+        for i, a, p, o, w, c, d, ad in zip(rows.tolist(), arrival, prompt, output, outside, cancel, deadline,
+                                           repeat(-1) if adapter is None else adapter):
             if plain:
-                shareable = p if self._retried else 0
+                shareable = p if retried else 0
             else:
                 shareable = self._shareable(i)
-            out.append(Request(i, a, p, output[k], a + outside[k],
-                               adapter=adapter[k] if adapter is not None and adapter[k] >= 0 else None,
-                               deadline_s=None if d != d else d, cancel_at_s=None if c != c else c,
-                               segments=(((0, i), 0, p),) if own else wl.segments_of(i), shareable_tokens=shareable))
+            append(arriving(i, a, p, o, a + w, None if d != d else d, None if c != c else c,
+                            (((0, i), 0, p),) if own else wl.segments_of(i), shareable, ad if ad >= 0 else None))
         return out
 
     def deliver(self, req: Request) -> None:

@@ -14,7 +14,7 @@ from array import array
 
 import numpy as np
 
-from sim.core.request import Request, Status
+from sim.core.request import FINISHED, Request, Status
 
 REQUEST_COLUMNS = ("id", "replica", "status", "arrival_s", "admitted_s", "first_token_s", "finish_s", "ttft_s", "e2e_s",
                    "tpot_s", "max_itl_s", "prompt_tokens", "output_tokens", "cached_tokens", "prefix_hit_rate", "preemptions",
@@ -23,6 +23,7 @@ ITERATION_COLUMNS = ("replica", "start_s", "duration_s", "prefill_tokens", "deco
                      "cached_free_blocks", "host_blocks", "batch_size", "new_tokens", "swap_bytes",
                      "output_tokens")
 STATUS_CODES = {s: i for i, s in enumerate(Status)}
+_FINISHED_CODE = STATUS_CODES[Status.FINISHED]
 NAN = float("nan")
 STRETCH_FIELDS = 9  # explicit rows before, first iteration, iterations, start_s, KV blocks x3, first pairs, decodes
 PENDING_ROWS = 1024  # requests that left whose rows wait for one vectorised pass over their decode gaps
@@ -139,14 +140,16 @@ class Recorder:
 
     def on_enter(self, req: Request, now_s: float) -> None:
         """A request reached the system (Little's-law count and the first arrival)."""
-        self._advance(now_s)
+        self.area += self.in_system * (now_s - self._t_last)  # (_advance, inline: once per request)
+        self._t_last = now_s
         self.in_system += 1
         if self.first_arrival_s is None or req.arrival_s < self.first_arrival_s:
             self.first_arrival_s = req.arrival_s
 
     def on_leave(self, req: Request, now_s: float) -> None:
         """A request left (finished, rejected, cancelled or failed): its row is recorded."""
-        self._advance(now_s)
+        self.area += self.in_system * (now_s - self._t_last)  # (_advance)
+        self._t_last = now_s
         if req.reject_reason:
             self.reject_reasons.append(req.reject_reason)
         self.in_system -= 1
@@ -193,7 +196,7 @@ class Recorder:
     # ---- per-request rows -------------------------------------------------------------------
     def met_slo(self, req: Request) -> bool:
         """Whether a finished request met every SLO (TTFT, E2E, its deadline, ITL max or p99)."""
-        if req.status is not Status.FINISHED:
+        if req.status is not FINISHED:
             return False
         s = self.slo
         ttft = req.first_token_s - req.arrival_s
@@ -215,25 +218,28 @@ class Recorder:
         return True
 
     def _row(self, req: Request) -> None:
-        done = req.status is Status.FINISHED
-        first = req.first_token_s
-        rows = self._rows
-        rows.buf.frombytes(_REQUEST_ROW(
+        status = req.status
+        done = status is FINISHED
+        arrival, admitted, first, finish = req.arrival_s, req.admitted_s, req.first_token_s, req.finish_s
+        prompt, out, cached = req.prompt_tokens, req.output_tokens, req.cached_tokens
+        gaps = done and out > 1
+        buf = self._rows.buf
+        buf.frombytes(_REQUEST_ROW(
             req.rid,
             -1 if req.replica is None else req.replica,
-            STATUS_CODES[req.status],
-            req.arrival_s,
-            NAN if req.admitted_s is None else req.admitted_s,
+            _FINISHED_CODE if done else STATUS_CODES[status],
+            arrival,
+            NAN if admitted is None else admitted,
             NAN if first is None else first,
-            NAN if req.finish_s is None else req.finish_s,
-            NAN if first is None else first - req.arrival_s,
-            req.finish_s - req.arrival_s if done else NAN,
-            (req.finish_s - first) / (req.output_tokens - 1) if done and req.output_tokens > 1 else NAN,
-            req.max_itl_s if done and req.output_tokens > 1 else NAN,
-            req.prompt_tokens,
-            req.output_tokens,
-            req.cached_tokens,
-            req.cached_tokens / req.prompt_tokens,
+            NAN if finish is None else finish,
+            NAN if first is None else first - arrival,
+            finish - arrival if done else NAN,
+            (finish - first) / (out - 1) if gaps else NAN,
+            req.max_itl_s if gaps else NAN,
+            prompt,
+            out,
+            cached,
+            cached / prompt,
             req.preemptions,
             req.recomputed_tokens,
             1.0 if req.kv_waited else 0.0,
@@ -241,7 +247,8 @@ class Recorder:
             (1.0 if done else 0.0) if (self._no_slo and req.deadline_s is None) else (1.0 if self.met_slo(req) else 0.0),
             NAN if req.correct is None else float(req.correct),
         ))
-        rows.spill_if_full()
+        if len(buf) >= SPILL_VALUES:
+            self._rows.spill_if_full()
         if self._gaps:
             self._gaps.pop(req.rid, None)
 

@@ -21,6 +21,12 @@ class Status(str, Enum):
     FAILED = "failed"
 
 
+# The members as module globals, for hot paths: `Status.X` goes through EnumType's __getattr__ hook on every
+# access in CPython 3.11 (~60 ns; a global is ~10 ns).
+WAITING, RUNNING, FINISHED = Status.WAITING, Status.RUNNING, Status.FINISHED
+REJECTED, CANCELLED, FAILED = Status.REJECTED, Status.CANCELLED, Status.FAILED
+
+
 @dataclass(slots=True, eq=False)
 class Request:
     """One request's state as it moves through the engine: token counters, KV blocks, timestamps, outcome."""
@@ -132,3 +138,39 @@ class Request:
     @property
     def done(self) -> bool:
         return self.output_tokens >= self.max_output_tokens
+
+
+_new = object.__new__
+
+
+def arriving(rid: int, arrival_s: float, prompt_tokens: int, max_output_tokens: int, engine_arrival_s: float,
+             deadline_s: float | None, cancel_at_s: float | None, segments: tuple, shareable_tokens: int | None,
+             adapter: int | None) -> Request:
+    """Request(rid, arrival_s, prompt_tokens, max_output_tokens, engine_arrival_s, deadline_s=.., cancel_at_s=..,
+    segments=.., shareable_tokens=.., adapter=..): a workload row arriving, every other field at its default, made
+    in half the time (no keyword matching over the dataclass's fields: a run makes one per request).
+    tests/sim/test_request.py checks it against the constructor field by field."""
+    r = _new(Request)
+    r.rid = rid
+    r.arrival_s = arrival_s
+    r.prompt_tokens = prompt_tokens
+    r.max_output_tokens = max_output_tokens
+    r.engine_arrival_s = engine_arrival_s
+    r.deadline_s = deadline_s
+    r.cancel_at_s = cancel_at_s
+    r.segments = segments
+    r.shareable_tokens = shareable_tokens
+    r.adapter = adapter
+    r.output_tokens = r.computed_tokens = r.cached_tokens = r.preemptions = r.recomputed_tokens = 0
+    r.recompute_upto = r.indexed_blocks = r.full_blocks = r.held_blocks = r.swapped_blocks = 0
+    r.remote_kv_tokens = r.lazy_version = r.queued_blocks = r.draft_len = 0
+    r.hit_key = r.admitted_s = r.first_token_s = r.last_token_s = r.finish_s = r.last_iteration = None
+    r.admit_seq = r.planned_iter = r.base_iter = r.accept_rates = r.replica = r.correct = r.reject_reason = None
+    r.status = WAITING
+    r.max_itl_s = 0.0
+    r.block_table = []
+    r.block_hashes = []
+    r.tail_shared = r.hash_all = r.first_token_on_admit = r.kv_waited = False
+    r.avoid = ()
+    r.attempt = 1
+    return r

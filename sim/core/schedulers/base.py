@@ -31,11 +31,9 @@ from pydantic import Field, PositiveInt
 
 from sim.core.kv import BlockManager
 from sim.core.step import Outcome, StepPlan, join_hits, leave_hits
-from sim.core.request import Request, Status
+from sim.core.request import CANCELLED, FINISHED, RUNNING, Request, Status
 from sim.core.schedulers.steady import linear_terms, steady_linear
 from sim.io.schema import StrictModel
-
-CANCELLED = Status.CANCELLED  # (a module constant: an enum member's lookup costs more than a global)
 
 
 def check_budget_holds_decodes(cfg) -> None:
@@ -97,10 +95,11 @@ class Scheduler:
     # ---- arrivals, cancellation -----------------------------------------------------------
     def admit(self, req: Request, now_s: float) -> None:
         """Queue an arriving request (admission into the batch happens in plan)."""
-        if req.status is Status.CANCELLED:  # the client gave up while it waited at this replica's door
+        if req.status is CANCELLED:  # the client gave up while it waited at this replica's door
             self.dropped.append(req)
             return
-        if (blocks := self.pool.blocks_for(self._reserve_tokens(req))) > self.pool.num_blocks:
+        pool = self.pool
+        if (blocks := -(-self._reserve_tokens(req) // pool.block_tokens)) > pool.num_blocks:  # (pool.blocks_for)
             self._reject(req, "kv: request needs more blocks than the whole pool")
             return
         refusal = None if req.remote_kv_tokens else self._refusal(req)  # KV sent by a prefill pool: no prefill here
@@ -135,8 +134,9 @@ class Scheduler:
     def _enqueue(self, req: Request, front: bool = False, blocks: int | None = None) -> None:
         """Waiting queue with a running sum of what its requests would reserve (`blocks`, when known)
         less the prefix blocks already cached: what it would add if admitted now (for KV demand)."""
-        blocks = self.pool.blocks_for(self._reserve_tokens(req)) if blocks is None else blocks
-        req.queued_blocks = blocks - len(self.pool.match(req))
+        pool = self.pool
+        blocks = pool.blocks_for(self._reserve_tokens(req)) if blocks is None else blocks
+        req.queued_blocks = blocks - len(pool.match(req)) if pool.prefix_caching else blocks  # (nothing to match)
         self._waiting_blocks += req.queued_blocks
         if front:
             self.waiting.appendleft(req)
@@ -254,24 +254,25 @@ class Scheduler:
             self._unqueue(req)
             self._reject(req, "deadline: cannot finish in time")
             return None
+        pool = self.pool
         swapped = req.swapped_blocks > 0
         carried = swapped or req.remote_kv_tokens > 0  # its KV exists elsewhere: the host tier, or a prefill pool
-        hits = [] if carried else self.pool.match(req)
-        computed = req.computed_tokens if carried else len(hits) * self.pool.block_tokens
+        hits = pool.match(req) if pool.prefix_caching and not carried else []  # (nothing to match without caching)
+        computed = req.computed_tokens if carried else len(hits) * pool.block_tokens
         n = self._first_chunk(req.prompt_tokens + req.output_tokens - computed, left)
         if n <= 0:
             return 0
         need = self._reserve_tokens(req) if self.kv_admission == "reserve" else computed + n
-        if not self.pool.can_allocate(req, need, hits):
+        if not pool.can_allocate(req, need, hits):
             if not req.kv_waited:
                 req.kv_waited = True
-                demand = self.pool.used_blocks + self._waiting_blocks
+                demand = pool.used_blocks + self._waiting_blocks
                 self.kv_demand_peak_blocks = max(self.kv_demand_peak_blocks, demand)
             return 0
-        self.pool.allocate(req, need, hits, now_s)
+        pool.allocate(req, need, hits, now_s)
         self._unqueue(req)
         if swapped:
-            self._plan.swap_bytes += self.pool.swap_in(req)
+            self._plan.swap_bytes += pool.swap_in(req)
         elif req.remote_kv_tokens:
             req.remote_kv_tokens = 0  # the transferred KV now lives in the blocks just allocated
             if req.first_token_on_admit:  # its first token came with the KV: streamed now
@@ -281,8 +282,8 @@ class Scheduler:
             if req.admitted_s is None:
                 req.cached_tokens = computed
                 req.hit_key = hits[-1] if hits else None
-                self.pool.stats.hit_tokens += computed
-        req.status = Status.RUNNING
+                pool.stats.hit_tokens += computed
+        req.status = RUNNING
         if req.admitted_s is None:
             req.admitted_s = now_s
         req.admit_seq = self._admit_counter
@@ -574,9 +575,11 @@ class Scheduler:
         return Outcome(emitted, finished_decodes, decode_tokens, decode_tokens + len(emitted) + extra_tokens)
 
     def _finish(self, req: Request, now_s: float) -> None:
-        req.status = Status.FINISHED
+        req.status = FINISHED
         req.finish_s = now_s
         del self.running[req.rid]
         self._explicit.pop(req.rid, None)
-        self.pool.register(req, req.computed_tokens, now_s)  # its outputs too: a next turn may reuse them
-        self.pool.free(req, now_s)
+        pool = self.pool
+        if pool.prefix_caching:  # (register indexes nothing without caching)
+            pool.register(req, req.computed_tokens, now_s)  # its outputs too: a next turn may reuse them
+        pool.free(req, now_s)
