@@ -37,11 +37,18 @@ class Frontend:
         self._acc_rng = np.random.default_rng(scenario.seed).spawn(4)[3]
         self._warm = frozenset(prefix_stream(wp.name) for wp in scenario.kv.warm_prefixes)
         self._retried = scenario.accuracy.retries
+        self._always_right = scenario.accuracy.p_correct >= 1
+        self._leaders = workload.leader  # parallel sampling: each row's leader (-1: none), or None
         self._held: dict[int, list[Request]] = {}   # parallel sampling: branches waiting for their prompt's prefill
         self._forked: set[int] = set()
         # one replica and a router whose choice among one candidate touches nothing (affinity matches
         # prefixes, which may hash cached blocks): route without asking it
         self._sole = len(replicas) == 1 and router.kind != "affinity"
+        # deliver and on_outcome do route's one-replica case and _judge + leave of a right answer inline, where a
+        # subclass (handoff.DisaggFrontend) keeps those methods
+        self._direct = self._sole and type(self).route is Frontend.route
+        self._plain_leave = (self._always_right and type(self)._judge is Frontend._judge
+                             and type(self).leave is Frontend.leave)
 
     # ---- entering ---------------------------------------------------------------------------
     def open(self, feed: engine.ArrivalFeed | None = None) -> None:
@@ -105,11 +112,16 @@ class Frontend:
 
     def deliver(self, req: Request) -> None:
         """A request reaches the front end: held for its leader's prefill (parallel sampling) or routed."""
-        self.rec.on_enter(req, self.env.now)
-        wl = self.workload
-        lead = int(wl.leader[req.rid]) if wl.leader is not None else -1
+        self.rec.on_enter(req, self.env._now)  # (env.now without the property's call)
+        lead = int(self._leaders[req.rid]) if self._leaders is not None else -1
         if lead >= 0 and lead not in self._forked:
             self._held.setdefault(lead, []).append(req)
+        elif self._direct and not req.avoid and (replica := self.replicas[0]).marked_up and replica.up:
+            req.replica = replica.index  # (route's one-replica case, without its call)
+            if replica.inbox.get_queue:
+                replica.inbox.put(req)
+            else:
+                replica.inbox.items.append(req)
         else:
             self.route(req)
 
@@ -172,11 +184,11 @@ class Frontend:
 
     def _judge(self, req: Request, now_s: float) -> None:
         """A finished request: right (it leaves) or wrong (sent again while attempts remain)."""
-        acc = self.scenario.accuracy
-        if acc.p_correct >= 1:  # always right: it leaves
+        if self._always_right:  # it leaves
             req.correct = True
             self.leave(req, now_s)
             return
+        acc = self.scenario.accuracy
         req.correct = bool(self._acc_rng.random() < acc.p_correct)
         if not req.correct and req.attempt <= acc.max_retries:
             self.route(Request(req.rid, req.arrival_s, req.prompt_tokens, req.max_output_tokens, now_s,
@@ -215,13 +227,22 @@ class Frontend:
                 for req in outcome.emitted:
                     if req.rid in self._held and req.output_tokens == 1:
                         release(req.rid, req)
-            judge = self._judge
-            for req in outcome.finished_decodes:
-                if req.status is FINISHED:
-                    judge(req, now_s)
-            for req in outcome.emitted:
-                if req.status is FINISHED:
-                    judge(req, now_s)
+            finished, emitted = outcome.finished_decodes, outcome.emitted
+            if (finished or emitted) and self._plain_leave and self.clients is None and self.progress is None:
+                left = 0  # each finished request just leaves: _judge and leave, inline
+                on_leave = self.rec.on_leave
+                for group in (finished, emitted):
+                    for req in group:
+                        if req.status is FINISHED:
+                            req.correct = True
+                            on_leave(req, now_s)
+                            left += 1
+                self.finished += left
+            elif finished or emitted:
+                for group in (finished, emitted):
+                    for req in group:
+                        if req.status is FINISHED:
+                            self._judge(req, now_s)
             if finished_forks:
                 for req in finished_forks:
                     if req.status is FINISHED:
