@@ -165,9 +165,12 @@ class StepPlan:
     def freeze(self) -> "FrozenStepPlan":
         """Hand the plan out: from now on it is read only (its lists become tuples; setting a field raises).
         Costs one class switch, so building stays as fast as before."""
-        self.items = tuple(self.items) if self.items else ()
-        self.spec_items = tuple(self.spec_items) if self.spec_items else ()
-        self.adapters = frozenset(self.adapters) if self.adapters else _NO_ADAPTERS
+        if self.items.__class__ is list:  # (else still the shared empty tuple)
+            self.items = tuple(self.items)
+        if self.spec_items.__class__ is list:
+            self.spec_items = tuple(self.spec_items)
+        if self.adapters.__class__ is set:
+            self.adapters = frozenset(self.adapters) if self.adapters else _NO_ADAPTERS
         self.__class__ = FrozenStepPlan  # (still a StepPlan here: a plain assignment, cheaper than object.__setattr__)
         return self
 

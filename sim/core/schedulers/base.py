@@ -99,14 +99,17 @@ class Scheduler:
             self.dropped.append(req)
             return
         pool = self.pool
-        if (blocks := -(-self._reserve_tokens(req) // pool.block_tokens)) > pool.num_blocks:  # (pool.blocks_for)
+        reserve = req.prompt_tokens + req.max_output_tokens - 1  # (_reserve_tokens)
+        if (blocks := -(-reserve // pool.block_tokens)) > pool.num_blocks:  # (pool.blocks_for)
             self._reject(req, "kv: request needs more blocks than the whole pool")
             return
         refusal = None if req.remote_kv_tokens else self._refusal(req)  # KV sent by a prefill pool: no prefill here
         if refusal:
             self._reject(req, refusal)
             return
-        self._enqueue(req, blocks=blocks)
+        req.queued_blocks = blocks - len(pool.match(req)) if pool.prefix_caching else blocks  # (_enqueue, inline)
+        self._waiting_blocks += req.queued_blocks
+        self.waiting.append(req)
 
     def _refusal(self, req: Request) -> str | None:
         """A policy's reason to refuse a request at the door (None: accept)."""
@@ -262,15 +265,16 @@ class Scheduler:
         n = self._first_chunk(req.prompt_tokens + req.output_tokens - computed, left)
         if n <= 0:
             return 0
-        need = self._reserve_tokens(req) if self.kv_admission == "reserve" else computed + n
-        if not pool.can_allocate(req, need, hits):
+        need = req.prompt_tokens + req.max_output_tokens - 1 if self.kv_admission == "reserve" else computed + n
+        if not pool.can_allocate(req, need, hits):  # (need: _reserve_tokens, or what this chunk takes)
             if not req.kv_waited:
                 req.kv_waited = True
                 demand = pool.used_blocks + self._waiting_blocks
                 self.kv_demand_peak_blocks = max(self.kv_demand_peak_blocks, demand)
             return 0
         pool.allocate(req, need, hits, now_s)
-        self._unqueue(req)
+        self.waiting.popleft()  # (_unqueue of the head)
+        self._waiting_blocks -= req.queued_blocks
         if swapped:
             self._plan.swap_bytes += pool.swap_in(req)
         elif req.remote_kv_tokens:
@@ -545,7 +549,7 @@ class Scheduler:
             req.computed_tokens = computed = before + n
             if req.recompute_upto > before:
                 req.recomputed_tokens += min(computed, req.recompute_upto) - before
-            if before < req.prompt_tokens:
+            if before < req.prompt_tokens and self.pool.prefix_caching:  # (register indexes nothing without)
                 self.pool.register(req, min(computed, req.prompt_tokens), now_s)
             if computed == req.prompt_tokens + req.output_tokens:
                 req.output_tokens += 1
