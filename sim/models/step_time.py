@@ -34,6 +34,11 @@ class LinearModel:
         """The terms every step has: constant, per new token, pair, KV token read, sequence, decode sequence."""
         self.optional_terms = bool(cfg.per_prefill_completion_s) or cfg.per_shared_kv_token_s is not None
         """Whether the per prefill completion or shared KV token terms may add to a step."""
+        constant, per_new, per_pair, per_kv, per_seq, per_decode = self.coefficients
+        self.token_kv_only = (not self.optional_terms and per_pair == per_seq == per_decode == 0 and constant > 0
+                              and per_new >= 0 and per_kv >= 0)
+        """Only the constant, new token and KV read terms are nonzero and the sum stays positive: adding the zero
+        terms to it changes no bit, and it is never negative (step_s leaves them out)."""
 
     def prefill_part_s(self, plan) -> float:
         """The prefill part of a step (chunked-prefill budgeting): its token, pair and sequence terms."""
@@ -46,6 +51,8 @@ class LinearModel:
     def step_s(self, plan) -> float:
         """The iteration's time: the linear terms over the whole batch (refused when negative)."""
         constant, per_new, per_pair, per_kv, per_seq, per_decode = self.coefficients
+        if self.token_kv_only:
+            return constant + per_new * plan.new_tokens + per_kv * plan.kv_tokens_read
         t = (constant + per_new * plan.new_tokens + per_pair * plan.pairs + per_kv * plan.kv_tokens_read
              + per_seq * plan.num_seqs + per_decode * plan.decode_seqs)
         if self.optional_terms:
