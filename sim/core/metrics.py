@@ -266,16 +266,22 @@ def request_columns(recorded: np.ndarray) -> dict[str, np.ndarray]:
     the same doubles; NaN where the request has no such value)."""
     cols = np.ascontiguousarray(recorded.T)
     out = {c: cols[k] for k, c in enumerate(RECORDED_COLUMNS)}
-    arrival, first, finish, outputs = out["arrival_s"], out["first_token_s"], out["finish_s"], out["output_tokens"]
     done = out["status"] == _FINISHED_CODE
-    gaps = done & (outputs > 1)
-    out["ttft_s"] = first - arrival  # (NaN without a first token)
-    out["e2e_s"] = np.where(done, finish - arrival, NAN)
-    out["tpot_s"] = np.full(len(done), NAN)
-    np.divide(finish - first, outputs - 1, out=out["tpot_s"], where=gaps)
-    out["max_itl_s"] = np.where(gaps, out["max_itl_s"], NAN)
+    out.update(latencies(out, done))
+    out["ttft_s"] = out["first_token_s"] - out["arrival_s"]  # (NaN without a first token)
+    out["max_itl_s"] = np.where(done & (out["output_tokens"] > 1), out["max_itl_s"], NAN)
     out["prefix_hit_rate"] = out["cached_tokens"] / out["prompt_tokens"]
     return {c: out[c] for c in REQUEST_COLUMNS}
+
+
+def latencies(columns: dict[str, np.ndarray], done: np.ndarray) -> dict[str, np.ndarray]:
+    """TTFT, E2E and TPOT of recorded columns (RECORDED_COLUMNS: name -> values), NaN where `done` (finished)
+    is not set; TPOT NaN with fewer than two output tokens."""
+    arrival, first, finish, outputs = (columns[c] for c in ("arrival_s", "first_token_s", "finish_s", "output_tokens"))
+    tpot = np.full(len(done), NAN)
+    np.divide(finish - first, outputs - 1, out=tpot, where=done & (outputs > 1))
+    return {"ttft_s": np.where(done, first - arrival, NAN), "e2e_s": np.where(done, finish - arrival, NAN),
+            "tpot_s": tpot}
 
 
 def _pieces(at: np.ndarray, k: np.ndarray, n: int, rows: int):

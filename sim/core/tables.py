@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from sim.core.metrics import ITERATION_COLUMNS, RECORDED_COLUMNS, REQUEST_COLUMNS, Status, request_columns
+from sim.core.metrics import ITERATION_COLUMNS, RECORDED_COLUMNS, REQUEST_COLUMNS, Status, latencies, request_columns
 
 STATUS_NAMES = [s.value for s in Status]
 INT_REQUEST_COLUMNS = ("id", "replica", "prompt_tokens", "output_tokens", "cached_tokens", "preemptions",
@@ -40,6 +40,7 @@ def iteration_columns(flat: np.ndarray) -> dict[str, np.ndarray]:
 
 
 _STATUS = {s: k for k, s in enumerate(Status)}
+_TIMES = ("arrival_s", "first_token_s", "finish_s", "output_tokens")
 
 
 class RequestTable:
@@ -48,6 +49,7 @@ class RequestTable:
     def __init__(self, recorder):
         self._rows = recorder.rows
         self._width = len(RECORDED_COLUMNS)  # (as recorded: request_columns adds the derived columns)
+        self._kept: tuple[int, np.ndarray] | None = None  # (values recorded, _order()) as totals() found them
 
     def _blocks(self):
         """The recorded rows (RECORDED_COLUMNS) in record order, a block of CHUNK_ROWS at a time."""
@@ -55,7 +57,10 @@ class RequestTable:
             yield values.reshape(-1, self._width)
 
     def _order(self) -> np.ndarray:
-        """Record positions in id order (a stable sort: as the whole table sorted by id)."""
+        """Record positions in id order (a stable sort: as the whole table sorted by id); totals() leaves it for
+        the CSV that follows (kept while no row is added)."""
+        if self._kept is not None and self._kept[0] == len(self._rows):
+            return self._kept[1]
         ids = [b[:, 0].copy() for b in self._blocks()]  # copies: a view would keep its whole block
         return np.argsort(np.concatenate(ids) if ids else np.empty(0), kind="stable")
 
@@ -81,9 +86,9 @@ class RequestTable:
         t = {"n": 0, "good": 0, "output_tokens": 0, "kv_waited": 0, "preemptions": 0, "recomputed_tokens": 0,
              "cached_tokens": 0, "served": 0, "served_cached": 0, "served_prompt": 0,
              "first_arrival_s": None, "last_finish_s": None, **{s.value: 0 for s in Status}}
-        ids, lat = [], {"ttft_s": [], "tpot_s": [], "e2e_s": []}
+        ids, done_at, lat = [], [], {"ttft_s": [], "tpot_s": [], "e2e_s": []}
         for b in self._blocks():
-            c = request_columns(b)
+            c = {name: b[:, k] for k, name in enumerate(RECORDED_COLUMNS)}  # (views: read once or twice each)
             code = c["status"].astype(np.int64)
             counts = np.bincount(code, minlength=len(_STATUS))
             for s, k in _STATUS.items():
@@ -101,12 +106,17 @@ class RequestTable:
             t["first_arrival_s"] = _fold(min, t["first_arrival_s"], c["arrival_s"])
             t["last_finish_s"] = _fold(max, t["last_finish_s"], c["finish_s"])
             t["n"] += len(b)
-            ids.append(c["id"][done])
-            for name, kept in lat.items():
-                kept.append(c[name][done])
+            ids.append(c["id"].copy())
+            done_at.append(done)
+            for name, v in latencies({n: v[done] for n, v in c.items() if n in _TIMES}, done[done]).items():
+                lat[name].append(v)  # the finished rows', in record order
         order = np.argsort(np.concatenate(ids), kind="stable") if ids else np.empty(0, dtype=np.int64)
+        self._kept = (len(self._rows), order)
+        done = np.concatenate(done_at) if done_at else np.empty(0, dtype=bool)
+        # the finished rows in id order: their places among the finished rows, in the order of the whole table
+        among = (np.cumsum(done) - 1)[order[done[order]]]
         for name, kept in lat.items():
-            t[name] = np.concatenate(kept)[order] if kept else np.empty(0)
+            t[name] = np.concatenate(kept)[among] if kept else np.empty(0)
         return t
 
     @property
