@@ -133,7 +133,6 @@ class Recorder:
         self.in_system = 0
         self.area = 0.0
         self._t_last = 0.0
-        self.first_arrival_s: float | None = None
         self.reject_reasons: list[str] = []
 
     # ---- population ---------------------------------------------------------------------
@@ -142,12 +141,10 @@ class Recorder:
         self._t_last = now_s
 
     def on_enter(self, req: Request, now_s: float) -> None:
-        """A request reached the system (Little's-law count and the first arrival)."""
+        """A request reached the system (Little's-law count)."""
         self.area += self.in_system * (now_s - self._t_last)  # (_advance, inline: once per request)
         self._t_last = now_s
         self.in_system += 1
-        if self.first_arrival_s is None or req.arrival_s < self.first_arrival_s:
-            self.first_arrival_s = req.arrival_s
 
     def on_leave(self, req: Request, now_s: float) -> None:
         """A request left (finished, rejected, cancelled or failed): its row is recorded."""
@@ -162,6 +159,12 @@ class Recorder:
         self._left.append(req)
         if len(self._left) >= PENDING_ROWS:
             self._flush()
+
+    @property
+    def first_arrival_s(self) -> float | None:
+        """The earliest arrival among the requests recorded so far (every request, once the run is over)."""
+        arrival = self.rows.numpy().reshape(-1, len(RECORDED_COLUMNS))[:, RECORDED_COLUMNS.index("arrival_s")]
+        return float(arrival.min()) if len(arrival) else None
 
     @property
     def rows(self) -> Spilled:
@@ -527,7 +530,7 @@ def _distinct_weights(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarr
     first[:1] = True
     np.not_equal(aux[1:], aux[:-1], out=first[1:])
     starts = np.flatnonzero(first)
-    return aux[starts], np.add.reduceat(weights[perm].astype(np.int64), starts)
+    return aux[starts], np.add.reduceat(weights[perm].astype(np.int64, copy=False), starts)
 
 
 def weighted_stats(values: np.ndarray, weights: np.ndarray) -> dict[str, float | None]:
