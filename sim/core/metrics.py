@@ -168,7 +168,7 @@ class Recorder:
 
     @property
     def rows(self) -> Spilled:
-        """The request rows so far (REQUEST_COLUMNS, flat), every request that left included."""
+        """The request rows so far (RECORDED_COLUMNS, flat), every request that left included."""
         self._flush()
         return self._rows
 
