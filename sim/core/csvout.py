@@ -82,6 +82,9 @@ def _int_cells(v: np.ndarray) -> list[str]:
     return list(map(str, v.tolist()))
 
 
+_BOOL_CELLS = np.array(["False", "True"], dtype=object)
+
+
 def cells(v: np.ndarray) -> list[str]:
     """One column's cells as pandas writes them."""
     v = np.asarray(v)
@@ -91,7 +94,7 @@ def cells(v: np.ndarray) -> list[str]:
     if kind in "iu":
         return _int_cells(v)
     if kind == "b":
-        return ["True" if x else "False" for x in v.tolist()]
+        return _BOOL_CELLS[v.view(np.uint8)].tolist()
     if kind in "OU":
         text = [str(x) for x in v.tolist()]
         names = {t: _quote(t) for t in set(text)} if len(v) > 64 else None
@@ -117,6 +120,13 @@ def _column_blob(v: np.ndarray) -> tuple[bytes, int] | None:
         zero = (f.view(np.uint64) << np.uint64(1)) == 0   # as in _float_cells_orjson
         if (((a >= 1e-4) & (a < 1e16)) | zero).all():
             return _orjson.dumps(f, option=_NUMPY)[1:-1], 44
+    if v.dtype.kind == "O" and len(v) > 64:  # a few labels (status): each checked and quoted once
+        items = v.tolist()
+        labels = set(items)
+        if len(labels) * 4 < len(items) and all(type(t) is str and "\x1f" not in t for t in labels):
+            quoted = {t: _quote(t) for t in labels}
+            text = items if all(q == t for t, q in quoted.items()) else [quoted[t] for t in items]
+            return "\x1f".join(text).encode(), _SEP
     text = cells(v)
     if v.dtype.kind in "fiub":
         return ",".join(text).encode(), 44

@@ -145,9 +145,9 @@ class ArrivalFeed:
     def release(self) -> None:
         """Release the next group at `next_fire` (the clock is set there): its requests go through `deliver` in
         order, and the group after it is scheduled."""
-        env, deliver = self.env, self._deliver
+        deliver = self._deliver
         fire = self.next_fire
-        env._now = fire
+        self.env._now = fire
         while True:
             k = self._k
             deliver(self._reqs[k])
@@ -158,7 +158,7 @@ class ArrivalFeed:
                 return
             if t > fire:
                 self.next_fire = fire + (t - fire)
-                self.next_seq = self.tick()
+                self._seq = self.next_seq = self._seq + 1  # (tick(), inline: once per group)
                 return
 
     def release_until(self, end_s: float, seq: int) -> None:

@@ -22,6 +22,9 @@ REQUEST_COLUMNS = ("id", "replica", "status", "arrival_s", "admitted_s", "first_
 ITERATION_COLUMNS = ("replica", "start_s", "duration_s", "prefill_tokens", "decode_sequences", "pairs", "kv_blocks_in_use",
                      "cached_free_blocks", "host_blocks", "batch_size", "new_tokens", "swap_bytes",
                      "output_tokens")
+# what a request's row records as it leaves: REQUEST_COLUMNS but those derived from them in one vectorised pass when
+# the rows are read (request_columns: TTFT, E2E, TPOT, the prefix hit rate; the max ITL masked where it is no gap)
+RECORDED_COLUMNS = tuple(c for c in REQUEST_COLUMNS if c not in ("ttft_s", "e2e_s", "tpot_s", "prefix_hit_rate"))
 STATUS_CODES = {s: i for i, s in enumerate(Status)}
 _FINISHED_CODE = STATUS_CODES[Status.FINISHED]
 NAN = float("nan")
@@ -32,7 +35,7 @@ SPILL_VALUES = 1 << 16  # doubles an output table keeps in memory before moving 
 CHUNK_VALUES = 1 << 19  # doubles read back from a spill file at a time when only a few columns are needed
 # a row as the bytes of its doubles, appended with one frombytes (array.extend of a tuple converts and grows item by
 # item; the packed doubles are the same: both convert each value with float())
-_REQUEST_ROW = struct.Struct(f"{len(REQUEST_COLUMNS)}d").pack
+_REQUEST_ROW = struct.Struct(f"{len(RECORDED_COLUMNS)}d").pack
 _ITERATION_HEAD = struct.Struct(f"{len(ITERATION_COLUMNS) - 1}d").pack  # a row but its last column (output_tokens)
 _STRETCH_ROW = struct.Struct(f"{STRETCH_FIELDS}d").pack
 
@@ -130,7 +133,6 @@ class Recorder:
         self.in_system = 0
         self.area = 0.0
         self._t_last = 0.0
-        self.first_arrival_s: float | None = None
         self.reject_reasons: list[str] = []
 
     # ---- population ---------------------------------------------------------------------
@@ -139,12 +141,10 @@ class Recorder:
         self._t_last = now_s
 
     def on_enter(self, req: Request, now_s: float) -> None:
-        """A request reached the system (Little's-law count and the first arrival)."""
+        """A request reached the system (Little's-law count)."""
         self.area += self.in_system * (now_s - self._t_last)  # (_advance, inline: once per request)
         self._t_last = now_s
         self.in_system += 1
-        if self.first_arrival_s is None or req.arrival_s < self.first_arrival_s:
-            self.first_arrival_s = req.arrival_s
 
     def on_leave(self, req: Request, now_s: float) -> None:
         """A request left (finished, rejected, cancelled or failed): its row is recorded."""
@@ -154,15 +154,21 @@ class Recorder:
             self.reject_reasons.append(req.reject_reason)
         self.in_system -= 1
         if self.track_request_gaps:  # (its gaps are kept by id: a retry of the same id may come before a flush)
-            self._row(req)
+            self._write_rows((req,))
             return
         self._left.append(req)
         if len(self._left) >= PENDING_ROWS:
             self._flush()
 
     @property
+    def first_arrival_s(self) -> float | None:
+        """The earliest arrival among the requests recorded so far (every request, once the run is over)."""
+        arrival = self.rows.numpy().reshape(-1, len(RECORDED_COLUMNS))[:, RECORDED_COLUMNS.index("arrival_s")]
+        return float(arrival.min()) if len(arrival) else None
+
+    @property
     def rows(self) -> Spilled:
-        """The request rows so far (REQUEST_COLUMNS, flat), every request that left included."""
+        """The request rows so far (RECORDED_COLUMNS, flat), every request that left included."""
         self._flush()
         return self._rows
 
@@ -172,8 +178,7 @@ class Recorder:
         if self._left:
             for t in self.timelines:
                 t.resolve_gaps()
-            for req in self._left:
-                self._row(req)
+            self._write_rows(self._left)
             self._left.clear()
 
     def itl_entries(self) -> tuple[np.ndarray, np.ndarray]:
@@ -217,45 +222,69 @@ class Recorder:
                 return False
         return True
 
-    def _row(self, req: Request) -> None:
-        status = req.status
-        done = status is FINISHED
-        arrival, admitted, first, finish = req.arrival_s, req.admitted_s, req.first_token_s, req.finish_s
-        prompt, out, cached = req.prompt_tokens, req.output_tokens, req.cached_tokens
-        gaps = done and out > 1
-        buf = self._rows.buf
-        buf.frombytes(_REQUEST_ROW(
-            req.rid,
-            -1 if req.replica is None else req.replica,
-            _FINISHED_CODE if done else STATUS_CODES[status],
-            arrival,
-            NAN if admitted is None else admitted,
-            NAN if first is None else first,
-            NAN if finish is None else finish,
-            NAN if first is None else first - arrival,
-            finish - arrival if done else NAN,
-            (finish - first) / (out - 1) if gaps else NAN,
-            req.max_itl_s if gaps else NAN,
-            prompt,
-            out,
-            cached,
-            cached / prompt,
-            req.preemptions,
-            req.recomputed_tokens,
-            1.0 if req.kv_waited else 0.0,
-            req.attempt,
-            (1.0 if done else 0.0) if (self._no_slo and req.deadline_s is None) else (1.0 if self.met_slo(req) else 0.0),
-            NAN if req.correct is None else float(req.correct),
-        ))
-        if len(buf) >= SPILL_VALUES:
-            self._rows.spill_if_full()
+    def _write_rows(self, reqs) -> None:
+        """Append the rows of `reqs` (RECORDED_COLUMNS: request_columns derives the others when they are read)."""
+        rows, pack, codes, nan = self._rows, _REQUEST_ROW, STATUS_CODES, NAN
+        plain = self._no_slo  # (met_slo is whether it finished, unless the request has a deadline)
+        frombytes = rows.buf.frombytes
+        for req in reqs:
+            status = req.status
+            done = status is FINISHED
+            admitted, first, finish, correct = req.admitted_s, req.first_token_s, req.finish_s, req.correct
+            frombytes(pack(
+                req.rid,
+                -1 if req.replica is None else req.replica,
+                _FINISHED_CODE if done else codes[status],
+                req.arrival_s,
+                nan if admitted is None else admitted,
+                nan if first is None else first,
+                nan if finish is None else finish,
+                req.max_itl_s,
+                req.prompt_tokens,
+                req.output_tokens,
+                req.cached_tokens,
+                req.preemptions,
+                req.recomputed_tokens,
+                req.kv_waited,
+                req.attempt,
+                done if (plain and req.deadline_s is None) else self.met_slo(req),
+                nan if correct is None else correct,
+            ))
+        if len(rows.buf) >= SPILL_VALUES:
+            rows.spill_if_full()
         if self._gaps:
-            self._gaps.pop(req.rid, None)
+            for req in reqs:
+                self._gaps.pop(req.rid, None)
 
     def table(self) -> dict[str, np.ndarray]:
         """The request rows as columns."""
-        flat = self.rows.numpy().reshape(-1, len(REQUEST_COLUMNS))  # (the property: pending rows written first)
-        return {c: flat[:, k] for k, c in enumerate(REQUEST_COLUMNS)}
+        return request_columns(self.rows.numpy().reshape(-1, len(RECORDED_COLUMNS)))  # (the property: pending rows first)
+
+
+
+
+def request_columns(recorded: np.ndarray) -> dict[str, np.ndarray]:
+    """REQUEST_COLUMNS (name -> column) of recorded rows (RECORDED_COLUMNS, as Recorder._write_rows writes them):
+    the derived columns computed as a row would have them in Python, the same floats (one IEEE operation each, on
+    the same doubles; NaN where the request has no such value)."""
+    cols = np.ascontiguousarray(recorded.T)
+    out = {c: cols[k] for k, c in enumerate(RECORDED_COLUMNS)}
+    done = out["status"] == _FINISHED_CODE
+    out.update(latencies(out, done))
+    out["ttft_s"] = out["first_token_s"] - out["arrival_s"]  # (NaN without a first token)
+    out["max_itl_s"] = np.where(done & (out["output_tokens"] > 1), out["max_itl_s"], NAN)
+    out["prefix_hit_rate"] = out["cached_tokens"] / out["prompt_tokens"]
+    return {c: out[c] for c in REQUEST_COLUMNS}
+
+
+def latencies(columns: dict[str, np.ndarray], done: np.ndarray) -> dict[str, np.ndarray]:
+    """TTFT, E2E and TPOT of recorded columns (RECORDED_COLUMNS: name -> values), NaN where `done` (finished)
+    is not set; TPOT NaN with fewer than two output tokens."""
+    arrival, first, finish, outputs = (columns[c] for c in ("arrival_s", "first_token_s", "finish_s", "output_tokens"))
+    tpot = np.full(len(done), NAN)
+    np.divide(finish - first, outputs - 1, out=tpot, where=done & (outputs > 1))
+    return {"ttft_s": np.where(done, first - arrival, NAN), "e2e_s": np.where(done, finish - arrival, NAN),
+            "tpot_s": tpot}
 
 
 def _pieces(at: np.ndarray, k: np.ndarray, n: int, rows: int):
@@ -287,8 +316,10 @@ class Timeline:
         self.busy_s = 0.0
         self._stretches = Spilled()  # fast-forwarded iterations, STRETCH_FIELDS each (see _expand())
         self._steady = 0             # fast-forwarded iterations so far (every other one has a row)
-        self._span_req: list[Request] = []  # decode-set spans whose largest gap is not yet known (decode_gaps)
-        self._span_first, self._span_last = array("q"), array("q")
+        # (bound once: called every iteration; the arrays stay the same objects, a spill empties a buffer in place)
+        self._add_row, self._add_duration, self._add_end = self.rows.buf.frombytes, self.durations.append, self._ends.append
+        self._track = recorder.track_request_gaps
+        self._spans: list = []  # decode-set spans whose largest gap is not yet known (decode_gaps): req, first, last, ..
 
     # ---- iterations and tokens --------------------------------------------------------------
     def on_iteration(self, start_s: float, end_s: float, plan, blocks: tuple[int, int, int]) -> None:
@@ -296,11 +327,10 @@ class Timeline:
         duration = end_s - start_s
         # its row but the output tokens, which on_tokens appends once the outcome is known (nothing else writes a
         # row in between: the engine commits at once, and fast-forwarded stretches are recorded before)
-        self.rows.buf.frombytes(_ITERATION_HEAD(self.replica, start_s, duration, plan.prefill_tokens, plan.decode_seqs,
-                                                plan.pairs, blocks[0], blocks[1], blocks[2], plan.num_seqs,
-                                                plan.new_tokens, plan.swap_bytes))
-        self.durations.append(duration)
-        self._ends.append(end_s)
+        self._add_row(_ITERATION_HEAD(self.replica, start_s, duration, plan.prefill_tokens, plan.decode_seqs, plan.pairs,
+                                      blocks[0], blocks[1], blocks[2], plan.num_seqs, plan.new_tokens, plan.swap_bytes))
+        self._add_duration(duration)
+        self._add_end(end_s)
         self.busy_s += duration
 
     @property
@@ -395,39 +425,37 @@ class Timeline:
         """`req` emitted one token in each iteration first..last, each after the iteration before:
         its gaps are those iterations' durations. The largest of them joins `req.max_itl_s` at the next
         resolve_gaps (before its row is written; at once when its gaps are kept one by one)."""
-        if self.rec.track_request_gaps:
+        if self._track:
             gaps = self.durations[first:last + 1]  # a copy: never a view into the growing log
             top = max(gaps)
             if top > req.max_itl_s:
                 req.max_itl_s = top
             self.rec.add_gaps(req, gaps.tolist())
             return
-        self._span_req.append(req)
-        self._span_first.append(first)
-        self._span_last.append(last)
-        if len(self._span_req) >= PENDING_SPANS:
+        spans = self._spans
+        spans += (req, first, last)
+        if len(spans) >= 3 * PENDING_SPANS:
             self.resolve_gaps()
 
     def resolve_gaps(self) -> None:
         """The largest gap of every pending span (decode_gaps) into its request's max_itl_s: one
         np.maximum.reduceat over the iterations they cover, the same floats as a max per span."""
-        reqs = self._span_req
-        if not reqs:
+        spans = self._spans
+        if not spans:
             return
-        first = np.frombuffer(self._span_first, dtype=np.int64).copy()
-        last = np.frombuffer(self._span_last, dtype=np.int64).copy()
+        first = np.array(spans[1::3], dtype=np.int64)
+        last = np.array(spans[2::3], dtype=np.int64)
         lo, hi = int(first.min()), int(last.max()) + 1
         window = np.empty(hi - lo + 1)  # the durations they cover, and one more entry for the last span's end
         window[:-1] = np.frombuffer(self.durations, dtype=float)[lo:hi]  # (copied: the log keeps growing)
         window[-1] = -math.inf
-        at = np.empty(2 * len(reqs), dtype=np.int64)
+        at = np.empty(2 * len(first), dtype=np.int64)
         at[0::2] = first - lo
         at[1::2] = last + 1 - lo  # span k reduces at[2k] .. at[2k + 1] - 1; the entries between spans are dropped
-        for req, top in zip(reqs, np.maximum.reduceat(window, at)[0::2].tolist()):
+        for req, top in zip(spans[0::3], np.maximum.reduceat(window, at)[0::2].tolist()):
             if top > req.max_itl_s:
                 req.max_itl_s = top
-        self._span_req = []
-        self._span_first, self._span_last = array("q"), array("q")
+        self._spans = []
 
     def on_steady_iterations(self, first_start_s: float, durations: list[float], ends: list[float], plan,
                              blocks: tuple[int, int, int], count: int, busy_s: float) -> None:
@@ -456,11 +484,12 @@ class Timeline:
         """Token times of an iteration's emitters; decode-set members count as regular gaps."""
         regular = outcome.decode_tokens
         gap_regular = end_s - start_s if self._prev_end_s == start_s else None
+        previous = index - 1
         for req in outcome.emitted:
             if req.first_token_s is None:
                 req.first_token_s = end_s
             else:
-                if req.last_iteration == index - 1 and gap_regular is not None:
+                if req.last_iteration == previous and gap_regular is not None:
                     gap = gap_regular
                     regular += 1
                 else:
@@ -468,7 +497,8 @@ class Timeline:
                     self.rec.itl_gap.append(gap)
                 if gap > req.max_itl_s:
                     req.max_itl_s = gap
-                self.rec.add_gaps(req, (gap,))
+                if self._track:
+                    self.rec.add_gaps(req, (gap,))
             req.last_token_s = end_s
             req.last_iteration = index
         self.regular.append(regular)  # its gap is the iteration's duration (end_s - start_s)
@@ -500,7 +530,7 @@ def _distinct_weights(values: np.ndarray, weights: np.ndarray) -> tuple[np.ndarr
     first[:1] = True
     np.not_equal(aux[1:], aux[:-1], out=first[1:])
     starts = np.flatnonzero(first)
-    return aux[starts], np.add.reduceat(weights[perm].astype(np.int64), starts)
+    return aux[starts], np.add.reduceat(weights[perm].astype(np.int64, copy=False), starts)
 
 
 def weighted_stats(values: np.ndarray, weights: np.ndarray) -> dict[str, float | None]:

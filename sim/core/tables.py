@@ -12,7 +12,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from sim.core.metrics import ITERATION_COLUMNS, REQUEST_COLUMNS, Status
+from sim.core.metrics import ITERATION_COLUMNS, RECORDED_COLUMNS, REQUEST_COLUMNS, Status, latencies, request_columns
 
 STATUS_NAMES = [s.value for s in Status]
 INT_REQUEST_COLUMNS = ("id", "replica", "prompt_tokens", "output_tokens", "cached_tokens", "preemptions",
@@ -39,8 +39,8 @@ def iteration_columns(flat: np.ndarray) -> dict[str, np.ndarray]:
             for k, c in enumerate(ITERATION_COLUMNS)}
 
 
-COL = {c: k for k, c in enumerate(REQUEST_COLUMNS)}
 _STATUS = {s: k for k, s in enumerate(Status)}
+_TIMES = ("arrival_s", "first_token_s", "finish_s", "output_tokens")
 
 
 class RequestTable:
@@ -48,15 +48,19 @@ class RequestTable:
 
     def __init__(self, recorder):
         self._rows = recorder.rows
-        self._width = len(REQUEST_COLUMNS)
+        self._width = len(RECORDED_COLUMNS)  # (as recorded: request_columns adds the derived columns)
+        self._kept: tuple[int, np.ndarray] | None = None  # (values recorded, _order()) as totals() found them
 
     def _blocks(self):
-        """The recorded rows in record order, a block of CHUNK_ROWS at a time."""
+        """The recorded rows (RECORDED_COLUMNS) in record order, a block of CHUNK_ROWS at a time."""
         for values in self._rows.chunks(CHUNK_ROWS * self._width):
             yield values.reshape(-1, self._width)
 
     def _order(self) -> np.ndarray:
-        """Record positions in id order (a stable sort: as the whole table sorted by id)."""
+        """Record positions in id order (a stable sort: as the whole table sorted by id); totals() leaves it for
+        the CSV that follows (kept while no row is added)."""
+        if self._kept is not None and self._kept[0] == len(self._rows):
+            return self._kept[1]
         ids = [b[:, 0].copy() for b in self._blocks()]  # copies: a view would keep its whole block
         return np.argsort(np.concatenate(ids) if ids else np.empty(0), kind="stable")
 
@@ -66,14 +70,14 @@ class RequestTable:
         rows = rows or CHUNK_ROWS
         order = self._order()
         for a in range(0, len(order), rows):
-            block = np.ascontiguousarray(self._rows.rows_at(order[a:a + rows], self._width).T)
-            yield {c: request_column(c, block[k]) for k, c in enumerate(REQUEST_COLUMNS)}
+            block = request_columns(self._rows.rows_at(order[a:a + rows], self._width))
+            yield {c: request_column(c, v) for c, v in block.items()}
 
     def columns(self) -> dict[str, np.ndarray]:
         """The whole table as columns."""
         flat = self._rows.numpy().reshape(-1, self._width)
-        order = np.argsort(flat[:, 0], kind="stable")
-        return {c: request_column(c, flat[order, k]) for k, c in enumerate(REQUEST_COLUMNS)}
+        block = request_columns(flat[np.argsort(flat[:, 0], kind="stable")])
+        return {c: request_column(c, v) for c, v in block.items()}
 
     def totals(self) -> dict:
         """What the summary needs from the requests, in one pass over the rows: counts and integer
@@ -82,31 +86,37 @@ class RequestTable:
         t = {"n": 0, "good": 0, "output_tokens": 0, "kv_waited": 0, "preemptions": 0, "recomputed_tokens": 0,
              "cached_tokens": 0, "served": 0, "served_cached": 0, "served_prompt": 0,
              "first_arrival_s": None, "last_finish_s": None, **{s.value: 0 for s in Status}}
-        ids, lat = [], []
-        latency = [COL["ttft_s"], COL["tpot_s"], COL["e2e_s"]]
+        ids, done_at, lat = [], [], {"ttft_s": [], "tpot_s": [], "e2e_s": []}
         for b in self._blocks():
-            code = b[:, COL["status"]].astype(np.int64)
+            c = {name: b[:, k] for k, name in enumerate(RECORDED_COLUMNS)}  # (views: read once or twice each)
+            code = c["status"].astype(np.int64)
             counts = np.bincount(code, minlength=len(_STATUS))
             for s, k in _STATUS.items():
                 t[s.value] += int(counts[k])
             done = code == _STATUS[Status.FINISHED]
-            correct = np.nan_to_num(b[:, COL["correct"]], nan=0.0).astype(bool)
-            t["good"] += int((done & correct & b[:, COL["met_slo"]].astype(bool)).sum())
-            t["output_tokens"] += int(b[done, COL["output_tokens"]].astype(np.int64).sum())
-            for c in ("kv_waited", "preemptions", "recomputed_tokens", "cached_tokens"):
-                t[c] += int(b[:, COL[c]].astype(np.int64).sum())
-            served = ~np.isnan(b[:, COL["admitted_s"]])
+            correct = np.nan_to_num(c["correct"], nan=0.0).astype(bool)
+            t["good"] += int((done & correct & c["met_slo"].astype(bool)).sum())
+            t["output_tokens"] += int(c["output_tokens"][done].astype(np.int64).sum())
+            for name in ("kv_waited", "preemptions", "recomputed_tokens", "cached_tokens"):
+                t[name] += int(c[name].astype(np.int64).sum())
+            served = ~np.isnan(c["admitted_s"])
             t["served"] += int(served.sum())
-            t["served_cached"] += int(b[served, COL["cached_tokens"]].astype(np.int64).sum())
-            t["served_prompt"] += int(b[served, COL["prompt_tokens"]].astype(np.int64).sum())
-            t["first_arrival_s"] = _fold(min, t["first_arrival_s"], b[:, COL["arrival_s"]])
-            t["last_finish_s"] = _fold(max, t["last_finish_s"], b[:, COL["finish_s"]])
+            t["served_cached"] += int(c["cached_tokens"][served].astype(np.int64).sum())
+            t["served_prompt"] += int(c["prompt_tokens"][served].astype(np.int64).sum())
+            t["first_arrival_s"] = _fold(min, t["first_arrival_s"], c["arrival_s"])
+            t["last_finish_s"] = _fold(max, t["last_finish_s"], c["finish_s"])
             t["n"] += len(b)
-            ids.append(b[done, 0])
-            lat.append(b[done][:, latency])
+            ids.append(c["id"].copy())
+            done_at.append(done)
+            for name, v in latencies({n: v[done] for n, v in c.items() if n in _TIMES}, done[done]).items():
+                lat[name].append(v)  # the finished rows', in record order
         order = np.argsort(np.concatenate(ids), kind="stable") if ids else np.empty(0, dtype=np.int64)
-        lat = np.concatenate(lat)[order] if lat else np.empty((0, 3))
-        t["ttft_s"], t["tpot_s"], t["e2e_s"] = lat[:, 0].copy(), lat[:, 1].copy(), lat[:, 2].copy()
+        self._kept = (len(self._rows), order)
+        done = np.concatenate(done_at) if done_at else np.empty(0, dtype=bool)
+        # the finished rows in id order: their places among the finished rows, in the order of the whole table
+        among = (np.cumsum(done) - 1)[order[done[order]]]
+        for name, kept in lat.items():
+            t[name] = np.concatenate(kept)[among] if kept else np.empty(0)
         return t
 
     @property
