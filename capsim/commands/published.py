@@ -168,7 +168,7 @@ def run(args) -> int:
         for name in names:
             print(f"wrote {Path(args.out) / name}", file=sys.stderr)
     if args.json:
-        print(json.dumps({"rows": report["rows"], "summary": report["summary"], "engines": report["engines"]},
+        print(json.dumps({key: report[key] for key in ("rows", "summary", "engines", "derived") if key in report},
                          indent=1))
     else:
         print_report(report)

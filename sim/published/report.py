@@ -1,9 +1,15 @@
 """validate-published: replay every expressible row of a published-results file and report the error.
 
 `validate_published(path, ...)` returns the report object `capsim validate-published --json` prints:
-`rows` (id, measured and predicted ttft_ms / tpot_ms, or `skipped` with the reason), `summary` (per
-system, backend, mode and metric: n, median and p90 absolute relative error) and `engines` (the
+`rows` (id, measured and predicted ttft_ms / tpot_ms, or `skipped` with the reason; `derived.e2e_ms`, below),
+`summary` (per system, backend, mode and metric: n, median and p90 absolute relative error) and `engines` (the
 default settings each engine was simulated with).
+
+`e2e_ms` is derived, for the measurement and the prediction alike, as ttft_ms + (osl - 1) x tpot_ms: a request's
+mean latency when every request makes exactly `osl` tokens, as these benchmarks run. In a closed loop of
+`concurrency` users its error is the error of the request rate the deployment serves (rate = concurrency / E2E),
+which is what a capacity plan rests on; TTFT is the small part of it that the rate leaves over (docs/fidelity.md,
+"What a row's error means").
 """
 
 from __future__ import annotations
@@ -44,11 +50,21 @@ def _record(row, result: dict) -> dict:
     else:
         rec["predicted"] = {"ttft_ms": result["ttft_ms"], "tpot_ms": result["tpot_ms"]}
         rec["error"] = {m: (result[m] - getattr(row, m)) / getattr(row, m) for m in ("ttft_ms", "tpot_ms")}
+        rec["derived"] = {"e2e_ms": _e2e(row.osl, row.ttft_ms, row.tpot_ms, result["ttft_ms"], result["tpot_ms"])}
         if "components" in result:
             rec["components"] = result["components"]
         if "frontend_ms" in result:  # included in predicted ttft_ms; the components are the simulated engine's
             rec["frontend_ms"] = result["frontend_ms"]
     return rec
+
+
+E2E_RULE = "ttft_ms + (osl - 1) x tpot_ms, measured and predicted alike (every request makes osl tokens)"
+
+
+def _e2e(osl: int, ttft: float, tpot: float, ttft_pred: float, tpot_pred: float) -> dict:
+    """Measured and predicted mean E2E of a row whose requests all make `osl` tokens, and the error."""
+    measured, predicted = ttft + (osl - 1) * tpot, ttft_pred + (osl - 1) * tpot_pred
+    return {"measured": measured, "predicted": predicted, "error": (predicted - measured) / measured}
 
 
 def _header(path: str | Path) -> list[str]:
@@ -112,7 +128,7 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
             "async_scheduling": async_scheduling, "first_token": first_token, "phases": phases, "seed": seed,
             "engines": {b: ENGINES[b].describe(_described_config(engine_config, [r for r in rows if r.backend == b]))
                         for b in used},
-            "rows": records, "summary": error_summary(records)}
+            "derived": {"e2e_ms": E2E_RULE}, "rows": records, "summary": error_summary(records)}
 
 
 def _described_config(engine_config: str, rows) -> str | None:
@@ -156,10 +172,14 @@ def print_report(report: dict, file=None) -> None:
     file = file or sys.stdout
     predicted = [r for r in report["rows"] if "predicted" in r]
     metrics = list(predicted[0]["measured"]) if predicted else []
-    print(f"{'id':<58}" + "".join(f"{m:>12}{'pred':>11}{'err':>9}" for m in metrics), file=file)
+    derived = list(predicted[0].get("derived", {})) if predicted else []
+    print(f"{'id':<58}" + "".join(f"{m:>12}{'pred':>11}{'err':>9}" for m in metrics + derived), file=file)
     for r in predicted:
-        print(f"{r['id'][:57]:<58}" + "".join(f"{r['measured'][m]:>12.2f}{r['predicted'][m]:>11.2f}"
-                                              f"{_pct(r['error'][m]):>9}" for m in metrics), file=file)
+        cells = [(r["measured"][m], r["predicted"][m], r["error"][m]) for m in metrics]
+        cells += [(r["derived"][m]["measured"], r["derived"][m]["predicted"], r["derived"][m]["error"])
+                  for m in derived]
+        print(f"{r['id'][:57]:<58}" + "".join(f"{meas:>12.2f}{pred:>11.2f}{_pct(err):>9}" for meas, pred, err in cells),
+              file=file)
     reasons: dict[str, int] = {}
     for r in report["rows"]:
         if "skipped" in r:
@@ -180,6 +200,8 @@ def print_report(report: dict, file=None) -> None:
     for s in report["summary"]:
         print(f"{s['system']:<38}{s['backend']:<9}{s['mode']:<16}{s['metric']:<14}{s['n']:>6}"
               f"{s['median_abs_error'] * 100:>13.1f}%{s['p90_abs_error'] * 100:>10.1f}%", file=file)
+    for metric, rule in report.get("derived", {}).items():
+        print(f"{metric} is derived: {rule}", file=file)
 
 
 def write_report(report: dict, out_dir: str | Path) -> list[Path]:
@@ -192,10 +214,12 @@ def write_report(report: dict, out_dir: str | Path) -> list[Path]:
         w.writerow(["id", "line", "system", "backend", "mode", "model", "precision", "isl", "osl", "concurrency",
                     "tp", "metric", "measured", "predicted", "skipped"])
         for r in report["rows"]:
-            for m, value in r["measured"].items():
+            values = [(m, v, r.get("predicted", {}).get(m, "")) for m, v in r["measured"].items()]
+            values += [(m, d["measured"], d["predicted"]) for m, d in r.get("derived", {}).items()]
+            for m, measured, predicted in values:
                 w.writerow([r["id"], r["line"], r["system"], r["backend"], r["mode"], r["model"],
-                            r["precision"] or "", r["isl"], r["osl"], r["concurrency"] or "", r["tp"], m, value,
-                            r.get("predicted", {}).get(m, ""), r.get("skipped", "")])
+                            r["precision"] or "", r["isl"], r["osl"], r["concurrency"] or "", r["tp"], m, measured,
+                            predicted, r.get("skipped", "")])
     with (out / "summary.csv").open("w", newline="") as fh:
         w = csv.DictWriter(fh, ["system", "backend", "mode", "metric", "n", "median_abs_error", "p90_abs_error"])
         w.writeheader()

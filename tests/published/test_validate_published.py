@@ -48,6 +48,8 @@ def test_json_contract_rows_and_summary(report):
         else:
             assert set(r["predicted"]) == {"ttft_ms", "tpot_ms"}
             assert all(v > 0 and np.isfinite(v) for v in r["predicted"].values())
+            assert set(r["derived"]) == {"e2e_ms"}
+    assert set(report["derived"]) == {"e2e_ms"}
     for s in report["summary"]:
         assert set(s) == {"system", "backend", "mode", "metric", "n", "median_abs_error", "p90_abs_error"}
 
@@ -59,12 +61,29 @@ def test_summary_is_recomputable_from_the_rows(report):
             for m in ("ttft_ms", "tpot_ms"):
                 err = abs(r["predicted"][m] - r["measured"][m]) / r["measured"][m]
                 groups.setdefault((r["system"], r["backend"], r["mode"], m), []).append(err)
+            d = r["derived"]["e2e_ms"]
+            err = abs(d["predicted"] - d["measured"]) / d["measured"]
+            groups.setdefault((r["system"], r["backend"], r["mode"], "e2e_ms"), []).append(err)
     assert len(report["summary"]) == len(groups)
     for s in report["summary"]:
         e = groups[(s["system"], s["backend"], s["mode"], s["metric"])]
         assert s["n"] == len(e)
         assert s["median_abs_error"] == pytest.approx(np.median(e))
         assert s["p90_abs_error"] == pytest.approx(np.percentile(e, 90))
+
+
+def test_e2e_is_derived_from_the_files_ttft_tpot_and_osl_alike_for_the_prediction(report):
+    with FIXTURE.open() as fh:
+        raw = {r["id"]: r for r in csv.DictReader(fh)}
+    predicted = [r for r in report["rows"] if "predicted" in r]
+    assert predicted
+    for r in predicted:
+        osl = int(raw[r["id"]]["osl"])
+        d = r["derived"]["e2e_ms"]
+        assert d["measured"] == pytest.approx(float(raw[r["id"]]["silicon_ttft_ms"])
+                                              + (osl - 1) * float(raw[r["id"]]["silicon_tpot_ms"]))
+        assert d["predicted"] == pytest.approx(r["predicted"]["ttft_ms"] + (osl - 1) * r["predicted"]["tpot_ms"])
+        assert d["error"] == pytest.approx(d["predicted"] / d["measured"] - 1)
 
 
 def test_expressible_rows_are_predicted_and_the_others_say_why(report):
@@ -106,7 +125,11 @@ def test_out_dir_and_table(tmp_path):
     written = {p.name for p in (tmp_path / "res").iterdir()}
     assert written == {"report.json", "rows.csv", "summary.csv"}
     with (tmp_path / "res" / "rows.csv").open() as fh:
-        assert len(list(csv.DictReader(fh))) == 2 * 3  # one line per row and metric
+        lines = list(csv.DictReader(fh))
+    # one line per row and metric: ttft_ms and tpot_ms for each of the 3 rows, e2e_ms for the one predicted
+    assert len(lines) == 2 * 3 + 1
+    e2e = [r for r in lines if r["metric"] == "e2e_ms"]
+    assert len(e2e) == 1 and float(e2e[0]["predicted"]) > float(e2e[0]["measured"]) / 2 > 0
     # a second run into the same folder needs --force, refused before any row runs
     (tmp_path / "res" / "report.json").write_text("mine")
     code, _, err = capsim(*args)
@@ -684,3 +707,36 @@ def test_an_fp8_kv_cache_holds_a_request_the_bf16_one_cannot():
     long = replace(row, isl=tokens - row.osl)
     assert "less than one request needs" in build_case(long, kv_cache="bf16").skipped
     assert build_case(long, kv_cache="quantized").scenario["kv"]["format"] == "fp8"
+
+
+def test_ttft_residual_splits_a_rows_error_into_the_rate_and_the_decode_time(tmp_path, capsys):
+    """benchmarks/ttft_residual.py on a hand-computed report: a row whose E2E is exact and whose TPOT is 10% over has
+    its TTFT (a tenth of E2E) 90% under, e_TTFT = k e_E2E - (k - 1) e_TPOT with k = 10."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "ttft_residual", Path(__file__).parents[2] / "benchmarks" / "ttft_residual.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    # osl 10: measured E2E = 100 + 9 x 100 = 1000 ms (k = 10); predicted 10 + 9 x 110 = 1000 ms
+    split = {"id": "a", "line": 2, "mode": "disagg", "backend": "trtllm", "system": "b200_sxm", "osl": 10,
+             "concurrency": 8, "measured": {"ttft_ms": 100.0, "tpot_ms": 100.0},
+             "predicted": {"ttft_ms": 10.0, "tpot_ms": 110.0}}
+    # every metric 20% over: the rate 1 / 1.2 - 1 under
+    over = dict(split, id="b", line=3, backend="sglang", concurrency=100, predicted={"ttft_ms": 120.0, "tpot_ms": 120.0})
+    e = mod.row_errors(split)
+    assert e["k"] == pytest.approx(10) and e["e2e"] == pytest.approx(0) and e["tpot"] == pytest.approx(0.1)
+    assert e["ttft"] == pytest.approx(-0.9) and e["rate"] == pytest.approx(0)
+    assert mod.row_errors(over)["rate"] == pytest.approx(1 / 1.2 - 1)
+    path = tmp_path / "report.json"
+    path.write_text(json.dumps({"rows": [split, over, {"id": "c", "line": 4, "skipped": "why",
+                                                       "measured": {"ttft_ms": 1.0, "tpot_ms": 1.0}}]}))
+    assert mod.main([str(path), "--json", str(tmp_path / "t.json")]) == 0
+    groups = {g["group"]: g for g in json.loads((tmp_path / "t.json").read_text())}
+    assert groups["disagg: all rows"]["n"] == 2
+    assert groups["disagg: trtllm"]["ttft"] == pytest.approx([0.9, -0.9])
+    assert groups["disagg: sglang"]["e2e"] == pytest.approx([0.2, 0.2])
+    assert groups["disagg: 1-16 users"]["n"] == 1 and groups["disagg: 65+ users"]["n"] == 1
+    assert "| disagg: trtllm | 1 | 10.0 | 90.0% (-90%) | 10.0% (+10%) | 0.0% (+0%) |" in capsys.readouterr().out
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    assert mod.main([str(bad)]) == 2 and "cannot read a validate-published report" in capsys.readouterr().err
