@@ -65,7 +65,8 @@ def read_reports(paths: list[Path]) -> tuple[list[dict], list[str]]:
 
 
 def check_groups(rows: list[dict]) -> dict[str, list[dict]]:
-    """Table set -> [{engine, mode, runs, ttft_/tpot_ median and p90 |error|}], cards in SYSTEMS only."""
+    """Table set -> [{engine, mode, runs, ttft_/tpot_/e2e_ median and p90 |error|}], cards in SYSTEMS only (e2e_
+    where the reports give it)."""
     by = {}
     for s in error_summary(rows):
         card = SYSTEMS.get(s["system"])
@@ -73,7 +74,7 @@ def check_groups(rows: list[dict]) -> dict[str, list[dict]]:
             continue
         g = by.setdefault((card, s["backend"], s["mode"]), {"engine": s["backend"], "mode": s["mode"]})
         metric = s["metric"].removesuffix("_ms")
-        if metric not in ("ttft", "tpot"):
+        if metric not in ("ttft", "tpot", "e2e"):
             continue
         g["runs"] = s["n"]
         g[f"{metric}_median_abs_error"] = round(s["median_abs_error"], 4)
@@ -83,7 +84,8 @@ def check_groups(rows: list[dict]) -> dict[str, list[dict]]:
     for (card, engine, mode), g in sorted(by.items(), key=lambda kv: (kv[0][0], kv[0][2], order.get(kv[0][1], 9))):
         out.setdefault(card, []).append({k: g[k] for k in ("engine", "mode", "runs", "ttft_median_abs_error",
                                                            "ttft_p90_abs_error", "tpot_median_abs_error",
-                                                           "tpot_p90_abs_error")})
+                                                           "tpot_p90_abs_error", "e2e_median_abs_error",
+                                                           "e2e_p90_abs_error") if k in g})
     return out
 
 

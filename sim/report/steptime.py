@@ -86,7 +86,10 @@ def _rows_of(tables: str, published: dict | None) -> list[tuple[str, str]]:
         return [("published serving runs", f"none checked on the {tables} tables")]
     rows = [(f"published runs, {ENGINE_NAMES.get(g['engine'], g['engine'])} {g['mode']}",
              f"median |error| TTFT {g['ttft_median_abs_error']:.1%} (p90 {g['ttft_p90_abs_error']:.1%}), "
-             f"TPOT {g['tpot_median_abs_error']:.1%} (p90 {g['tpot_p90_abs_error']:.1%}) on {g['runs']:,} runs")
+             f"TPOT {g['tpot_median_abs_error']:.1%} (p90 {g['tpot_p90_abs_error']:.1%})"
+             + ("" if g.get("e2e_median_abs_error") is None else
+                f", E2E {g['e2e_median_abs_error']:.1%} (p90 {g['e2e_p90_abs_error']:.1%})")
+             + f" on {g['runs']:,} runs")
             for g in published["groups"]]
     return rows + [("published check", f"{published['source']}; capsim {published['commit']}, {published['date']} "
                                        "(docs/fidelity.md)")]

@@ -48,8 +48,9 @@ def test_a_run_on_checked_tables_quotes_the_check(capsys):
     assert main(["run", str(TP4), "--set", "workload.num_requests=3"]) == 0
     line = capsys.readouterr().out.splitlines()[1]
     assert line.endswith("; " + check_text(published))
-    assert (f"vLLM {vllm[0]['ttft_median_abs_error']:.1%} / {vllm[0]['tpot_median_abs_error']:.1%} over "
-            f"{vllm[0]['runs']:,} runs") in line
+    assert (f"vLLM {vllm[0]['ttft_median_abs_error']:.1%} / {vllm[0]['tpot_median_abs_error']:.1%} / "
+            f"{vllm[0]['e2e_median_abs_error']:.1%} over {vllm[0]['runs']:,} runs") in line
+    assert "median |error| TTFT / TPOT / E2E: " in line
 
 
 def test_tables_without_a_check_say_so(capsys, tmp_path):
@@ -76,6 +77,24 @@ def test_a_malformed_check_file_names_the_file_and_field(tmp_path, monkeypatch):
     assert card_check("h100-sxm") is None  # no file: no check, not an error
 
 
+def test_a_check_written_before_e2e_was_reported_still_reads(tmp_path, monkeypatch):
+    (tmp_path / "ops").mkdir()
+    old = tmp_path / "ops" / CHECK_FILE
+    group = ("{engine: vllm, mode: agg, runs: 3, ttft_median_abs_error: 0.1, ttft_p90_abs_error: 0.2, "
+             "tpot_median_abs_error: 0.05, tpot_p90_abs_error: 0.1")
+    old.write_text(f"source: s\ncommit: c\ndate: d\ncards:\n  h100-sxm:\n  - {group}}}\n")
+    monkeypatch.setenv("CAPSIM_PROFILES", str(tmp_path))
+    assert check_text(card_check("h100-sxm")) == ("against published serving runs on h100-sxm, median |error| "
+                                                  "TTFT / TPOT: vLLM 10.0% / 5.0% over 3 runs; docs/fidelity.md")
+    (tmp_path / "new" / "ops").mkdir(parents=True)  # another file: a check file is read once per path
+    (tmp_path / "new" / "ops" / CHECK_FILE).write_text(
+        f"source: s\ncommit: c\ndate: d\ncards:\n  b200:\n  - {group}, e2e_median_abs_error: 0.04, "
+        "e2e_p90_abs_error: 0.09}\n")
+    monkeypatch.setenv("CAPSIM_PROFILES", str(tmp_path / "new"))
+    assert check_text(card_check("b200")) == ("against published serving runs on b200, median |error| "
+                                              "TTFT / TPOT / E2E: vLLM 10.0% / 5.0% / 4.0% over 3 runs; docs/fidelity.md")
+
+
 def _report(path: Path, rows: list[dict], **settings) -> Path:
     base = {"file": "../x/sample.csv", **_generator().DEFAULTS}
     path.write_text(json.dumps({**base, **settings, "rows": rows}))
@@ -83,8 +102,11 @@ def _report(path: Path, rows: list[dict], **settings) -> Path:
 
 
 def _row(line, system, backend, mode, ttft, tpot):
-    return {"line": line, "system": system, "backend": backend, "mode": mode,
-            "measured": {"ttft_ms": 100.0, "tpot_ms": 10.0}, "predicted": {"ttft_ms": ttft, "tpot_ms": tpot}}
+    """A replayed row of OSL 10: measured E2E 100 + 9 x 10 = 190 ms, predicted ttft + 9 x tpot."""
+    e2e = ttft + 9 * tpot
+    return {"line": line, "system": system, "backend": backend, "mode": mode, "osl": 10,
+            "measured": {"ttft_ms": 100.0, "tpot_ms": 10.0}, "predicted": {"ttft_ms": ttft, "tpot_ms": tpot},
+            "derived": {"e2e_ms": {"measured": 190.0, "predicted": e2e, "error": e2e / 190.0 - 1}}}
 
 
 def test_the_generator_groups_reports_by_card_engine_and_mode(tmp_path):
@@ -100,13 +122,17 @@ def test_the_generator_groups_reports_by_card_engine_and_mode(tmp_path):
     assert gen.main([str(agg), str(disagg), "--out", str(out), "--commit", "abc1234", "--date", "2026-12-04"]) == 0
     doc = yaml.safe_load(out.read_text())
     assert doc["commit"] == "abc1234" and doc["date"] == "2026-12-04" and "sample.csv" in doc["source"]
+    # E2E: b200 trtllm 150 + 90 = 240 against 190; sglang 50 + 108 = 158; h100 vllm 191 and 174.5
     assert doc["cards"] == {
         "b200": [{"engine": "trtllm", "mode": "agg", "runs": 1, "ttft_median_abs_error": 0.5,
-                  "ttft_p90_abs_error": 0.5, "tpot_median_abs_error": 0.0, "tpot_p90_abs_error": 0.0},
+                  "ttft_p90_abs_error": 0.5, "tpot_median_abs_error": 0.0, "tpot_p90_abs_error": 0.0,
+                  "e2e_median_abs_error": 0.2632, "e2e_p90_abs_error": 0.2632},
                  {"engine": "sglang", "mode": "disagg", "runs": 1, "ttft_median_abs_error": 0.5,
-                  "ttft_p90_abs_error": 0.5, "tpot_median_abs_error": 0.2, "tpot_p90_abs_error": 0.2}],
+                  "ttft_p90_abs_error": 0.5, "tpot_median_abs_error": 0.2, "tpot_p90_abs_error": 0.2,
+                  "e2e_median_abs_error": 0.1684, "e2e_p90_abs_error": 0.1684}],
         "h100-sxm": [{"engine": "vllm", "mode": "agg", "runs": 2, "ttft_median_abs_error": 0.15,
-                      "ttft_p90_abs_error": 0.19, "tpot_median_abs_error": 0.075, "tpot_p90_abs_error": 0.095}]}
+                      "ttft_p90_abs_error": 0.19, "tpot_median_abs_error": 0.075, "tpot_p90_abs_error": 0.095,
+                      "e2e_median_abs_error": 0.0434, "e2e_p90_abs_error": 0.0739}]}
     PublishedCheck.model_validate(doc)
     with pytest.raises(SystemExit, match="not a run with the default settings"):
         gen.main([str(_report(tmp_path / "burst.json", [], start="burst")), "--out", str(out)])
