@@ -27,6 +27,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from sim.published.rows import multi_gpu_lines  # noqa: E402
+
 TIE = 0.001
 """A value must beat bf16's score by more than this (0.1 point) to replace it."""
 
@@ -50,12 +52,6 @@ def _med(rows: list[dict], metric: str) -> float:
 
 def _score(rows: list[dict]) -> float:
     return (_med(rows, "ttft_ms") + _med(rows, "tpot_ms")) / 2
-
-
-def _multi_gpu(sample: str) -> set[int]:
-    """Lines of the sample whose replica spans several GPUs (tp, pp, moe_ep or attention_dp above 1: issue 15's)."""
-    from sim.published.rows import read_published
-    return {r.line for r in read_published(sample) if r.tp > 1 or r.pp > 1 or r.moe_ep > 1 or r.attention_dp > 1}
 
 
 def choose(variants: dict[str, dict], multi_gpu: set[int]) -> dict:
@@ -114,7 +110,7 @@ def main(argv=None) -> int:
         variants[name] = _load(folders)
     if next(iter(variants)) != "bf16":
         ap.error("the first variant must be bf16 (the value a tie keeps)")
-    out = choose(variants, _multi_gpu(args.sample))
+    out = choose(variants, multi_gpu_lines(args.sample))
     names = list(variants)
     print("scores on the even FP8 / FP4 lines (mean of median |TTFT| and median |TPOT|):")
     for engine, sc in out["scores"].items():

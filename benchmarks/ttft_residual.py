@@ -28,6 +28,10 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from sim.published.rows import multi_gpu_lines  # noqa: E402
+
 BANDS = ((0.0, 5.0), (5.0, 15.0), (15.0, float("inf")))
 USERS = ((1, 16), (17, 64), (65, 10**9))
 
@@ -52,13 +56,16 @@ def _group(name: str, rows: list[dict]) -> dict:
     return out
 
 
-def table(report: dict) -> list[dict]:
-    """Per mode: all rows, each engine, each card x engine, each band of k, each band of users."""
+def table(report: dict, multi_gpu: set[int] | None = None) -> list[dict]:
+    """Per mode: all rows, the agg rows on several GPUs (lines in `multi_gpu`, when given), each engine, each card x engine,
+    each band of k, each band of users."""
     rows = [row_errors(r) for r in report["rows"] if "predicted" in r and "ttft_ms" in r["predicted"]]
     out = []
     for mode in sorted({r["mode"] for r in rows}):
         mine = [r for r in rows if r["mode"] == mode]
         out.append(_group(f"{mode}: all rows", mine))
+        if multi_gpu is not None and mode == "agg":  # a disaggregated row is two pools, always several GPUs
+            out.append(_group(f"{mode}: TP > 1, PP, EP or attention DP", [r for r in mine if r["line"] in multi_gpu]))
         out += [_group(f"{mode}: {b}", [r for r in mine if r["backend"] == b]) for b in sorted({r["backend"] for r in mine})]
         out += [_group(f"{mode}: {s} {b}", [r for r in mine if (r["system"], r["backend"]) == (s, b)])
                 for s, b in sorted({(r["system"], r["backend"]) for r in mine})]
@@ -80,13 +87,14 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("report", help="report.json written by capsim validate-published --out")
     ap.add_argument("--json", help="also write the table here")
+    ap.add_argument("--sample", help="the silicon-sample file replayed: adds the group of rows on several GPUs")
     args = ap.parse_args(argv)
     try:
         report = json.loads(Path(args.report).read_text())
     except (OSError, ValueError) as exc:
         print(f"ttft_residual: {args.report}: cannot read a validate-published report ({exc})", file=sys.stderr)
         return 2
-    groups = table(report)
+    groups = table(report, None if args.sample is None else multi_gpu_lines(args.sample))
     if not groups:
         print(f"ttft_residual: {args.report}: no replayed row with TTFT and TPOT", file=sys.stderr)
         return 1

@@ -174,3 +174,9 @@ def read_published(path: str | Path) -> list[PublishedRow]:
     if not rows:
         raise ConfigError(f"{path}: no rows (only a header)")
     return rows
+
+
+def multi_gpu_lines(path: str | Path) -> set[int]:
+    """Lines of a silicon-sample file whose replica (or a pool's worker) spans several GPUs: tp, pp, moe_ep or
+    attention_dp above 1 (issue [parallel]'s rows)."""
+    return {r.line for r in read_published(path) if r.tp > 1 or r.pp > 1 or r.moe_ep > 1 or r.attention_dp > 1}

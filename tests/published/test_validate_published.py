@@ -737,6 +737,11 @@ def test_ttft_residual_splits_a_rows_error_into_the_rate_and_the_decode_time(tmp
     assert groups["disagg: sglang"]["e2e"] == pytest.approx([0.2, 0.2])
     assert groups["disagg: 1-16 users"]["n"] == 1 and groups["disagg: 65+ users"]["n"] == 1
     assert "| disagg: trtllm | 1 | 10.0 | 90.0% (-90%) | 10.0% (+10%) | 0.0% (+0%) |" in capsys.readouterr().out
+    agg = {"rows": [dict(split, mode="agg"), dict(over, mode="agg")]}
+    groups = {g["group"]: g for g in mod.table(agg, multi_gpu={3})}
+    assert groups["agg: TP > 1, PP, EP or attention DP"]["n"] == 1
+    assert groups["agg: TP > 1, PP, EP or attention DP"]["e2e"] == pytest.approx([0.2, 0.2])
+    assert "agg: TP > 1, PP, EP or attention DP" not in {g["group"] for g in mod.table(agg)}
     bad = tmp_path / "bad.json"
     bad.write_text("{")
     assert mod.main([str(bad)]) == 2 and "cannot read a validate-published report" in capsys.readouterr().err
