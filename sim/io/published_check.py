@@ -13,7 +13,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from sim.io.schema import StrictModel, load_yaml_model
 
@@ -35,6 +35,12 @@ class CheckGroup(StrictModel):
         "E2E = TTFT + (OSL - 1) x TPOT, measured and predicted alike: the error of the request rate the benchmark's "
         "closed loop served (absent from a check written before it was reported)"))
     e2e_p90_abs_error: float | None = Field(None, ge=0)
+
+    @model_validator(mode="after")
+    def _e2e_paired(self):
+        if (self.e2e_median_abs_error is None) != (self.e2e_p90_abs_error is None):
+            raise ValueError("e2e_median_abs_error and e2e_p90_abs_error: give both or neither")
+        return self
 
 
 class PublishedCheck(StrictModel):

@@ -172,14 +172,15 @@ def print_report(report: dict, file=None) -> None:
     file = file or sys.stdout
     predicted = [r for r in report["rows"] if "predicted" in r]
     metrics = list(predicted[0]["measured"]) if predicted else []
-    derived = list(predicted[0].get("derived", {})) if predicted else []
+    derived = list(dict.fromkeys(m for r in predicted for m in r.get("derived", {})))
     print(f"{'id':<58}" + "".join(f"{m:>12}{'pred':>11}{'err':>9}" for m in metrics + derived), file=file)
     for r in predicted:
-        cells = [(r["measured"][m], r["predicted"][m], r["error"][m]) for m in metrics]
-        cells += [(r["derived"][m]["measured"], r["derived"][m]["predicted"], r["derived"][m]["error"])
-                  for m in derived]
-        print(f"{r['id'][:57]:<58}" + "".join(f"{meas:>12.2f}{pred:>11.2f}{_pct(err):>9}" for meas, pred, err in cells),
-              file=file)
+        cells = [f"{r['measured'][m]:>12.2f}{r['predicted'][m]:>11.2f}{_pct(r['error'][m]):>9}" for m in metrics]
+        for m in derived:
+            d = r.get("derived", {}).get(m)
+            cells.append(f"{'-':>12}{'-':>11}{'-':>9}" if d is None else
+                         f"{d['measured']:>12.2f}{d['predicted']:>11.2f}{_pct(d['error']):>9}")
+        print(f"{r['id'][:57]:<58}" + "".join(cells), file=file)
     reasons: dict[str, int] = {}
     for r in report["rows"]:
         if "skipped" in r:

@@ -129,7 +129,14 @@ def test_out_dir_and_table(tmp_path):
     # one line per row and metric: ttft_ms and tpot_ms for each of the 3 rows, e2e_ms for the one predicted
     assert len(lines) == 2 * 3 + 1
     e2e = [r for r in lines if r["metric"] == "e2e_ms"]
-    assert len(e2e) == 1 and float(e2e[0]["predicted"]) > float(e2e[0]["measured"]) / 2 > 0
+    assert len(e2e) == 1
+    by_metric = {r["metric"]: r for r in lines if r["id"] == e2e[0]["id"]}
+    for side in ("measured", "predicted"):  # the same rule on both sides, from the row's own ttft and tpot lines
+        assert float(e2e[0][side]) == pytest.approx(float(by_metric["ttft_ms"][side])
+                                                    + (int(e2e[0]["osl"]) - 1) * float(by_metric["tpot_ms"][side]))
+    with (tmp_path / "res" / "summary.csv").open() as fh:
+        assert {r["metric"] for r in csv.DictReader(fh)} == {"ttft_ms", "tpot_ms", "e2e_ms"}
+    assert "e2e_ms is derived: ttft_ms + (osl - 1) x tpot_ms" in out and "      e2e_ms" in out.splitlines()[0]
     # a second run into the same folder needs --force, refused before any row runs
     (tmp_path / "res" / "report.json").write_text("mine")
     code, _, err = capsim(*args)
@@ -742,6 +749,9 @@ def test_ttft_residual_splits_a_rows_error_into_the_rate_and_the_decode_time(tmp
     assert groups["agg: TP > 1, PP, EP or attention DP"]["n"] == 1
     assert groups["agg: TP > 1, PP, EP or attention DP"]["e2e"] == pytest.approx([0.2, 0.2])
     assert "agg: TP > 1, PP, EP or attention DP" not in {g["group"] for g in mod.table(agg)}
+    wrong = dict(split, derived={"e2e_ms": {"measured": 999.0, "predicted": 1000.0, "error": 0.001}})
+    with pytest.raises(AssertionError, match="derived e2e_ms is not"):
+        mod.row_errors(wrong)
     bad = tmp_path / "bad.json"
     bad.write_text("{")
     assert mod.main([str(bad)]) == 2 and "cannot read a validate-published report" in capsys.readouterr().err

@@ -93,6 +93,17 @@ def test_a_check_written_before_e2e_was_reported_still_reads(tmp_path, monkeypat
     monkeypatch.setenv("CAPSIM_PROFILES", str(tmp_path / "new"))
     assert check_text(card_check("b200")) == ("against published serving runs on b200, median |error| "
                                               "TTFT / TPOT / E2E: vLLM 10.0% / 5.0% / 4.0% over 3 runs; docs/fidelity.md")
+    # a card whose groups do not all have E2E quotes TTFT / TPOT for all of them
+    mixed = {"tables": "x", "groups": [dict(PublishedCheck.model_validate(yaml.safe_load(
+        (tmp_path / "new" / "ops" / CHECK_FILE).read_text())).cards["b200"][0].model_dump()),
+        {"engine": "sglang", "mode": "agg", "runs": 2, "ttft_median_abs_error": 0.2, "ttft_p90_abs_error": 0.3,
+         "tpot_median_abs_error": 0.1, "tpot_p90_abs_error": 0.2}]}
+    assert check_text(mixed) == ("against published serving runs on x, median |error| TTFT / TPOT: vLLM 10.0% / 5.0% "
+                                 "over 3 runs; SGLang 20.0% / 10.0% over 2 runs; docs/fidelity.md")
+    with pytest.raises(ValueError, match="e2e_median_abs_error and e2e_p90_abs_error: give both or neither"):
+        PublishedCheck.model_validate({"source": "s", "commit": "c", "date": "d", "cards": {"b200": [
+            {"engine": "vllm", "mode": "agg", "runs": 1, "ttft_median_abs_error": 0.1, "ttft_p90_abs_error": 0.2,
+             "tpot_median_abs_error": 0.1, "tpot_p90_abs_error": 0.2, "e2e_median_abs_error": 0.1}]}})
 
 
 def _report(path: Path, rows: list[dict], **settings) -> Path:
@@ -221,6 +232,8 @@ def test_the_report_page_shows_the_check_and_the_scale(tmp_path, capsys):
     page = (out / "report.html").read_text()
     vllm = [g for g in card_check("h100-sxm")["groups"] if g["engine"] == "vllm" and g["mode"] == "agg"][0]
     assert "published runs, vLLM agg" in page and f"TTFT {vllm['ttft_median_abs_error']:.1%} (p90" in page
+    assert (f"E2E {vllm['e2e_median_abs_error']:.1%} (p90 {vllm['e2e_p90_abs_error']:.1%}) on {vllm['runs']:,} runs"
+            in page)
     assert "step_time.scale" in page and "x 1.1 (a sensitivity run" in page
     assert capsys.readouterr().out.splitlines()[1].startswith(
         "llama-3.1-70b on h100-sxm, chunked scheduler; step-time model ops, every step x 1.1 (step_time.scale): ")
