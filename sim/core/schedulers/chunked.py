@@ -1,5 +1,7 @@
 """Chunked prefill: running decodes first, then prefill chunks of at most chunk_tokens per request
-fill what is left of the iteration's token budget (decodes count against it)."""
+fill what is left of the iteration's token budget (decodes count against it). With
+`prefill_batches: separate` (SGLang's default, without --enable-mixed-chunk) an iteration with prefill work
+runs prefill chunks alone and the decodes wait for the next iteration without any."""
 
 from __future__ import annotations
 
@@ -18,6 +20,11 @@ class ChunkedConfig(SchedulerConfig):
     max_num_batched_tokens: PositiveInt = Field(4096, description="Token budget per iteration, decodes included")
     chunk_tokens: PositiveInt = Field(2048, description="Most prefill tokens one request gets per iteration")
     speculative: SpeculativeConfig | None = Field(None, description="Speculative decoding for running decodes")
+    prefill_batches: Literal["mixed", "separate"] = Field(
+        "mixed", description=("mixed: decodes and prefill chunks share an iteration (vLLM; SGLang with "
+                              "--enable-mixed-chunk); separate: an iteration with prefill work (a prompt under way, or a "
+                              "waiting request that can be admitted) runs prefill chunks alone and the decodes wait "
+                              "(SGLang's default)"))
 
     @model_validator(mode="after")
     def _chunk_fits(self):
@@ -38,8 +45,16 @@ class ChunkedPrefill(Scheduler):
         return min(self.config.chunk_tokens, tokens_to_compute, left)
 
     def _schedule(self, plan: StepPlan, now_s: float) -> None:
-        budget = self.config.max_num_batched_tokens
+        if self.config.prefill_batches == "separate":
+            self._schedule_prefills(plan, now_s)
+            if not plan.num_seqs:  # no prefill work could run: a decode iteration
+                self._schedule_decodes(plan)
+            return
         self._schedule_decodes(plan)  # 1. decodes
+        self._schedule_prefills(plan, now_s)
+
+    def _schedule_prefills(self, plan: StepPlan, now_s: float) -> None:
+        budget = self.config.max_num_batched_tokens
         for req in self._prefilling():  # 2. prefills already under way, in admission order
             left = budget - plan.new_tokens
             if req.rid in self.running and left > 0:
