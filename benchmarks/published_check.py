@@ -33,7 +33,7 @@ DEFAULTS = {"requests_per_user": "1 + ceil(16384 / osl), 3 to 6", "start": "cold
             "moe_kernels": "engine", "moe_routing": "engine", "all_reduce": "engine", "engine_config": "engine",
             "host_overhead_s": None, "shared_experts_overlap": "engine", "frontend_ms": "engine", "pool_batch": "engine",
             "async_scheduling": "engine", "first_token": "engine", "phases": "engine", "seed": 0,
-            "host_per_sequence_s": "engine"}
+            "host_per_sequence_s": "engine", "prefill_batches": "engine"}
 """The settings a report must have been run with (validate-published's defaults)."""
 
 

@@ -60,6 +60,10 @@ def add_parsers(sub) -> None:
                    help="disaggregated rows: where the client's first token comes from (disaggregation.first_token, "
                         "docs/disaggregation.md): each engine's (default: vLLM decode_recompute and SGLang "
                         "decode_admission as their code does, TensorRT-LLM prefill), or one for every row")
+    p.add_argument("--prefill-batches", choices=["engine", "mixed", "separate"], default="engine",
+                   help="agg rows whose engine schedules chunked prefill: whether an iteration mixes decodes with prefill "
+                        "chunks (scheduler.prefill_batches): each engine's (default, docs/fidelity.md), mixed, or "
+                        "separate (an iteration with prefill work runs it alone, the decodes wait)")
     p.add_argument("--phases", choices=["engine", "even", "random"], default="engine",
                    help="the steady state's users (--start cold's later waves, staggered): each engine's choice "
                         "(default; agg rows: vLLM random, the others even; disaggregated rows: TensorRT-LLM and vLLM "
@@ -160,7 +164,8 @@ def run(args) -> int:
                                 pool_batch=args.pool_batch, async_scheduling=args.async_scheduling,
                                 first_token=args.first_token, phases=args.phases, seed=args.seed,
                                 host_per_sequence_s=None if args.host_per_sequence_ms is None
-                                else args.host_per_sequence_ms / 1e3, kv_cache=args.kv_cache)
+                                else args.host_per_sequence_ms / 1e3, kv_cache=args.kv_cache,
+                                prefill_batches=args.prefill_batches)
     if args.out:  # written whole or not at all
         from sim.io.outputs import staged_output
         with staged_output(args.out, args.force, PUBLISHED_FILES) as stage:

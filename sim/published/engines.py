@@ -85,6 +85,14 @@ class EngineDefaults:
     silicon sample's agg rows by median |TTFT error| (the token budget acts on TTFT first; docs/fidelity.md
     "Engine limits"): vLLM and TensorRT-LLM the benchmark rules, SGLang its defaults."""
 
+    prefill_batches: str = "mixed"
+    """Whether a chunked scheduler's iteration mixes decodes with prefill chunks (scheduler.prefill_batches): `mixed`
+    (vLLM, whose scheduler always does), or `separate` (SGLang without --enable-mixed-chunk, its default: an iteration
+    with prefill work runs it alone and the decodes wait). Agg rows only: a disaggregated prefill pool runs no decodes
+    and a decode pool no prompts. SGLang's, read in its scheduler, was tried against `mixed` on its agg rows by the
+    rule every engine choice follows (the mean of median |TTFT| and |TPOT| error on the even lines): 25.9% -> 24.4%,
+    held out on the odd lines 22.3% -> 19.3% (`python benchmarks/prefill_batches_choice.py`, docs/fidelity.md
+    "SGLang's prefill batches")."""
     async_scheduling: bool = False
     """Whether the replay plans each iteration while the one before runs (scheduler.async_scheduling: vLLM's async
     scheduling, default since 0.14; TensorRT-LLM's overlap scheduler, default in its PyTorch backend; SGLang's overlap
@@ -174,6 +182,8 @@ class EngineDefaults:
                 f"after a cold first wave: {self.later_waves}; MoE experts: {moe}; shared experts {shared}; "
                 f"q / k norms {'fused with RoPE' if self.qk_norm_kernels == 'fused_with_rope' else 'as kernels of their own'}; "
                 f"all-reduce: {ar}; async scheduling {'on' if self.async_scheduling else 'off'}; "
+                + (f"prefill batches {self.prefill_batches} (agg rows); " if self.scheduler.get("kind") == "chunked"
+                   else "") +
                 f"front end {self.frontend_ms[0]:g} ms + {self.frontend_ms[1]:g} ms per user (fitted); "
                 f"steady-state users' phases: {self.steady_phases} ({self.disagg_steady_phases} on disaggregated "
                 f"rows); disaggregated rows' first token: {self.disagg_first_token}; KV cache in FP8: "
@@ -213,10 +223,10 @@ ENGINES: dict[str, EngineDefaults] = {
         {"kind": "chunked", "max_num_seqs": 1024, "max_num_batched_tokens": 8192, "chunk_tokens": 8192},
         "on_demand", "card", 0.88, list(range(1, 5)) + list(range(8, 257, 8)),
         ("chunked_prefill_size 8192; mem_fraction_static ~0.88",
-         "not modelled: SGLang runs prefill batches and decode batches separately (no mixed chunk by default); "
-         "capsim mixes them in one iteration"),
+         "prefill batches apart from decode batches (no --enable-mixed-chunk, its default)"),
         later_waves="cohort", moe=("sglang", "balanced"), all_reduce="sglang", shared_experts_overlap="off",
-        frontend_ms=(100.0, 0.0), disagg_first_token="decode_admission", kv_cache="quantized"),
+        frontend_ms=(100.0, 0.0), disagg_first_token="decode_admission", kv_cache="quantized",
+        prefill_batches="separate"),
     "trtllm": EngineDefaults(
         "trtllm", "1.x PyTorch backend: `trtllm-serve` defaults",
         {"kind": "continuous", "max_num_seqs": 2048, "max_num_batched_tokens": 8192},

@@ -167,15 +167,25 @@ ASYNC_SCHEDULING = ("engine", "on", "off")
 """build_case's `async_scheduling`: each engine's choice (EngineDefaults.async_scheduling), or on / off for all rows."""
 
 
-def _scheduler(engine, dp: int, per_rank: dict | None = None, async_scheduling: str = "engine") -> dict:
+PREFILL_BATCHES = ("engine", "mixed", "separate")
+"""build_case's `prefill_batches`: each engine's (EngineDefaults.prefill_batches), or mixed / separate for every row
+whose engine schedules chunked prefill (scheduler.prefill_batches)."""
+
+
+def _scheduler(engine, dp: int, per_rank: dict | None = None, async_scheduling: str = "engine",
+               prefill_batches: str = "engine") -> dict:
     """The engine's scheduler mapping (or `per_rank`) for a replica of `dp` attention data-parallel ranks: each
     rank schedules its own requests within the engine's limits, so the replica's limits are dp times them
-    (chunks stay a rank's); scheduler.async_scheduling as `async_scheduling` (ASYNC_SCHEDULING) says."""
+    (chunks stay a rank's); scheduler.async_scheduling as `async_scheduling` (ASYNC_SCHEDULING) says, and a chunked
+    scheduler's prefill_batches as `prefill_batches` (PREFILL_BATCHES) does."""
     out = dict(per_rank or engine.scheduler)
     for key in ("max_num_seqs", "max_num_batched_tokens"):
         out[key] = out[key] * dp
     if (engine.async_scheduling if async_scheduling == "engine" else async_scheduling == "on"):
         out["async_scheduling"] = True
+    if out.get("kind") == "chunked" and (engine.prefill_batches if prefill_batches == "engine"
+                                         else prefill_batches) == "separate":
+        out["prefill_batches"] = "separate"
     return out
 
 
@@ -229,7 +239,8 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                host_overhead_s: float | None = None, shared_experts_overlap: str | int = "engine",
                frontend="engine", pool_batch: str = "engine", async_scheduling: str = "engine",
                first_token: str = "engine", phases: str = "engine", seed: int = 0,
-               host_per_sequence_s: float | None = None, kv_cache: str = "engine") -> Case:
+               host_per_sequence_s: float | None = None, kv_cache: str = "engine",
+               prefill_batches: str = "engine") -> Case:
     """Translate one published row into a closed-loop scenario for one replica, or say why not. `engine` means the
     row's engine's default (sim.published.engines) for each of: `moe_kernels` (or `own`: the row's engine's kernels,
     vllm / sglang / trtllm, composed), `moe_routing` (balanced, power_law_1.2), `all_reduce` (`own`, nccl, vllm,
@@ -240,7 +251,8 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     state's user phases (Case.phases; `engine`: EngineDefaults.steady_phases on agg rows, disagg_steady_phases on
     disaggregated ones); `seed`: the scenario seed (what is drawn: random phases); `host_per_sequence_s`: the host time
     per sequence of every pass (None: the engine's for the row's version, EngineDefaults.host_per_sequence_s);
-    `kv_cache`: which rows' KV cache is FP8 (KV_CACHE; `engine`: EngineDefaults.kv_cache)."""
+    `kv_cache`: which rows' KV cache is FP8 (KV_CACHE; `engine`: EngineDefaults.kv_cache); `prefill_batches`: whether a
+    chunked scheduler mixes decodes with prefill chunks (PREFILL_BATCHES; `engine`: EngineDefaults.prefill_batches)."""
     if phases not in ("engine", *PHASES):
         raise ConfigError(f"phases: expected one of engine, {', '.join(PHASES)}, got {phases!r}")
     if phases == "engine":
@@ -248,7 +260,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
         phases = engine.disagg_steady_phases if row.mode == "disagg" else engine.steady_phases
     case = _build_case(row, per_user, start, mixed, rounds, moe_kernels, moe_routing, all_reduce, engine_config,
                        host_overhead_s, shared_experts_overlap, frontend, pool_batch, async_scheduling, first_token,
-                       host_per_sequence_s, kv_cache)
+                       host_per_sequence_s, kv_cache, prefill_batches)
     if phases == "even" and seed == 0:
         return case
     return replace(case, phases=phases, scenario=None if case.scenario is None else dict(case.scenario, seed=seed))
@@ -257,10 +269,11 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
 def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds: int, moe_kernels: str, moe_routing: str,
                 all_reduce: str, engine_config: str, host_overhead_s, shared_experts_overlap, frontend, pool_batch: str,
                 async_scheduling: str, first_token: str, host_per_sequence_s: float | None = None,
-                kv_cache: str = "engine") -> Case:
+                kv_cache: str = "engine", prefill_batches: str = "engine") -> Case:
     """build_case's row with even phases and seed 0."""
     for name, value, allowed in (("engine_config", engine_config, ENGINE_CONFIGS),
-                                 ("async_scheduling", async_scheduling, ASYNC_SCHEDULING)):
+                                 ("async_scheduling", async_scheduling, ASYNC_SCHEDULING),
+                                 ("prefill_batches", prefill_batches, PREFILL_BATCHES)):
         if value not in allowed:
             raise ConfigError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
     if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
@@ -268,6 +281,8 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds: int
             mixed=mixed, moe_kernels=moe_kernels, moe_routing=moe_routing, all_reduce=all_reduce,
             host_overhead_s=host_overhead_s, shared_experts_overlap=shared_experts_overlap,
             async_scheduling=async_scheduling, host_per_sequence_s=host_per_sequence_s, kv_cache=kv_cache,
+            # a prefill pool runs no decodes and a decode pool no prompts: nothing to keep apart unless asked
+            prefill_batches="mixed" if prefill_batches == "engine" else prefill_batches,
             # pools keep the launch defaults unless asked: the choice was made on agg rows only
             engine_config="defaults" if engine_config == "engine" else engine_config))
     kv_format = kv_format_for(kv_cache, row)
@@ -313,7 +328,7 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds: int
         "name": row.id, "seed": 0, "model": model, "hardware": hardware, "weight_format": fmt,
         **({"expert_weight_format": experts} if experts else {}),
         "kv": {"block_tokens": block_tokens, "format": kv_format, "budget": budget, "admission": engine.kv_admission},
-        "scheduler": _scheduler(engine, dp, limits[0] if limits else None, async_scheduling),
+        "scheduler": _scheduler(engine, dp, limits[0] if limits else None, async_scheduling, prefill_batches),
         "step_time": _engine_step_time(engine, row.backend, mixed, moe_kernels, moe_routing, all_reduce,
                                        host_overhead_s, shared_experts_overlap,
                                        engine.host_per_sequence_s(row.backend_version) if host_per_sequence_s is None

@@ -72,6 +72,19 @@ def test_an_expressible_row_runs_as_two_pools():
     assert out["ttft_ms"] > 0 and out["tpot_ms"] > 0
 
 
+def test_the_pools_mix_prefill_batches_unless_asked(monkeypatch):
+    """An engine that keeps prefill batches apart on agg rows (scheduler.prefill_batches: separate) does not in its
+    disaggregated pools (a prefill pool runs no decodes, a decode pool no prompts) unless asked."""
+    from sim.published.engines import ENGINES
+    _, qwen = read_published(FIXTURE)
+    row = dataclasses.replace(qwen, concurrency=4)
+    monkeypatch.setitem(ENGINES, row.backend, dataclasses.replace(ENGINES[row.backend], prefill_batches="separate"))
+    for how, want in (("engine", None), ("separate", "separate")):
+        pools = build_case(row, per_user=3, prefill_batches=how).scenario["disaggregation"]
+        if pools["prefill"]["scheduler"]["kind"] == "chunked":
+            assert [pools[p]["scheduler"].get("prefill_batches") for p in ("prefill", "decode")] == [want, want]
+
+
 def test_every_disagg_row_of_the_fixture_gets_a_reason_or_a_prediction():
     for row in read_published(FIXTURE):
         case = build_case(row)

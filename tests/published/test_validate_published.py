@@ -464,6 +464,34 @@ def test_async_scheduling_follows_each_engine_unless_asked(capsys):
     assert stop.value.code == 2 and "invalid choice: 'sometimes'" in capsys.readouterr().err
 
 
+def test_prefill_batches_follow_each_engine_on_chunked_schedulers_unless_asked(capsys):
+    """scheduler.prefill_batches of a replayed agg row: the engine's choice where it schedules chunked prefill (vLLM,
+    SGLang), `mixed` or `separate` for every such row; TensorRT-LLM's continuous scheduler has none; anything else is
+    refused by build_case and by the flag."""
+    from sim.io.errors import ConfigError
+    from sim.published.engines import ENGINES
+    from sim.published.predict import build_case
+    from sim.published.rows import read_published
+    kinds = set()
+    for row in read_published(FIXTURE):
+        if row.mode != "agg" or build_case(row, per_user=3).scenario is None:
+            continue
+        scheduler = lambda how: build_case(row, per_user=3, prefill_batches=how).scenario["scheduler"]  # noqa: E731
+        kinds.add(scheduler("engine")["kind"])
+        if scheduler("engine")["kind"] == "chunked":
+            assert scheduler("engine").get("prefill_batches", "mixed") == ENGINES[row.backend].prefill_batches
+            assert scheduler("separate")["prefill_batches"] == "separate"
+        else:
+            assert "prefill_batches" not in scheduler("separate")
+        assert "prefill_batches" not in scheduler("mixed")
+        with pytest.raises(ConfigError, match="prefill_batches: expected one of engine, mixed, separate"):
+            build_case(row, prefill_batches="sometimes")
+    assert kinds == {"chunked", "continuous"}
+    with pytest.raises(SystemExit) as stop:
+        main(["validate-published", str(FIXTURE), "--prefill-batches", "sometimes"])
+    assert stop.value.code == 2 and "invalid choice: 'sometimes'" in capsys.readouterr().err
+
+
 def test_steady_state_phases_follow_each_engine_unless_asked(monkeypatch, capsys):
     """--phases: each engine's choice on agg rows (vLLM random, the others even; disaggregated rows:
     test_disagg_rows.py), or even / random for every row (workload.ramp_phases in every steady-state run when
