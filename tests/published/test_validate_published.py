@@ -783,3 +783,32 @@ def test_ttft_residual_splits_a_rows_error_into_the_rate_and_the_decode_time(tmp
     bad = tmp_path / "bad.json"
     bad.write_text("{")
     assert mod.main([str(bad)]) == 2 and "cannot read a validate-published report" in capsys.readouterr().err
+
+
+def test_prefill_batches_choice_applies_the_stated_rule(tmp_path, capsys):
+    """benchmarks/prefill_batches_choice.py: `separate` only when its even lines' mean of median |TTFT| and |TPOT|
+    error beats `mixed`'s by more than 0.1 point; odd lines reported, every (card, model, precision) group printed
+    (a row without a precision is bf16's group)."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "prefill_batches_choice", Path(__file__).parents[2] / "benchmarks" / "prefill_batches_choice.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+
+    def report(name, ttft_even, ttft_odd):
+        rows = [{"id": f"r{line}", "line": line, "mode": "agg", "backend": "sglang", "system": "h100_sxm",
+                 "model": "Qwen/Qwen3-32B", "precision": None, "osl": 10,
+                 "measured": {"ttft_ms": 100.0, "tpot_ms": 10.0},
+                 "predicted": {"ttft_ms": ttft_even if line % 2 == 0 else ttft_odd, "tpot_ms": 10.0},
+                 "derived": {"e2e_ms": {"measured": 190.0, "predicted": 190.0, "error": 0.0}}} for line in (2, 3)]
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps({"rows": rows}))
+        return str(path)
+
+    mixed = report("mixed", 120.0, 120.0)   # even lines: 20% TTFT, 0% TPOT: score 10%
+    assert mod.compare(mixed, report("better", 110.0, 130.0))["chosen"] == {"sglang": "separate"}  # score 5%
+    assert mod.compare(mixed, report("tie", 119.9, 100.0))["chosen"] == {"sglang": "mixed"}  # 9.95%: within 0.1 pt
+    assert mod.main([mixed, report("worse", 150.0, 100.0)]) == 0
+    out = capsys.readouterr().out
+    assert "-> mixed; odd lines (held out): mixed 10.00%, separate 0.00%" in out
+    assert "| h100_sxm Qwen3-32B bf16 | 2 |" in out
