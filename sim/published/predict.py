@@ -266,16 +266,20 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     return replace(case, phases=phases, scenario=None if case.scenario is None else dict(case.scenario, seed=seed))
 
 
+def _check_choices(**given: str) -> None:
+    """Each named choice of build_case among its allowed values (ENGINE_CONFIGS, ASYNC_SCHEDULING, PREFILL_BATCHES)."""
+    allowed = {"engine_config": ENGINE_CONFIGS, "async_scheduling": ASYNC_SCHEDULING, "prefill_batches": PREFILL_BATCHES}
+    for name, value in given.items():
+        if value not in allowed[name]:
+            raise ConfigError(f"{name}: expected one of {', '.join(allowed[name])}, got {value!r}")
+
+
 def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds: int, moe_kernels: str, moe_routing: str,
                 all_reduce: str, engine_config: str, host_overhead_s, shared_experts_overlap, frontend, pool_batch: str,
                 async_scheduling: str, first_token: str, host_per_sequence_s: float | None = None,
                 kv_cache: str = "engine", prefill_batches: str = "engine") -> Case:
     """build_case's row with even phases and seed 0."""
-    for name, value, allowed in (("engine_config", engine_config, ENGINE_CONFIGS),
-                                 ("async_scheduling", async_scheduling, ASYNC_SCHEDULING),
-                                 ("prefill_batches", prefill_batches, PREFILL_BATCHES)):
-        if value not in allowed:
-            raise ConfigError(f"{name}: expected one of {', '.join(allowed)}, got {value!r}")
+    _check_choices(engine_config=engine_config, async_scheduling=async_scheduling, prefill_batches=prefill_batches)
     if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
         return _disagg_case(row, per_user, start, rounds, frontend, pool_batch, first_token, dict(
             mixed=mixed, moe_kernels=moe_kernels, moe_routing=moe_routing, all_reduce=all_reduce,
