@@ -235,9 +235,7 @@ class Simulation:
                 raise ConfigError(f"kv.warm_prefixes: {wp.name}: {exc}") from None
         _, sched_cls = SCHEDULERS[sc.scheduler.kind]
         scheduler = sched_cls(sc.scheduler, pool, sc.kv.admission, deadline,
-                              # rounds differ per request; separate prefill batches skip the decodes
-                              lazy_decode=(self.lazy_decode and self.spec_cfg is None
-                                           and getattr(sc.scheduler, "prefill_batches", "mixed") == "mixed"),
+                              lazy_decode=self.lazy_decode and self.spec_cfg is None,  # rounds differ per request
                               preemption=sc.kv.preemption)
         if self.spec_cfg is not None:
             # one acceptance stream per replica (and per restart), all from the scenario seed

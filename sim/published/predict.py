@@ -177,14 +177,16 @@ def _scheduler(engine, dp: int, per_rank: dict | None = None, async_scheduling: 
     """The engine's scheduler mapping (or `per_rank`) for a replica of `dp` attention data-parallel ranks: each
     rank schedules its own requests within the engine's limits, so the replica's limits are dp times them
     (chunks stay a rank's); scheduler.async_scheduling as `async_scheduling` (ASYNC_SCHEDULING) says, and a chunked
-    scheduler's prefill_batches as `prefill_batches` (PREFILL_BATCHES) does."""
+    scheduler's prefill_batches as `prefill_batches` (PREFILL_BATCHES) does (`engine`: mixed under the benchmark
+    limits, whose launch enables mixed chunks; else EngineDefaults.prefill_batches)."""
     out = dict(per_rank or engine.scheduler)
     for key in ("max_num_seqs", "max_num_batched_tokens"):
         out[key] = out[key] * dp
     if (engine.async_scheduling if async_scheduling == "engine" else async_scheduling == "on"):
         out["async_scheduling"] = True
-    if out.get("kind") == "chunked" and (engine.prefill_batches if prefill_batches == "engine"
-                                         else prefill_batches) == "separate":
+    # AIConfigurator's benchmark limits (`per_rank`) launch SGLang with mixed chunks (aic_benchmark_limits)
+    default = "mixed" if per_rank is not None else engine.prefill_batches
+    if out.get("kind") == "chunked" and (default if prefill_batches == "engine" else prefill_batches) == "separate":
         out["prefill_batches"] = "separate"
     return out
 

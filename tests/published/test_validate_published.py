@@ -481,6 +481,10 @@ def test_prefill_batches_follow_each_engine_on_chunked_schedulers_unless_asked(c
         if scheduler("engine")["kind"] == "chunked":
             assert scheduler("engine").get("prefill_batches", "mixed") == ENGINES[row.backend].prefill_batches
             assert scheduler("separate")["prefill_batches"] == "separate"
+            # AIConfigurator's benchmark limits launch SGLang with mixed chunks: mixed unless asked
+            aic = lambda how: build_case(row, per_user=3, prefill_batches=how,  # noqa: E731
+                                         engine_config="aic_benchmark").scenario["scheduler"]
+            assert "prefill_batches" not in aic("engine") and aic("separate")["prefill_batches"] == "separate"
         else:
             assert "prefill_batches" not in scheduler("separate")
         assert "prefill_batches" not in scheduler("mixed")

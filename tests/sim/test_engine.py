@@ -266,3 +266,44 @@ def test_separate_prefill_batches_hold_the_decodes_back_one_iteration(tmp_path):
         assert [round(x, 9) for x in req["ttft_s"]] == [0.1, 0.15]
         e2e[batches] = [round(x, 9) for x in req["e2e_s"]]
     assert e2e == {"mixed": [0.5, 0.25], "separate": [0.6, 0.25]}
+
+
+def test_separate_prefill_batches_never_evict_a_decode_for_a_prompt(monkeypatch):
+    """SGLang keeps room for its running decodes: under `separate`, a prompt's chunk that finds no free blocks waits
+    (the decodes run) instead of evicting a decoding request; only when nothing else can run may it evict, as in a
+    mixed iteration. Recorded: every eviction made while prompts are being planned, and the victim's phase."""
+    from sim.core.schedulers.base import Scheduler
+    from sim.core.schedulers.chunked import ChunkedPrefill
+    evictions = []
+    planning, preempt = ChunkedPrefill._schedule_prefills, Scheduler._preempt
+
+    def schedule_prefills(self, plan, now_s, preempt=True):
+        self._planning_prompts = True
+        try:
+            return planning(self, plan, now_s, preempt)
+        finally:
+            self._planning_prompts = False
+
+    def record(self, req):
+        if getattr(self, "_planning_prompts", False):
+            evictions.append((self.config.prefill_batches, req.in_prefill, req.rid))
+        return preempt(self, req)
+
+    monkeypatch.setattr(ChunkedPrefill, "_schedule_prefills", schedule_prefills)
+    monkeypatch.setattr(Scheduler, "_preempt", record)
+    kv = {"block_tokens": 16, "format": "bf16", "budget": "300MiB", "admission": "on_demand"}
+    for batches in ("mixed", "separate"):
+        res = run(scenario(scheduler=dict(POLICIES["chunked"], prefill_batches=batches), kv=kv))
+        assert res.summary["preemptions"] > 0
+    # mixed plans the decodes first, so a prompt can only evict other prompts; separate plans prompts first and must
+    # not take a decode's blocks either (when the decodes cannot run, none is left running to evict)
+    assert evictions and all(victim_in_prefill for _, victim_in_prefill, _ in evictions)
+
+
+def test_a_separate_chunked_scheduler_steps_its_decodes_explicitly_however_built():
+    from sim.core.kv import BlockManager
+    from sim.core.schedulers.chunked import ChunkedConfig, ChunkedPrefill
+    pool = BlockManager(64, 16, 1024)
+    for batches, lazy in (("mixed", True), ("separate", False)):
+        cfg = ChunkedConfig(max_num_seqs=4, max_num_batched_tokens=256, chunk_tokens=128, prefill_batches=batches)
+        assert ChunkedPrefill(cfg, pool, "reserve", lazy_decode=True).lazy is lazy
