@@ -27,29 +27,33 @@ HANDOFF_COLUMNS = ("prefill_replica", "prefill_done_s", "kv_transfer_bytes", "tr
 
 
 class KVLink:
-    """The link from each prefill replica to the decode pool: one transfer at a time per sending
-    replica (FIFO), each taking latency_s + bytes / (per-GPU bandwidth x GPUs sending in parallel).
+    """The link from each prefill replica to the decode pool: per sending replica, `channels` transfers at a time
+    (one per attention data-parallel rank, each with its own GPUs' links; FIFO), each taking
+    latency_s + bytes / (per-GPU bandwidth x lanes).
 
-    A replica's KV is spread over its GPUs (heads under TP, layers under PP) and each GPU sends its
-    share over its own NIC, so `lanes` GPUs send at once (the smaller of the two pools' GPUs per
-    replica: the receiving side takes its shares on as many)."""
+    `lanes` is 1 / sim.models.parallel.kv_transfer_share: the request's KV over the bytes its busiest GPU link
+    carries. GQA KV split by heads over several GPUs goes out over as many links at once (lanes > 1); an MLA
+    latent that several receiving GPUs each need whole can load one link with several copies (lanes < 1)."""
 
-    def __init__(self, bytes_per_s_per_gpu: float, latency_s: float, lanes: int, senders: int):
+    def __init__(self, bytes_per_s_per_gpu: float, latency_s: float, lanes: float, senders: int, channels: int = 1):
         self.bytes_per_s = bytes_per_s_per_gpu * lanes
         self.latency_s = latency_s
         self.lanes = lanes
-        self._free_at = [0.0] * senders
+        self.channels = channels
+        self._free_at = [[0.0] * channels for _ in range(senders)]
 
     def transfer_s(self, nbytes: float) -> float:
         """Seconds one transfer of `nbytes` takes on an idle link."""
         return self.latency_s + nbytes / self.bytes_per_s
 
     def book(self, sender: int, nbytes: float, now_s: float) -> tuple[float, float]:
-        """Queue a transfer from prefill replica `sender` (index in its pool) at `now_s`:
-        (start, end) of the transfer; the link is busy from start to end - latency."""
-        start = max(now_s, self._free_at[sender])
+        """Queue a transfer from prefill replica `sender` (index in its pool) at `now_s` on its channel free
+        soonest: (start, end) of the transfer; the channel is busy from start to end - latency."""
+        free = self._free_at[sender]
+        k = min(range(self.channels), key=free.__getitem__)
+        start = max(now_s, free[k])
         busy = nbytes / self.bytes_per_s
-        self._free_at[sender] = start + busy
+        free[k] = start + busy
         return start, start + busy + self.latency_s
 
 

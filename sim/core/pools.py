@@ -21,6 +21,7 @@ from sim.core.result import Result, RunFacts, card_fits, summarise
 from sim.core.sizing import replica_memory
 from sim.core.step_time_builder import build_step_time
 from sim.io.errors import ConfigError
+from sim.models.parallel import Layout, kv_transfer_share
 from sim.models import step_time as costmod
 
 
@@ -140,8 +141,10 @@ def run_disaggregated(sim, executor=None, env: simpy.Environment | None = None) 
     dec = Pool("decode", pool_view(sim, "decode", d.decode), d.prefill.replicas, d.decode.replicas)
     for pool in (pre, dec):
         pool.build(env, rec, executor)
+    send, receive = (Layout.of(pool.view.scenario.parallel) for pool in (pre, dec))
+    lanes = 1.0 / kv_transfer_share(sim.spec, send, receive)
     link = KVLink(link_bandwidth_bytes_per_s(sc, sim.hw), d.link.latency_s,
-                  min(pre.gpus_per_replica, dec.gpus_per_replica), pre.count)
+                  int(lanes) if lanes.is_integer() else lanes, pre.count, send.attention_dp)
     kind = sc.cluster.router.kind
     frontend = DisaggFrontend(env, sc, sim.workload, pre.replicas, ROUTERS[kind](), dec.replicas, ROUTERS[kind](), link,
                               sim.spec.kv_bytes_per_token(sc.kv.format), rec, sim.progress)
@@ -214,7 +217,8 @@ def _pool_part(pool: Pool, fit: bool, result: Result, role: str) -> dict:
 def _transfer_part(req, link: KVLink) -> dict:
     sent = req["transfer_end_s"].notna()
     sub = req.loc[sent]
-    return {"bandwidth_bytes_per_s": link.bytes_per_s, "lanes": link.lanes, "latency_s": link.latency_s,
+    return {"bandwidth_bytes_per_s": link.bytes_per_s, "lanes": link.lanes,
+            "channels": link.channels, "latency_s": link.latency_s,
             "transfers": int(sent.sum()), "bytes": float(sub["kv_transfer_bytes"].sum()),
             "bytes_per_request": stats(sub["kv_transfer_bytes"].to_numpy()),
             "transfer_s": stats((sub["transfer_end_s"] - sub["prefill_done_s"]).to_numpy()),

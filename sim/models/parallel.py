@@ -286,6 +286,30 @@ def kv_replication(spec: ModelSpec, layout: Layout) -> int:
     return max(layout.tp // p.num_kv_heads, 1)
 
 
+
+def kv_transfer_share(spec: ModelSpec, sender: Layout, receiver: Layout) -> float:
+    """The bytes one request's KV puts through the busiest GPU's network link when a prefill replica of layout
+    `sender` hands it to a decode replica of layout `receiver`, as a share of the request's KV (every layer once,
+    ModelSpec.kv_bytes_per_token). A request's KV lives on one attention data-parallel rank (tp x pp GPUs) on each
+    side. Per stage, GQA / MHA KV is split into min(tp, KV heads) distinct head shards; each receiving GPU takes its
+    shard from the sender that holds it, and a shard held twice is sent once. MLA's latent has no head axis: every
+    GPU of a stage holds all of it and every receiving GPU needs all of it, so min(tp_sender, tp_receiver) senders
+    send tp_receiver copies between them. As SGLang's, TensorRT-LLM's and vLLM's connectors map ranks (SGLang
+    CommonKVManager._resolve_rank_mapping, TensorRT-LLM MLACacheFormatter.needSendCache, vLLM's NIXL
+    compute_tp_mapping: an MLA decode rank reads the whole latent from one prefill rank). Examples: Llama-3.1-70B
+    (8 KV heads) TP4 -> TP8: 1/4 (each prefill GPU sends its two heads); DeepSeek-V3 (MLA) TP8 -> TP8: 1; MLA from
+    an attention-DP prefill rank of one GPU to a TP8 decode replica: 8 (eight copies out of one link)."""
+    p = spec.profile
+    if p.mla is not None:
+        shards_s = shards_r = 1
+        senders = min(sender.tp, receiver.tp)
+    else:
+        shards_s, shards_r = min(sender.tp, p.num_kv_heads), min(receiver.tp, p.num_kv_heads)
+        senders = shards_s
+    receiving = 1.0 / (shards_r * receiver.pp)
+    sending = (receiver.tp / shards_r) / (senders * sender.pp)
+    return max(receiving, sending)
+
 # ---- MoE routing (sim.models.spec: distinct_experts, expert_probabilities) and fitting layouts ---
 
 

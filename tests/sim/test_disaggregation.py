@@ -49,6 +49,72 @@ def test_a_link_sends_one_transfer_at_a_time_per_prefill_replica():
     assert link.book(1, 2e9, 1.05) == pytest.approx((1.05, 1.151))  # another replica's link is free
 
 
+def test_a_prefill_replica_of_attention_dp_ranks_sends_one_transfer_per_rank_at_once():
+    link = KVLink(10e9, 0.0, lanes=0.5, senders=1, channels=2)  # two ranks' links, 2 copies out of each
+    assert link.transfer_s(1e9) == pytest.approx(0.2)
+    assert link.book(0, 1e9, 0.0) == pytest.approx((0.0, 0.2))
+    assert link.book(0, 1e9, 0.05) == pytest.approx((0.05, 0.25))  # the other rank's link is free
+    assert link.book(0, 1e9, 0.1) == pytest.approx((0.2, 0.4))     # both busy: waits for the first
+
+
+def _layout(**kw):
+    from sim.models.parallel import Layout
+    return Layout(**kw)
+
+
+def _spec(name):
+    from sim.io.profiles import load_model
+    from sim.models.spec import ModelSpec
+    return ModelSpec(load_model(name))
+
+
+@pytest.mark.parametrize("send, receive, share", [
+    # Llama-3.1-70B, 8 KV heads: each prefill GPU sends its heads; the side with fewer head shards is the bottleneck
+    (dict(tp=4), dict(tp=8), 1 / 4),
+    (dict(tp=8), dict(tp=2), 1 / 2),
+    (dict(tp=1), dict(tp=1), 1.0),
+    (dict(tp=2, attention_dp=4), dict(tp=8), 1 / 2),     # a request's KV lives on one rank's two GPUs
+    (dict(tp=4), dict(tp=16), 1 / 2),                   # 16 GPUs hold 8 heads twice: 2 copies over 4 links
+    (dict(tp=1, pp=2), dict(tp=1), 1.0),                # the one receiving GPU takes every layer
+    (dict(tp=2, pp=2), dict(tp=2, pp=2), 1 / 4),
+])
+def test_kv_transfer_share_of_a_gqa_model_is_hand_computed(send, receive, share):
+    from sim.models.parallel import kv_transfer_share
+    assert kv_transfer_share(_spec("llama-3.1-70b"), _layout(**send), _layout(**receive)) == pytest.approx(share)
+
+
+@pytest.mark.parametrize("send, receive, share", [
+    # DeepSeek-V3's MLA latent is whole on every GPU and every receiving GPU needs it whole
+    (dict(tp=8), dict(tp=8), 1.0),                      # eight GPU pairs, one copy each
+    (dict(tp=4), dict(tp=8), 2.0),                      # each prefill GPU sends two copies
+    (dict(tp=8), dict(tp=4), 1.0),                      # four of the eight prefill GPUs send
+    (dict(tp=1, attention_dp=4), dict(tp=8), 8.0),      # one rank's GPU sends eight copies
+    (dict(tp=8), dict(tp=1, attention_dp=8), 1.0),      # to the one GPU of the request's decode rank
+    (dict(tp=1, attention_dp=8), dict(tp=1, attention_dp=8), 1.0),
+])
+def test_kv_transfer_share_of_mla_is_hand_computed(send, receive, share):
+    from sim.models.parallel import kv_transfer_share
+    assert kv_transfer_share(_spec("deepseek-v3"), _layout(**send), _layout(**receive)) == pytest.approx(share)
+
+
+def test_mla_kv_from_attention_dp_ranks_is_timed_as_the_busiest_link_carries_it():
+    # DeepSeek-V3's latent in FP8: 61 layers x (512 + 64) x 1 B = 35,136 B a token, 35,136,000 B for 1,000 tokens.
+    # From a one-GPU prefill rank to a TP8 decode replica that link sends eight copies: 281,088,000 B at 50 GB/s =
+    # 5.62176 ms. Two prompts prefilled together on two ranks go out at once, each over its own rank's link.
+    sc = scenario(model="deepseek-v3", hardware="h200-sxm", weight_format="fp8",
+                  kv={"block_tokens": 64, "format": "fp8", "budget": "20GiB"},
+                  workload=requests((0.0, 1000, 5), (0.0, 1000, 5)),
+                  disaggregation=disagg(prefill_pool={"parallel": {"tp": 1, "attention_dp": 8, "ep": 8}},
+                                        decode_pool={"parallel": {"tp": 8, "ep": 8}}))
+    res = run(sc)
+    req = res.requests
+    assert (req["kv_transfer_bytes"] == 35_136_000).all()
+    assert (req["transfer_start_s"] == req["prefill_done_s"]).all()
+    assert (req["transfer_end_s"] - req["transfer_start_s"]).to_numpy() == pytest.approx([0.00562176] * 2, abs=1e-12)
+    tr = res.summary["disaggregation"]["transfer"]
+    assert tr["lanes"] == 0.125 and tr["channels"] == 8 and tr["link_wait_s"]["max"] == 0.0
+
+
 def test_decode_never_starts_before_the_transfer_ends():
     wl = {"kind": "synthetic", "num_requests": 200, "arrival": {"kind": "poisson", "rate_rps": 6.0},
           "prompt_tokens": {"kind": "lognormal", "median": 1500, "sigma": 0.6, "max": 6000},
