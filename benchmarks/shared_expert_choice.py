@@ -13,6 +13,11 @@ Each argument is NAME=FOLDER[,FOLDER...], the report.json folders of one replay;
 rule, stated before the runs: over the rows both replays predict, on the even lines (agg and disaggregated
 together), the value with the lower median |TPOT error| is chosen, a tie keeping the first; the odd lines, held out,
 report it. Every group is printed under every value (median |error|, signed median). Nothing is fitted.
+
+The same rule serves any step-time choice set out this way: `--models A,B` keeps the rows of models whose name
+contains one of the strings (the rows the choice can change), e.g. MLA's decode attention (docs/parallel.md):
+
+    python benchmarks/shared_expert_choice.py --models DeepSeek,Kimi latency=AGG,DISAGG tokens=AGG2,DISAGG2
 """
 
 from __future__ import annotations
@@ -43,7 +48,9 @@ def _cell(rows: list[dict], metric: str) -> tuple[float, str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="+", metavar="NAME=FOLDER[,FOLDER...]")
+    ap.add_argument("--models", default="", help="only rows whose model contains one of these comma-separated strings")
     args = ap.parse_args()
+    wanted = [m for m in args.models.split(",") if m]
     runs = {}
     for arg in args.runs:
         name, sep, folders = arg.partition("=")
@@ -53,6 +60,8 @@ def main() -> int:
     if len(runs) < 2:
         raise SystemExit("give at least two runs to set against each other")
     ids = sorted(set.intersection(*(set(r) for r in runs.values())))
+    if wanted:
+        ids = [i for i in ids if any(m in next(iter(runs.values()))[i]["model"] for m in wanted)]
     if not ids:
         raise SystemExit("the runs predict no row in common")
     first = next(iter(runs.values()))

@@ -27,8 +27,9 @@ Per layer on one GPU (tp GPUs per stage, see sim.models.parallel for what each h
   expert when that exceeds one;
 - attention kernels from the tables: GQA / MHA as sim.models.ops; MLA (no measured kernel): context
   attention as MHA of the GPU's heads at head_dim 128 scaled by (qk 192 + v 128) / 256 = 1.25 (FLOPs),
-  generation attention as MQA (1 KV head) of the GPU's heads scaled by the latent's bytes per token,
-  (512 + 64) / (2 x 128) = 2.25 (decode attention reads the cache, bandwidth bound);
+  generation attention as MQA (1 KV head) of the GPU's heads over the latent's bytes per token in cached tokens,
+  (512 + 64) / (2 x 128) = 2.25 times as many (decode attention reads the cache, bandwidth bound; the kernel's
+  per-launch time stays, as for an FP8 cache's half bytes, sim.models.ops.KV_READ_SCALE);
 - small element-wise ops as sim.models.ops, over the widths this GPU sees (with a q / k norm model's two norms
   unless the engine fuses them into RoPE, `qk_norm_kernels`).
 
@@ -321,8 +322,8 @@ class ParallelOpsModel(OpsModel):
         return self.context_scale * super().context_attention_s(seqs, pairs)
 
     def generation_attention_s(self, seqs: float, kv_tokens: float) -> float:
-        """One layer's decode attention (MLA scaled, see the module)."""
-        return self.generation_scale * super().generation_attention_s(seqs, kv_tokens)
+        """One layer's decode attention (MLA: over generation_scale times the cached tokens, see the module)."""
+        return super().generation_attention_s(seqs, kv_tokens * self.generation_scale)
 
     # ---- a pass -------------------------------------------------------------------------------
     def busiest_rank(self, tokens: float, pre_seqs: float, pre_pairs: float, dec_seqs: float, dec_kv: float,

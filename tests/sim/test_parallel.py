@@ -378,9 +378,11 @@ def test_mla_attention_is_scaled_from_measured_kernels(tmp_path):
                   + "weight_format: fp8\n")
     m = _run(sc).step_time
     assert m.heads == 16 and m.kv_heads == 1
-    # decode attention: MQA of the GPU's 16 heads (one KV head, dim 128) x 2.25 (the 576-value latent)
-    assert m.generation_attention_s(32, 32 * 4096) == pytest.approx(
-        MLA_GENERATION_SCALE * m.generation.at(32, 4096))
+    # decode attention: MQA of the GPU's 16 heads (one KV head, dim 128) over 2.25 x the cached tokens (the
+    # 576-value latent's bytes): the bytes read scale, the kernel's per-launch time does not
+    assert m.generation_attention_s(32, 32 * 4096) == pytest.approx(m.generation.at(32, MLA_GENERATION_SCALE * 4096))
+    assert m.generation_attention_s(1, 16) == pytest.approx(m.generation.at(1, 36))
+    assert m.generation_attention_s(1, 16) < 1.1 * m.generation.at(1, 16) < MLA_GENERATION_SCALE * m.generation.at(1, 16)
     assert m.context_attention_s(2, 2 * 1024 * 1025 // 2) == pytest.approx(MLA_CONTEXT_SCALE * m.context.at(2, 1024))
     # three dense layers, 58 MoE layers, one stage
     assert m.stage_kinds == [(3, 58)]
