@@ -227,3 +227,28 @@ def test_force_never_replaces_a_folder_of_the_users_with_a_file(capsys, tmp_path
             (stage / "b.csv").write_text("1")
             (tmp_path / "o" / "a.csv").mkdir(parents=True)
     assert not (tmp_path / "o" / "b.csv").exists() and leftovers(tmp_path) == []
+
+
+def test_a_worker_drops_only_the_lost_scheduler_traceback():
+    """The worker preload drops the heartbeat's broken-connection record (seen on CI after a Ctrl-C), nothing else."""
+    import logging
+    import signal
+    import sys
+    before = signal.getsignal(signal.SIGINT)
+    try:  # the preload makes its process ignore SIGINT: give this one its handler back
+        from sim.planning.worker_signals import _drop_lost_scheduler
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+    def record(msg, exc):
+        try:
+            raise exc
+        except type(exc):
+            info = sys.exc_info()
+        return logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1, msg, None, info)
+    lost = record("Failed to communicate with scheduler during heartbeat.", ConnectionError("Stream is closed"))
+    assert _drop_lost_scheduler(lost) is False
+    assert _drop_lost_scheduler(record("Unexpected exception during heartbeat. Closing worker.", ValueError("x")))
+    assert _drop_lost_scheduler(record("Failed to write spill file", OSError("disk full")))
+    assert _drop_lost_scheduler(logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1, "plain", None, None))
+    assert _drop_lost_scheduler in logging.getLogger("distributed.worker").filters
