@@ -44,9 +44,11 @@ def add_parsers(sub) -> None:
                         "once to an idle engine, the later ones as the engine leaves them (docs/fidelity.md); "
                         "staggered: the steady state alone (first requests spread over one request lifetime, not "
                         "counted); burst: all users start together, every request counts, lock-step")
-    p.add_argument("--rounds", type=int, default=None,
-                   help="--start cold: requests per user in the replayed benchmark (default 10, AIConfigurator's "
-                        "N x concurrency)")
+    p.add_argument("--rounds", default=None,
+                   help="--start cold: requests per user in the replayed benchmark, an integer or `dynamo` "
+                        "(Dynamo's benchmark utility: max(3 x concurrency, 10) requests, no warm-up); default 10 on "
+                        "agg rows (AIConfigurator's N x concurrency), dynamo on disaggregated ones "
+                        "(docs/disaggregation.md)")
     p.add_argument("--pool-batch", choices=["engine", "stated", "defaults"], default="engine",
                    help="disaggregated rows: how many requests a pool's worker runs at once: the default rule "
                         "(docs/disaggregation.md), the row's prefill_batch_size / decode_batch_size per attention-DP "
@@ -120,6 +122,16 @@ def _overlap(text: str) -> str | int:
     raise argparse.ArgumentTypeError(f"expected engine, off, decode, fused or a positive token count, got {text!r}")
 
 
+def _rounds(text: str | None):
+    """--rounds: None (each mode's default), an integer >= 1 or `dynamo` (sim.published.predict.benchmark_rounds)."""
+    from sim.io.errors import ConfigError
+    if text is None or text == "dynamo":
+        return text
+    if text.isdigit() and int(text) >= 1:
+        return int(text)
+    raise ConfigError(f"--rounds: expected an integer >= 1 (requests per user of the benchmark) or dynamo, got {text!r}")
+
+
 def _frontend(text: str):
     """--frontend: engine, off, or BASE_MS[+PER_USER_MS] (non-negative numbers)."""
     if text in ("engine", "off"):
@@ -149,14 +161,12 @@ def run(args) -> int:
     if args.out:  # a folder it can write its three files in (replaced only with --force), checked before any row runs
         from sim.io.outputs import check_out_dir
         check_out_dir(args.out, args.force, PUBLISHED_FILES)
-    if args.rounds is not None and args.rounds < 1:
-        raise ConfigError(f"--rounds: expected an integer >= 1 (requests per user of the benchmark), got {args.rounds}")
+    rounds = _rounds(args.rounds)
     if args.rounds is not None and args.start != "cold":
         raise ConfigError(f"--rounds: only with --start cold (got --start {args.start})")
-    from sim.published.predict import ROUNDS
     report = validate_published(args.file, args.backend, args.system, args.mode, workers=args.workers,
                                 progress=not args.no_progress, per_user=args.requests_per_user, start=args.start,
-                                mixed=args.mixed, rounds=args.rounds or ROUNDS, moe_kernels=args.moe_kernels,
+                                mixed=args.mixed, rounds=rounds, moe_kernels=args.moe_kernels,
                                 moe_routing=args.moe_routing, all_reduce=args.all_reduce,
                                 engine_config=args.engine_config.replace("-", "_"),
                                 host_overhead_s=None if args.host_overhead_ms is None else args.host_overhead_ms / 1e3,

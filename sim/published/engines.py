@@ -118,8 +118,14 @@ class EngineDefaults:
     disagg_steady_phases: str = "even"
     """Disaggregated rows: the steady state's user phases (as steady_phases), chosen per engine on the even lines of
     the silicon sample's disaggregated rows by the same rule (docs/disaggregation.md, measured 2026-12-04):
-    TensorRT-LLM `random` (35.6% -> 34.6% on its even lines), vLLM `random` (67.4% -> 67.3%); SGLang keeps a cohort
-    (later_waves), so its rows do not move and it keeps `even`."""
+    TensorRT-LLM `random` (35.6% -> 34.6% on its even lines), vLLM `random` (67.4% -> 67.3%); SGLang, whose steady state
+    counts since disagg_later_waves is `spread` (2026-12-06), `even` (26.9% against 27.1% with `random`)."""
+    disagg_later_waves: str = "spread"
+    """Disaggregated rows: later_waves after the cold first wave. `spread` for every engine: a prefill pool serves a
+    returning cohort's prompts one after another, their decodes end as far apart, and from the second wave on each
+    prompt finds the pool free (the simulator's own closed loop, `python benchmarks/disagg_cohort.py waves`,
+    docs/disaggregation.md "SGLang's cohort after the first wave"), so SGLang's agg `cohort` does not carry over.
+    Chosen with DISAGG_ROUNDS (sim.published.predict) on the even disaggregated lines."""
     disagg_first_token: str = "prefill"
     """Disaggregated rows: where the client's first token comes from (disaggregation.first_token). Read in each
     engine's code: vLLM's decode instance loads the prompt's KV over NIXL and computes its last token again to
@@ -179,7 +185,7 @@ class EngineDefaults:
                   "fused": "fused into the routed kernel (in series under expert parallelism)"}.get(
             over, f"beside the routed ones in passes of <= {over} tokens")
         return (f"{self.backend} ({self.versions}): {sched}; KV admission {self.kv_admission}; {mem}; {graphs}; "
-                f"after a cold first wave: {self.later_waves}; MoE experts: {moe}; shared experts {shared}; "
+                f"after a cold first wave: {self.later_waves} ({self.disagg_later_waves} on disaggregated rows); MoE experts: {moe}; shared experts {shared}; "
                 f"q / k norms {'fused with RoPE' if self.qk_norm_kernels == 'fused_with_rope' else 'as kernels of their own'}; "
                 f"all-reduce: {ar}; async scheduling {'on' if self.async_scheduling else 'off'}; "
                 + (f"prefill batches {self.prefill_batches} (agg rows); " if self.scheduler.get("kind") == "chunked"

@@ -89,6 +89,32 @@ in all). The file does not say; AIConfigurator, whose database the rows come fro
 benchmarks as N x concurrency requests with N = 10 (aiconfigurator 0.12.0, sdk/inference_session.py, the
 TTFT correction of its disaggregated search). Stated, not fitted."""
 
+DISAGG_ROUNDS = "dynamo"
+"""Requests per user of the benchmark a disaggregated row is replayed as (`--rounds` unset). `dynamo`: Dynamo's
+benchmark utility (ai-dynamo/dynamo benchmarks/utils/aiperf.py, `run_aiperf`) sends max(3 x concurrency, 10)
+requests without a warm-up, N = max(3, 10 / concurrency). The disaggregated rows are Dynamo deployments; their
+client is not recorded. Chosen on the even disaggregated lines among N = 10 (ROUNDS), this rule, and
+AIConfigurator's generated benchmark (generator bench_run.sh.j2: 50 x concurrency requests after 2 x concurrency
+warm-up ones, the steady state alone), reported on the odd ones (docs/disaggregation.md, "The benchmark's
+length")."""
+
+ROUND_RULES = ("dynamo",)
+"""Named benchmark lengths `rounds` accepts besides an integer (benchmark_rounds)."""
+
+
+def benchmark_rounds(rounds: int | str | None, mode: str, users: int) -> float:
+    """Requests per user (N, possibly fractional) of the benchmark a row of `mode` at `users` concurrency is replayed
+    as: `rounds` an integer, or `dynamo` (DISAGG_ROUNDS), or None for the default (agg ROUNDS, disagg DISAGG_ROUNDS).
+    The mean over the benchmark's requests is (first wave + (N - 1) x steady) / N for fractional N too: N x users
+    requests, the first `users` of them the cold wave."""
+    if rounds is None:
+        rounds = DISAGG_ROUNDS if mode == "disagg" else ROUNDS
+    if rounds == "dynamo":
+        return max(3 * users, 10) / max(users, 1)
+    if isinstance(rounds, str) or rounds < 1:
+        raise ConfigError(f"rounds: expected an integer >= 1 or one of {', '.join(ROUND_RULES)}, got {rounds!r}")
+    return float(rounds)
+
 DISAGG_POOL_BATCH = "defaults"
 """`--pool-batch engine`: how many requests a disaggregated pool's worker runs at once (sim.published.disagg.POOL_BATCH;
 docs/disaggregation.md)."""
@@ -112,8 +138,8 @@ class Case:
     an idle engine (see `simulate_case`); `staggered`: users' first requests spread over one request
     lifetime, first wave not counted (the steady state alone); `burst`: all users start together and every
     request counts (the simulator keeps a cohort in lock-step)."""
-    rounds: int = 10
-    """`cold`: requests per user in the replayed benchmark (N); see ROUNDS."""
+    rounds: float = 10
+    """`cold`: requests per user in the replayed benchmark (N); see ROUNDS, DISAGG_ROUNDS and benchmark_rounds."""
     frontend_s: float = 0.0
     """Added to the simulated TTFT: the front end's time the engine model does not produce (frontend_latency_s)."""
     phases: str = "even"
@@ -236,7 +262,7 @@ def frontend_latency_s(frontend, backend: str, users: int) -> float:
 
 
 def build_case(row: PublishedRow, per_user: int | None = None, start: str = "cold",
-               mixed: str = "one_pass", rounds: int = ROUNDS, moe_kernels: str = "engine",
+               mixed: str = "one_pass", rounds: int | str | None = None, moe_kernels: str = "engine",
                moe_routing: str = "engine", all_reduce: str = "engine", engine_config: str = "engine",
                host_overhead_s: float | None = None, shared_experts_overlap: str | int = "engine",
                frontend="engine", pool_batch: str = "engine", async_scheduling: str = "engine",
@@ -254,7 +280,8 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     disaggregated ones); `seed`: the scenario seed (what is drawn: random phases); `host_per_sequence_s`: the host time
     per sequence of every pass (None: the engine's for the row's version, EngineDefaults.host_per_sequence_s);
     `kv_cache`: which rows' KV cache is FP8 (KV_CACHE; `engine`: EngineDefaults.kv_cache); `prefill_batches`: whether a
-    chunked scheduler mixes decodes with prefill chunks (PREFILL_BATCHES; `engine`: EngineDefaults.prefill_batches)."""
+    chunked scheduler mixes decodes with prefill chunks (PREFILL_BATCHES; `engine`: EngineDefaults.prefill_batches);
+    `rounds`: the replayed benchmark's requests per user under `start` cold (benchmark_rounds; None: the mode's default)."""
     if phases not in ("engine", *PHASES):
         raise ConfigError(f"phases: expected one of engine, {', '.join(PHASES)}, got {phases!r}")
     if phases == "engine":
@@ -276,7 +303,7 @@ def _check_choices(**given: str) -> None:
             raise ConfigError(f"{name}: expected one of {', '.join(allowed[name])}, got {value!r}")
 
 
-def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds: int, moe_kernels: str, moe_routing: str,
+def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds, moe_kernels: str, moe_routing: str,
                 all_reduce: str, engine_config: str, host_overhead_s, shared_experts_overlap, frontend, pool_batch: str,
                 async_scheduling: str, first_token: str, host_per_sequence_s: float | None = None,
                 kv_cache: str = "engine", prefill_batches: str = "engine") -> Case:
@@ -353,11 +380,11 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds: int
     graphs = limits[1] if limits else engine.graph_sizes
     if graphs:  # per rank: dp evenly loaded ranks pad together to dp x each size
         scenario["step_time"]["graph_sizes"] = [g * dp for g in graphs]
-    return Case(row, scenario=scenario, start=start, rounds=rounds,
+    return Case(row, scenario=scenario, start=start, rounds=benchmark_rounds(rounds, "agg", users),
                 frontend_s=frontend_latency_s(frontend, row.backend, users))
 
 
-def _disagg_case(row: PublishedRow, per_user, start: str, rounds: int, frontend, pool_batch: str, first_token: str,
+def _disagg_case(row: PublishedRow, per_user, start: str, rounds, frontend, pool_batch: str, first_token: str,
                  pool_options: dict) -> Case:
     """A disaggregated row's case: its pools built by build_case with `pool_options`, each worker's batch by
     `pool_batch`, the client's first token by `first_token`, and the engine's front end as on agg rows (chosen on
@@ -369,7 +396,7 @@ def _disagg_case(row: PublishedRow, per_user, start: str, rounds: int, frontend,
     case = build_disagg_case(row, per_user, start, partial(build_case, **pool_options), Case,
                              DISAGG_POOL_BATCH if pool_batch == "engine" else pool_batch,
                              ENGINES[row.backend].disagg_first_token if first_token == "engine" else first_token)
-    return replace(case, rounds=rounds, frontend_s=0.0 if case.scenario is None
+    return replace(case, rounds=benchmark_rounds(rounds, "disagg", row.concurrency), frontend_s=0.0 if case.scenario is None
                    else frontend_latency_s(frontend, row.backend, row.concurrency))
 
 
@@ -444,7 +471,7 @@ def first_wave(case: Case, source: str) -> dict:
     return _means(_run(scenario, source), 0)
 
 
-def combine_cold(first: dict, steady: dict, rounds: int, later_waves: str) -> dict:
+def combine_cold(first: dict, steady: dict, rounds: float, later_waves: str) -> dict:
     """Mean TTFT and TPOT over a benchmark of `rounds` requests per user that starts cold: the first wave is
     a burst; the later waves are the steady state (`spread`: the engine breaks the cohort up) or repeat the
     first wave (`cohort`: the users come back together and are served together, wave after wave)."""
@@ -475,7 +502,9 @@ def simulate_case(_shared, case: Case) -> dict:
             res = steady_state(case, source)
         else:
             first, steady = first_wave(case, source), steady_state(case, source)
-            res = dict(steady, **combine_cold(first, steady, case.rounds, ENGINES[case.row.backend].later_waves))
+            engine = ENGINES[case.row.backend]
+            later = engine.disagg_later_waves if case.row.mode == "disagg" else engine.later_waves
+            res = dict(steady, **combine_cold(first, steady, case.rounds, later))
             out["components"] = {"first_wave": {m: first[m] for m in ("ttft_ms", "tpot_ms")},
                                  "steady": {m: steady[m] for m in ("ttft_ms", "tpot_ms")}}
     except ConfigError as exc:

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from sim.io.errors import ConfigError
 from sim.published.engines import ENGINES
-from sim.published.predict import ROUNDS, build_case, error_summary, simulate_case
+from sim.published.predict import DISAGG_ROUNDS, ROUNDS, build_case, error_summary, simulate_case
 from sim.published.rows import BACKENDS, read_published
 
 
@@ -95,7 +95,7 @@ def _fan_out(fn, tasks: list, workers: int | None, progress: bool, stream) -> li
 def validate_published(path: str | Path, backend: str | None = None, system: str | None = None,
                        mode: str | None = None, workers: int | None = 1, progress: bool = False,
                        per_user: int | None = None, start: str = "cold", mixed: str = "one_pass",
-                       stream=None, rounds: int = ROUNDS, moe_kernels: str = "engine",
+                       stream=None, rounds: int | str | None = None, moe_kernels: str = "engine",
                        moe_routing: str = "engine", all_reduce: str = "engine",
                        engine_config: str = "engine", host_overhead_s: float | None = None,
                        shared_experts_overlap: str | int = "engine", frontend="engine",
@@ -118,7 +118,8 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
                for i, r in enumerate(rows)]
     used = sorted({r.backend for r in rows})
     return {"file": str(path), "requests_per_user": per_user or "1 + ceil(16384 / osl), 3 to 6", "start": start,
-            "rounds": rounds if start == "cold" else None, "mixed": mixed,
+            "rounds": (rounds or ROUNDS) if start == "cold" else None,
+            "disagg_rounds": (rounds or DISAGG_ROUNDS) if start == "cold" else None, "mixed": mixed,
             "moe_kernels": moe_kernels, "moe_routing": moe_routing, "all_reduce": all_reduce,
             "engine_config": engine_config, "host_overhead_s": host_overhead_s,
             "host_per_sequence_s": "engine" if host_per_sequence_s is None else host_per_sequence_s,

@@ -233,3 +233,40 @@ def test_async_scheduling_choice_refits_the_front_end_per_side(tmp_path):
     assert out["on"]["even"] == out["on"]["odd"] == out["on"]["left_out"] == 0.0
     assert out["on"]["tpot_odd"] == pytest.approx(0.1) and out["off"]["tpot_odd"] == 0.0
     assert out["off"]["left_out"] > 0.1 and max(out["off"]["even"], out["off"]["odd"]) > 0.0
+
+
+def test_benchmark_rounds_by_mode_and_rule():
+    from sim.io.errors import ConfigError
+    from sim.published.predict import benchmark_rounds
+    # defaults: N = 10 on agg rows; Dynamo's max(3c, 10) requests on disaggregated ones
+    assert benchmark_rounds(None, "agg", 64) == 10
+    assert [benchmark_rounds(None, "disagg", c) for c in (1, 2, 3, 4, 64)] == pytest.approx([10, 5, 10 / 3, 3, 3])
+    assert benchmark_rounds("dynamo", "agg", 5) == 3 and benchmark_rounds(7, "disagg", 64) == 7
+    for bad in (0, "ten"):
+        with pytest.raises(ConfigError, match="rounds: expected an integer >= 1 or one of dynamo"):
+            benchmark_rounds(bad, "agg", 4)
+
+
+def test_a_fractional_benchmark_is_the_mean_over_its_requests():
+    """Dynamo's 10 requests at 3 users: the first wave's 3 and 7 steady ones, N = 10 / 3."""
+    first, steady = {"ttft_ms": 1000.0, "tpot_ms": 20.0}, {"ttft_ms": 100.0, "tpot_ms": 10.0}
+    assert combine_cold(first, steady, 10 / 3, "spread") == pytest.approx({"ttft_ms": (3 * 1000 + 7 * 100) / 10,
+                                                                          "tpot_ms": (3 * 20 + 7 * 10) / 10})
+
+
+def test_rounds_dynamo_flag_and_the_report_says_both_lengths(tmp_path):
+    args = ("validate-published", str(FIXTURE), "--workers", "1", "--no-progress", "--backend", "vllm",
+            "--requests-per-user", "3")
+    assert capsim(*args, "--out", str(tmp_path / "a"))[0] == 0
+    report = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert (report["rounds"], report["disagg_rounds"]) == (10, "dynamo")
+    assert capsim(*args, "--rounds", "dynamo", "--out", str(tmp_path / "b"))[0] == 0
+    report = json.loads((tmp_path / "b" / "report.json").read_text())
+    row = report["rows"][0]
+    n = max(3 * row["concurrency"], 10) / row["concurrency"]
+    assert (report["rounds"], report["disagg_rounds"]) == ("dynamo", "dynamo")
+    assert row["predicted"]["ttft_ms"] == pytest.approx(combine_cold(row["components"]["first_wave"],
+                                                                     row["components"]["steady"], n, "spread")
+                                                        ["ttft_ms"] + row["frontend_ms"])
+    code, _, err = capsim(*args, "--rounds", "3x")
+    assert code == 2 and "--rounds: expected an integer >= 1" in err and "or dynamo" in err

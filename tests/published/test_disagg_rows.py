@@ -230,3 +230,20 @@ def test_a_disaggregated_rows_steady_state_takes_its_engines_disagg_phases(monke
     monkeypatch.setattr(predict, "_run", lambda sc, source: seen.append(sc["workload"]) or real(sc, source))
     predict.steady_state(case, "test")
     assert seen and all(w.get("ramp_phases", "even") == phases for w in seen)
+
+
+def test_a_disaggregated_row_is_replayed_as_dynamos_benchmark_with_its_cohort_broken_up():
+    """DISAGG_ROUNDS (Dynamo's max(3c, 10) requests) and EngineDefaults.disagg_later_waves (`spread` for every engine,
+    SGLang too, whose agg rows keep a cohort): the cold first wave weighs 1 / 3 at 4 users."""
+    from sim.published.engines import ENGINES
+    from sim.published.predict import combine_cold
+    _, qwen = read_published(FIXTURE)
+    row = dataclasses.replace(qwen, concurrency=4, backend="sglang")
+    assert ENGINES["sglang"].later_waves == "cohort" and ENGINES["sglang"].disagg_later_waves == "spread"
+    case = build_case(row, per_user=3)
+    assert case.rounds == 3
+    out = simulate_case(None, case)
+    first, steady = out["components"]["first_wave"], out["components"]["steady"]
+    assert out["ttft_ms"] == pytest.approx((first["ttft_ms"] + 2 * steady["ttft_ms"]) / 3 + out["frontend_ms"])
+    assert out["tpot_ms"] == pytest.approx(combine_cold(first, steady, 3, "spread")["tpot_ms"])
+    assert build_case(row, per_user=3, rounds=10).rounds == 10

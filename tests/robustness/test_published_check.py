@@ -107,7 +107,7 @@ def test_a_check_written_before_e2e_was_reported_still_reads(tmp_path, monkeypat
 
 
 def _report(path: Path, rows: list[dict], **settings) -> Path:
-    base = {"file": "../x/sample.csv", **_generator().DEFAULTS}
+    base = {"file": "../x/sample.csv", **_generator().DEFAULTS, **_generator().DISAGG_DEFAULTS}
     path.write_text(json.dumps({**base, **settings, "rows": rows}))
     return path
 
@@ -237,3 +237,16 @@ def test_the_report_page_shows_the_check_and_the_scale(tmp_path, capsys):
     assert "step_time.scale" in page and "x 1.1 (a sensitivity run" in page
     assert capsys.readouterr().out.splitlines()[1].startswith(
         "llama-3.1-70b on h100-sxm, chunked scheduler; step-time model ops, every step x 1.1 (step_time.scale): ")
+
+
+def test_the_disaggregated_benchmark_length_is_required_of_disaggregated_rows_only(tmp_path):
+    """disagg_rounds (since 2026-12-06) must be the default where a report replays disaggregated rows; an agg-only
+    report from before it, which does not state it, still reads."""
+    gen = _generator()
+    agg = _row(2, "h100_sxm", "vllm", "agg", 110.0, 9.0)
+    old = tmp_path / "old.json"
+    old.write_text(json.dumps({"file": "../x/sample.csv", **gen.DEFAULTS, "rows": [agg]}))
+    assert gen.main([str(old), "--out", str(tmp_path / "a.yaml"), "--commit", "x"]) == 0
+    dis = _report(tmp_path / "d.json", [_row(7, "b200_sxm", "sglang", "disagg", 50.0, 12.0)], disagg_rounds=10)
+    with pytest.raises(SystemExit, match="not a run with the default settings: {'disagg_rounds': 10}"):
+        gen.main([str(dis), "--out", str(tmp_path / "b.yaml"), "--commit", "x"])
