@@ -92,8 +92,8 @@ TTFT correction of its disaggregated search). Stated, not fitted."""
 DISAGG_ROUNDS = "dynamo"
 """Requests per user of the benchmark a disaggregated row is replayed as (`--rounds` unset). `dynamo`: Dynamo's
 benchmark utility (ai-dynamo/dynamo benchmarks/utils/aiperf.py, `run_aiperf`) sends max(3 x concurrency, 10)
-requests without a warm-up, N = max(3, 10 / concurrency). The disaggregated rows are Dynamo deployments; their
-client is not recorded. Chosen on the even disaggregated lines among N = 10 (ROUNDS), this rule, and
+requests without a warm-up, N = max(3, 10 / concurrency). The rows do not record their client (TensorRT-LLM's ran
+Dynamo's runtime image, SGLang's and vLLM's the engines' own images). Chosen on the even disaggregated lines among N = 10 (ROUNDS), this rule, and
 AIConfigurator's generated benchmark (generator bench_run.sh.j2: 50 x concurrency requests after 2 x concurrency
 warm-up ones, the steady state alone), reported on the odd ones (docs/disaggregation.md, "The benchmark's
 length")."""
