@@ -23,17 +23,18 @@ def step_time_fit(scenario, base_dir: Path) -> dict:
             out["unknown"] = "the profile records no fit: its numbers are not a fit by capsim"
         else:
             out.update(mape=prof.fit.mape, max_abs_rel_err=prof.fit.max_abs_rel_err, n_heldout=prof.fit.n_heldout)
-        from sim.io.published_check import card_check, composed_tables
+        from sim.io.published_check import card_check, composed_tables, for_serving
         tables = composed_tables(prof)
         if tables is not None:  # fitted to a kernel-table composition: that composition's own check on real runs
-            out["composed_from"], out["published"] = tables, card_check(tables)
+            out["composed_from"] = tables
+            out["published"] = for_serving(card_check(tables), scenario.disaggregation is not None)
     elif cfg.kind in ("linear", "efficiency"):
         out["unknown"] = "the coefficients are typed into the scenario, not fitted"
     else:
         out["unknown"] = f"an {cfg.kind} model is composed from kernel tables, not fitted"
         if cfg.kind == "ops":  # the end-to-end check on published serving runs of the card whose tables it reads
             from sim.io.published_check import ops_check
-            out["published"] = ops_check(cfg, scenario.hardware, base_dir)[1]
+            out["published"] = ops_check(cfg, scenario.hardware, base_dir, scenario.disaggregation is not None)[1]
     if scenario.step_time.scale != 1.0:  # step_time.scale: every step time multiplied (absent at 1)
         out["scale"] = scenario.step_time.scale
     return out

@@ -77,10 +77,21 @@ def card_check(tables: str) -> dict | None:
             "groups": [g.model_dump() for g in groups]}
 
 
-def ops_check(cfg, hardware: str, base_dir: Path | None = None) -> tuple[str, dict | None]:
+def for_serving(published: dict | None, disaggregated: bool) -> dict | None:
+    """The check as a run quotes it: a disaggregated run on a card whose check holds no disaggregated group gets
+    `disagg_checked_on`, the cards whose check does (their errors differ from the agg rows', docs/disaggregation.md)."""
+    if published is None or not disaggregated or any(g["mode"] == "disagg" for g in published["groups"]):
+        return published
+    cards = _load(str(check_path())).cards
+    return {**published, "disagg_checked_on": sorted(c for c, gs in cards.items() if any(g.mode == "disagg" for g in gs))}
+
+
+def ops_check(cfg, hardware: str, base_dir: Path | None = None,
+              disaggregated: bool = False) -> tuple[str, dict | None]:
     """An ops step-time config's table set (its `tables`, else the scenario's card) and that set's published
-    check; None for a table folder given as a path, or a set the file does not cover. A card given as a YAML path
-    (relative to `base_dir`) reads its profile's name, as the ops model does."""
+    check (as a run of that serving mode quotes it, for_serving); None for a table folder given as a path, or a set
+    the file does not cover. A card given as a YAML path (relative to `base_dir`) reads its profile's name, as the
+    ops model does."""
     if cfg.tables is None and hardware.endswith((".yaml", ".yml")):
         from sim.io.errors import ConfigError
         from sim.io.profiles import load_hardware
@@ -92,7 +103,7 @@ def ops_check(cfg, hardware: str, base_dir: Path | None = None) -> tuple[str, di
     tables = cfg.tables or hardware
     if "/" in tables or "\\" in tables:
         return tables, None
-    return tables, card_check(tables)
+    return tables, for_serving(card_check(tables), disaggregated)
 
 
 _COMPOSED = re.compile(r"^capsim profile compose; kernel tables profiles/ops/([^/:\s]+):")
@@ -116,4 +127,15 @@ def check_text(published: dict) -> str:
              + " / ".join(f"{g[m + '_median_abs_error']:.1%}" for m in metrics) + f" over {g['runs']:,} runs"
              for g in published["groups"]]
     return (f"against published serving runs on {published['tables']}, median |error| "
-            + " / ".join(m.upper() for m in metrics) + ": " + "; ".join(parts) + "; docs/fidelity.md")
+            + " / ".join(m.upper() for m in metrics) + ": " + "; ".join(parts) + "; docs/fidelity.md"
+            + disagg_note(published))
+
+
+def disagg_note(published: dict) -> str:
+    """'; none of them disaggregated, as this run is (...)' for a check for_serving marked, else ''."""
+    cards = published.get("disagg_checked_on")
+    if cards is None:
+        return ""
+    where = f"on {', '.join(cards)} only" if cards else "on no card"
+    return (f"; none of them disaggregated, as this run is (disaggregated runs are checked {where}: "
+            "docs/disaggregation.md)")

@@ -69,14 +69,14 @@ def _provenance_rows(path: Path, prof, use: str) -> list[tuple[str, str]]:
 def _published_rows(cfg, scenario, base_dir: Path) -> tuple[list[tuple[str, str]], dict | None]:
     """The ops model's end-to-end error on published serving runs of the card whose tables it reads."""
     from sim.io.published_check import ops_check
-    tables, published = ops_check(cfg, scenario.hardware, base_dir)
+    tables, published = ops_check(cfg, scenario.hardware, base_dir, scenario.disaggregation is not None)
     return _rows_of(tables, published), published
 
 
-def _published_rows_of(tables: str) -> tuple[list[tuple[str, str]], dict | None]:
+def _published_rows_of(tables: str, disaggregated: bool = False) -> tuple[list[tuple[str, str]], dict | None]:
     """The same rows for a named table set (a composed profile's)."""
-    from sim.io.published_check import card_check
-    published = card_check(tables)
+    from sim.io.published_check import card_check, for_serving
+    published = for_serving(card_check(tables), disaggregated)
     return _rows_of(tables, published), published
 
 
@@ -91,6 +91,9 @@ def _rows_of(tables: str, published: dict | None) -> list[tuple[str, str]]:
                 f", E2E {g['e2e_median_abs_error']:.1%} (p90 {g['e2e_p90_abs_error']:.1%})")
              + f" on {g['runs']:,} runs")
             for g in published["groups"]]
+    if published.get("disagg_checked_on") is not None:
+        from sim.io.published_check import disagg_note
+        rows.append(("disaggregated runs", disagg_note(published).removeprefix("; ")))
     return rows + [("published check", f"{published['source']}; capsim {published['commit']}, {published['date']} "
                                        "(docs/fidelity.md)")]
 
@@ -160,7 +163,7 @@ def step_time_info(scenario, base_dir: Path, run) -> StepTimeInfo:
         if tables is not None:  # fitted to a composition of kernel tables: its error is against those, not a device
             info.fit.append(("fitted against", f"its composition from the {tables} kernel tables (capsim profile "
                                                "compose), not a measurement"))
-            info.fit += _published_rows_of(tables)[0]
+            info.fit += _published_rows_of(tables, scenario.disaggregation is not None)[0]
     elif cfg.kind in ("linear", "efficiency"):
         info = StepTimeInfo(cfg.kind, [("kind", f"{cfg.kind} model written in the scenario")],
                             [("fit error", "none: the coefficients are typed into the scenario, not fitted")])

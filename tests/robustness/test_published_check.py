@@ -250,3 +250,35 @@ def test_the_disaggregated_benchmark_length_is_required_of_disaggregated_rows_on
     dis = _report(tmp_path / "d.json", [_row(7, "b200_sxm", "sglang", "disagg", 50.0, 12.0)], disagg_rounds=10)
     with pytest.raises(SystemExit, match="not a run with the default settings: {'disagg_rounds': 10}"):
         gen.main([str(dis), "--out", str(tmp_path / "b.yaml"), "--commit", "x"])
+
+
+def test_a_disaggregated_run_says_when_its_card_has_no_disaggregated_check(tmp_path, monkeypatch):
+    from sim.io.published_check import for_serving
+    (tmp_path / "ops").mkdir()
+    group = ("{{engine: {e}, mode: {m}, runs: 3, ttft_median_abs_error: 0.1, ttft_p90_abs_error: 0.2, "
+             "tpot_median_abs_error: 0.05, tpot_p90_abs_error: 0.1}}")
+    (tmp_path / "ops" / CHECK_FILE).write_text(
+        "source: s\ncommit: c\ndate: d\ncards:\n"
+        f"  h100-sxm:\n  - {group.format(e='vllm', m='agg')}\n"
+        f"  b200:\n  - {group.format(e='vllm', m='agg')}\n  - {group.format(e='sglang', m='disagg')}\n")
+    monkeypatch.setenv("CAPSIM_PROFILES", str(tmp_path))
+    h100, b200 = card_check("h100-sxm"), card_check("b200")
+    assert for_serving(h100, False) is h100 and for_serving(b200, True) is b200 and for_serving(None, True) is None
+    marked = for_serving(h100, True)
+    assert marked["disagg_checked_on"] == ["b200"] and marked["groups"] == h100["groups"]
+    assert check_text(marked) == ("against published serving runs on h100-sxm, median |error| TTFT / TPOT: vLLM "
+                                  "10.0% / 5.0% over 3 runs; docs/fidelity.md; none of them disaggregated, as this "
+                                  "run is (disaggregated runs are checked on b200 only: docs/disaggregation.md)")
+
+
+def test_the_shipped_disaggregated_scenario_quotes_where_disaggregated_runs_were_checked(capsys):
+    scenario = REPO_SCENARIOS / "disagg-llama-3.1-70b-h100.yaml"
+    assert main(["run", str(scenario), "--set", "workload.num_requests=4", "--json"]) == 0
+    published = json.loads(capsys.readouterr().out)["setup"]["step_time_fit"]["published"]
+    shipped = yaml.safe_load(check_path().read_text())["cards"]
+    assert "disagg" not in {g["mode"] for g in shipped["h100-sxm"]}
+    assert published["disagg_checked_on"] == sorted(c for c, gs in shipped.items() if any(g["mode"] == "disagg"
+                                                                                         for g in gs))
+    assert main(["run", str(scenario), "--set", "workload.num_requests=4"]) == 0
+    assert "; none of them disaggregated, as this run is (disaggregated runs are checked on " in \
+        capsys.readouterr().out.splitlines()[1]
