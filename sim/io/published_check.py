@@ -83,7 +83,8 @@ def for_serving(published: dict | None, disaggregated: bool) -> dict | None:
     if published is None or not disaggregated or any(g["mode"] == "disagg" for g in published["groups"]):
         return published
     cards = _load(str(check_path())).cards
-    return {**published, "disagg_checked_on": sorted(c for c, gs in cards.items() if any(g.mode == "disagg" for g in gs))}
+    checked = sorted(card for card, groups in cards.items() if any(g.mode == "disagg" for g in groups))
+    return {**published, "disagg_checked_on": checked}
 
 
 def ops_check(cfg, hardware: str, base_dir: Path | None = None,

@@ -93,10 +93,10 @@ DISAGG_ROUNDS = "dynamo"
 """Requests per user of the benchmark a disaggregated row is replayed as (`--rounds` unset). `dynamo`: Dynamo's
 benchmark utility (ai-dynamo/dynamo benchmarks/utils/aiperf.py, `run_aiperf`) sends max(3 x concurrency, 10)
 requests without a warm-up, N = max(3, 10 / concurrency). The rows do not record their client (TensorRT-LLM's ran
-Dynamo's runtime image, SGLang's and vLLM's the engines' own images). Chosen on the even disaggregated lines among N = 10 (ROUNDS), this rule, and
-AIConfigurator's generated benchmark (generator bench_run.sh.j2: 50 x concurrency requests after 2 x concurrency
-warm-up ones, the steady state alone), reported on the odd ones (docs/disaggregation.md, "The benchmark's
-length")."""
+Dynamo's runtime image, SGLang's and vLLM's the engines' own images). Chosen on the even disaggregated lines among
+N = 10 (ROUNDS), this rule, and AIConfigurator's generated benchmark (generator bench_run.sh.j2: 50 x concurrency
+requests after 2 x concurrency warm-up ones, the steady state alone), reported on the odd ones
+(docs/disaggregation.md, "The benchmark's length")."""
 
 ROUND_RULES = ("dynamo",)
 """Named benchmark lengths `rounds` accepts besides an integer (benchmark_rounds)."""
@@ -114,6 +114,7 @@ def benchmark_rounds(rounds: int | str | None, mode: str, users: int) -> float:
     if isinstance(rounds, str) or rounds < 1:
         raise ConfigError(f"rounds: expected an integer >= 1 or one of {', '.join(ROUND_RULES)}, got {rounds!r}")
     return float(rounds)
+
 
 DISAGG_POOL_BATCH = "defaults"
 """`--pool-batch engine`: how many requests a disaggregated pool's worker runs at once (sim.published.disagg.POOL_BATCH;
@@ -281,7 +282,8 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     per sequence of every pass (None: the engine's for the row's version, EngineDefaults.host_per_sequence_s);
     `kv_cache`: which rows' KV cache is FP8 (KV_CACHE; `engine`: EngineDefaults.kv_cache); `prefill_batches`: whether a
     chunked scheduler mixes decodes with prefill chunks (PREFILL_BATCHES; `engine`: EngineDefaults.prefill_batches);
-    `rounds`: the replayed benchmark's requests per user under `start` cold (benchmark_rounds; None: the mode's default)."""
+    `rounds`: the replayed benchmark's requests per user under `start` cold (benchmark_rounds; None: the mode's
+    default)."""
     if phases not in ("engine", *PHASES):
         raise ConfigError(f"phases: expected one of engine, {', '.join(PHASES)}, got {phases!r}")
     if phases == "engine":
@@ -396,8 +398,9 @@ def _disagg_case(row: PublishedRow, per_user, start: str, rounds, frontend, pool
     case = build_disagg_case(row, per_user, start, partial(build_case, **pool_options), Case,
                              DISAGG_POOL_BATCH if pool_batch == "engine" else pool_batch,
                              ENGINES[row.backend].disagg_first_token if first_token == "engine" else first_token)
-    return replace(case, rounds=benchmark_rounds(rounds, "disagg", row.concurrency), frontend_s=0.0 if case.scenario is None
-                   else frontend_latency_s(frontend, row.backend, row.concurrency))
+    return replace(case, rounds=benchmark_rounds(rounds, "disagg", row.concurrency),
+                   frontend_s=0.0 if case.scenario is None else frontend_latency_s(frontend, row.backend,
+                                                                                   row.concurrency))
 
 
 def request_lifetime_s(sim, isl: int, osl: int, users: int) -> float:
