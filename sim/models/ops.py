@@ -121,6 +121,10 @@ class OpsModel:
             raise ConfigError(f"{self.ar.path}: no all_reduce measurement on {tp} GPUs "
                               f"(measured: {self.ar.gpus('all_reduce')}); the replica's tensor parallelism "
                               "(parallel.tp, or step_time.model.tp; --tp) must be one of them")
+        if self.nccl is not None and tp not in self.nccl.gpus("all_gather"):  # the logits' all-gather (head_s)
+            raise ConfigError(f"{self.nccl.path}: no all_gather measurement on {tp} GPUs "
+                              f"(measured: {self.nccl.gpus('all_gather')}); the logits' all-gather under the replica's "
+                              "tensor parallelism (parallel.tp, or step_time.model.tp; --tp) needs one")
         self._small = self._small_ops(memory_bandwidth_gbs)
         self._layer_cache: dict[int, float] = {}
 

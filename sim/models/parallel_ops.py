@@ -202,8 +202,8 @@ class ParallelOpsModel(OpsModel):
     def _check_collectives(self) -> None:
         lay = self.layout
         need = []
-        if lay.tp > 1:
-            need.append((self.ar, "all_reduce", lay.tp, "parallel.tp"))
+        if lay.tp > 1:  # the layers' all-reduces, and the logits' all-gather (OpsModel.head_s)
+            need += [(self.ar, "all_reduce", lay.tp, "parallel.tp"), (self.nccl, "all_gather", lay.tp, "parallel.tp")]
         if self.dp > 1 and lay.ep_communication == "all_reduce":
             need.append((self.nccl, "all_gather", lay.expert_gpus, "parallel.attention_dp"))
         if lay.ep > 1 and lay.ep_communication == "all_to_all":

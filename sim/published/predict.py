@@ -172,21 +172,22 @@ def _unsupported_layout(row: PublishedRow) -> str | None:
     return None
 
 
-def _collectives_missing(hardware: str, layout: Layout) -> str | None:
-    """Why the card's NCCL table cannot time this layout's all-reduce / all-gather (None when it can)."""
+def _collectives_missing(hardware: str, layout: Layout, all_reduce: str = "nccl") -> str | None:
+    """Why the card's tables cannot time this layout's all-reduce / all-gather (None when they can): the all-reduce
+    in the table the step time will use (`all_reduce`: nccl or an engine's own, step_time.model.all_reduce), the
+    attention-DP all-gather and the logits' all-gather under tp in NCCL's (sim.models.ops.OpsModel.head_s)."""
     need = []
     if layout.tp > 1:
-        need.append(("all_reduce", layout.tp))
+        need += [("all_reduce", layout.tp, all_reduce), ("all_gather", layout.tp, "nccl")]
     if layout.attention_dp > 1 and layout.ep_communication == "all_reduce":
-        need.append(("all_gather", layout.expert_gpus))
-    if not need:
-        return None
+        need.append(("all_gather", layout.expert_gpus, "nccl"))
     from sim.models.ops_tables import load_table_set
-    nccl = load_table_set(hardware).nccl()
-    for op, gpus in need:
-        if gpus not in nccl.gpus(op):
+    tables = load_table_set(hardware)
+    for op, gpus, whose in need:
+        table = tables.all_reduce(whose) if op == "all_reduce" else tables.nccl()
+        if gpus not in table.gpus(op):
             return (f"{layout.describe()}: {op} over {gpus} GPUs, which the {hardware} tables do not measure "
-                    f"(measured: {nccl.gpus(op)} GPUs; one node)")
+                    f"(measured: {table.gpus(op)} GPUs in {table.path.name}; one node)")
     return None
 
 
@@ -334,7 +335,9 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds, moe
     problems = layout_problems(spec, layout)
     if problems:
         return Case(row, skipped="; ".join(problems))
-    if why := _collectives_missing(hardware, layout):
+    engine = ENGINES[row.backend]
+    if why := _collectives_missing(hardware, layout, {"engine": engine.all_reduce, "own": row.backend}.get(
+            all_reduce, all_reduce)):
         return Case(row, skipped=why)
     fmt = PRECISIONS.get(row.precision)
     if fmt is None:
@@ -345,7 +348,6 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds, moe
     if fmt == "nvfp4" and model in EXPERTS_ONLY_FP4:  # the checkpoint quantizes its routed experts alone
         fmt, experts = "bf16", "nvfp4"
         spec = ModelSpec(spec.profile, expert_format=experts)
-    engine = ENGINES[row.backend]
     config = engine.config if engine_config == "engine" else engine_config
     # each rank's batch: the users over the ranks, rounded up (a stated concurrency need not divide evenly)
     limits = aic_benchmark_limits(engine, -(-row.concurrency // dp), row.isl) if config == "aic_benchmark" else None

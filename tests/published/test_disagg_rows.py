@@ -247,3 +247,19 @@ def test_a_disaggregated_row_is_replayed_as_dynamos_benchmark_with_its_cohort_br
     assert out["ttft_ms"] == pytest.approx((first["ttft_ms"] + 2 * steady["ttft_ms"]) / 3 + out["frontend_ms"])
     assert out["tpot_ms"] == pytest.approx(combine_cold(first, steady, 3, "spread")["tpot_ms"])
     assert build_case(row, per_user=3, rounds=10).rounds == 10
+
+
+def test_a_layouts_collectives_are_checked_in_the_tables_the_step_time_uses():
+    """The replay skips a row whose collectives its card's tables do not measure, checking the all-reduce in the
+    engine's own table when the engine's choice is its own (GB300 measures TensorRT-LLM's on 8 GPUs, NCCL's on 2 and
+    4) and the logits' all-gather under tp in NCCL's."""
+    from sim.models.parallel import Layout
+    from sim.published.predict import _collectives_missing
+    assert _collectives_missing("gb300", Layout(tp=4, ep=4), "trtllm") is None
+    assert _collectives_missing("b200", Layout(tp=8, ep=8), "trtllm") is None
+    why = _collectives_missing("gb300", Layout(tp=8, ep=8), "nccl")
+    assert "all_reduce over 8 GPUs, which the gb300 tables do not measure (measured: [2, 4] GPUs in nccl.csv" in why
+    why = _collectives_missing("gb300", Layout(tp=8, ep=8), "trtllm")
+    assert "all_gather over 8 GPUs, which the gb300 tables do not measure (measured: [2, 4] GPUs in nccl.csv" in why
+    why = _collectives_missing("gb200", Layout(tp=8, ep=8), "trtllm")
+    assert "all_reduce over 8 GPUs" in why and "all_reduce_trtllm.csv" in why

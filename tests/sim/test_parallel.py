@@ -547,3 +547,17 @@ def test_run_names_attention_data_parallelism(tmp_path, capsys):
                    hardware="h200-sxm")
     assert main(["run", str(sc), "--set", "workload.num_requests=4"]) == 0
     assert "replica of 8 GPUs (attention dp 2, tp 4, pp 1, ep 8), 8 in all" in capsys.readouterr().out
+
+
+def test_a_layout_whose_logits_all_gather_is_unmeasured_is_refused_when_built():
+    """DeepSeek-V3 tp8 ep8 on GB300 with TensorRT-LLM's own all-reduce, which GB300's tables measure on 8 GPUs: the
+    layers' all-reduces can be timed, the logits' NCCL all-gather (measured on 2 and 4) cannot, so the model is refused
+    when built, naming the field, not at its first decode step."""
+    from sim.io.ops_schema import OpsStepTime
+    from sim.models.parallel_ops import build_replica_ops_model
+    spec, hw = ModelSpec(load_model("deepseek-v3")), load_hardware("gb300")
+    cfg = OpsStepTime(tables="gb300", all_reduce="trtllm")
+    with pytest.raises(ConfigError, match=r"parallel.tp: \S+gb300/nccl.csv has no all_gather measurement on 8 GPUs "
+                                          r"\(measured: \[2, 4\]\)"):
+        build_replica_ops_model(cfg, spec, hw, Layout(tp=8, ep=8), "fp8", "fp8", True)
+    assert build_replica_ops_model(cfg, spec, hw, Layout(tp=4, ep=4), "fp8", "fp8", True).tp == 4
