@@ -106,7 +106,9 @@ class EngineDefaults:
     TTFT (sim.published.predict.frontend_latency_s). Fitted per engine on the even lines of the silicon sample's agg rows by
     median |TTFT error| (`python benchmarks/published_peer.py REPORT --frontend-fit`, REPORT any agg run;
     docs/fidelity.md "The engines' front end"), reported on the odd lines: vLLM 25 + 0.4, SGLang 100 + 0,
-    TensorRT-LLM 90 + 1.5. Disaggregated rows too: on their even lines that beat none (42.9% against 63.1%)."""
+    TensorRT-LLM 90 + 1.5. Disaggregated rows too: on their even lines that beat none (42.9% against 63.1%); there
+    the users are those of one decode worker, concurrency / decode_num_workers (2026-12-06, docs/disaggregation.md
+    "The front end's users")."""
 
     steady_phases: str = "even"
     """The steady state's users (`--start cold`'s later waves; Case.phases): first requests spread `even`ly over one

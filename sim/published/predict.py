@@ -251,7 +251,7 @@ def _engine_step_time(engine, backend: str, mixed: str, moe_kernels: str, moe_ro
                          engine.qk_norm_kernels, host_per_sequence_s)
 
 
-def frontend_latency_s(frontend, backend: str, users: int) -> float:
+def frontend_latency_s(frontend, backend: str, users: float) -> float:
     """The time added to a replay's simulated TTFT: `frontend` is `engine` (the engine's fitted (base, per user)
     ms, sim.published.engines), `off`, or a (base_ms, per_user_ms) pair; the time is base + per_user x users.
     Added after the simulation, not simulated as cluster.frontend_latency_s (time the users spend outside the
@@ -392,7 +392,9 @@ def _disagg_case(row: PublishedRow, per_user, start: str, rounds, frontend, pool
                  pool_options: dict) -> Case:
     """A disaggregated row's case: its pools built by build_case with `pool_options`, each worker's batch by
     `pool_batch`, the client's first token by `first_token`, and the engine's front end as on agg rows (chosen on
-    the even disaggregated lines over none: docs/fidelity.md, "The engines' front end")."""
+    the even disaggregated lines over none: docs/fidelity.md, "The engines' front end"), its per-user term counting
+    the users of one decode worker, the serving process that streams their tokens (an agg row's one process serves
+    them all; docs/disaggregation.md, "The front end's users")."""
     if pool_batch not in ("engine", *POOL_BATCH):
         raise ConfigError(f"pool_batch: expected one of engine, {', '.join(POOL_BATCH)}, got {pool_batch!r}")
     if first_token not in ("engine", *FIRST_TOKEN):
@@ -401,8 +403,8 @@ def _disagg_case(row: PublishedRow, per_user, start: str, rounds, frontend, pool
                              DISAGG_POOL_BATCH if pool_batch == "engine" else pool_batch,
                              ENGINES[row.backend].disagg_first_token if first_token == "engine" else first_token)
     return replace(case, rounds=benchmark_rounds(rounds, "disagg", row.concurrency),
-                   frontend_s=0.0 if case.scenario is None else frontend_latency_s(frontend, row.backend,
-                                                                                   row.concurrency))
+                   frontend_s=0.0 if case.scenario is None else frontend_latency_s(
+                       frontend, row.backend, row.concurrency / row.decode.workers))
 
 
 def request_lifetime_s(sim, isl: int, osl: int, users: int) -> float:

@@ -263,3 +263,19 @@ def test_a_layouts_collectives_are_checked_in_the_tables_the_step_time_uses():
     assert "all_gather over 8 GPUs, which the gb300 tables do not measure (measured: [2, 4] GPUs in nccl.csv" in why
     why = _collectives_missing("gb200", Layout(tp=8, ep=8), "trtllm")
     assert "all_reduce over 8 GPUs" in why and "all_reduce_trtllm.csv" in why
+
+
+def test_a_disaggregated_rows_front_end_counts_the_users_of_one_decode_worker():
+    """The engine's front end (base + per user x users, fitted on agg rows, where one serving process holds every user)
+    counts, on a disaggregated row, the users of one decode worker: concurrency / decode_num_workers."""
+    from sim.published.engines import ENGINES
+    _, qwen = read_published(FIXTURE)
+    workers = qwen.decode.workers
+    assert workers > 1
+    base, per_user = ENGINES["trtllm"].frontend_ms
+    assert per_user > 0
+    row = dataclasses.replace(qwen, concurrency=8 * workers, backend="trtllm")
+    case = build_case(row, per_user=3)
+    assert case.frontend_s == pytest.approx((base + per_user * 8) / 1e3)
+    one = dataclasses.replace(row, decode=dataclasses.replace(row.decode, workers=1))
+    assert build_case(one, per_user=3).frontend_s == pytest.approx((base + per_user * 8 * workers) / 1e3)
