@@ -60,8 +60,13 @@ def add_parsers(sub) -> None:
     p.add_argument("--first-token", choices=["engine", "prefill", "decode_admission", "decode_step", "decode_recompute"],
                    default="engine",
                    help="disaggregated rows: where the client's first token comes from (disaggregation.first_token, "
-                        "docs/disaggregation.md): each engine's (default: vLLM decode_recompute and SGLang "
-                        "decode_admission as their code does, TensorRT-LLM prefill), or one for every row")
+                        "docs/disaggregation.md): each engine's (default: vLLM decode_recompute, SGLang "
+                        "decode_admission, TensorRT-LLM decode_step, as their code does), or one for every row")
+    p.add_argument("--prefill-response", choices=["engine", "at_once", "wait"], default="engine",
+                   help="disaggregated rows: whether the client's stream also waits for the prefill server's answer, "
+                        "sent between its iterations once the KV has gone (disaggregation.wait_for_prefill_response): "
+                        "each engine's (default: SGLang wait, as its router does; the others at_once), or one for "
+                        "every row")
     p.add_argument("--prefill-batches", choices=["engine", "mixed", "separate"], default="engine",
                    help="agg rows whose engine schedules chunked prefill: whether an iteration mixes decodes with prefill "
                         "chunks (scheduler.prefill_batches): each engine's (default, docs/fidelity.md), mixed, or "
@@ -175,7 +180,7 @@ def run(args) -> int:
                                 first_token=args.first_token, phases=args.phases, seed=args.seed,
                                 host_per_sequence_s=None if args.host_per_sequence_ms is None
                                 else args.host_per_sequence_ms / 1e3, kv_cache=args.kv_cache,
-                                prefill_batches=args.prefill_batches)
+                                prefill_batches=args.prefill_batches, prefill_response=args.prefill_response)
     if args.out:  # written whole or not at all
         from sim.io.outputs import staged_output
         with staged_output(args.out, args.force, PUBLISHED_FILES) as stage:

@@ -141,6 +141,7 @@ class Replica:
         self.incarnation = 0
         self.retired: list[Replica] = []  # earlier incarnations (before a fault), for their stats
         self.idle_get = None  # the inbox.get an idle loop waits on: its request is in neither inbox nor scheduler
+        self.busy_until = 0.0  # when the iteration running (or the last one) ends (sim.core.engine.replica_loop)
 
     @property
     def outstanding(self) -> int:

@@ -62,3 +62,8 @@ class DisaggregationConfig(StrictModel):
         "into its batch: SGLang), decode_step (the decode replica's first response, after its first iteration with "
         "the request: TensorRT-LLM), decode_recompute (the decode replica computes the last prompt token again and "
         "samples the first token itself: vLLM's NIXL connector)")
+    wait_for_prefill_response: bool = Field(
+        False, description="The client's stream starts only once the prefill replica has answered too, which it does "
+        "between its iterations once the KV has been sent: a first token ready sooner waits for the end of the "
+        "prefill iteration running when the transfer ended (SGLang's router waits for both servers' responses, "
+        "sgl-project/sglang#22853; docs/disaggregation.md)")

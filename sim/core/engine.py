@@ -244,6 +244,7 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
                 start, step = fast_forward(plan, start, step, horizon, steady_step, timeline, blocks)
                 index = scheduler.iteration
                 end = start + step
+            replica.busy_until = end
             if fast_forward is not None and end < horizon:
                 # nothing else is scheduled before the step ends: pass the time without an event, to
                 # exactly start + step (the same callbacks and event order as yielding a timeout, fewer

@@ -70,6 +70,9 @@ class Handoff:
     transfer_start_s: float = math.nan
     transfer_end_s: float = math.nan
     decode_admitted_s: float = math.nan
+    prefill_response_s: float = math.nan
+    """When the prefill replica answered (DisaggregationConfig.wait_for_prefill_response): the end of its iteration
+    running when the transfer ended, or the transfer's end if it was idle."""
 
 
 class DisaggFrontend(Frontend):
@@ -86,6 +89,7 @@ class DisaggFrontend(Frontend):
         self.kv_bytes_per_token = kv_bytes_per_token
         self._first_decode = decode_replicas[0].index if decode_replicas else 0
         self.first_token = scenario.disaggregation.first_token
+        self.wait_for_prefill_response = scenario.disaggregation.wait_for_prefill_response
         self.handoffs: dict[int, Handoff] = {}   # rid -> the latest attempt's way through the pools
 
     # ---- into the prefill pool -------------------------------------------------------------
@@ -105,10 +109,21 @@ class DisaggFrontend(Frontend):
 
     def _judge(self, req: Request, now_s: float) -> None:
         h = self._handoff_of_leg(req)
-        if h is None:
-            super()._judge(req, now_s)  # an original, finished in the decode pool
+        if h is None:  # an original, finished in the decode pool
+            self._after_prefill_response(req)
+            super()._judge(req, now_s)
         else:
             self._prefilled(h, now_s)
+
+    def _after_prefill_response(self, req: Request) -> None:
+        """With wait_for_prefill_response, the tokens the client would have had before the prefill replica answered
+        reach it then, at once: its first token (and, for an output done sooner, its last) move to the answer."""
+        h = self.handoffs.get(req.rid)
+        if h is None or h.original is not req or req.first_token_s is None or not h.prefill_response_s > req.first_token_s:
+            return
+        req.first_token_s = h.prefill_response_s
+        if req.finish_s is not None and req.finish_s < h.prefill_response_s:
+            req.finish_s = req.last_token_s = h.prefill_response_s
 
     def leave(self, req: Request, now_s: float) -> None:
         """A leg that leaves early (rejected, cancelled) takes its original with it; an original
@@ -175,6 +190,8 @@ class DisaggFrontend(Frontend):
         yield self.env.timeout(h.transfer_end_s - self.env.now)
         pool, holder = held
         pool.free(holder, self.env.now)  # sent: the prefill replica's blocks are free again
+        if self.wait_for_prefill_response:  # it answers between its iterations
+            h.prefill_response_s = max(self.env.now, self.replicas[h.leg.replica].busy_until)
         if o.status is Status.CANCELLED:  # cancelled in flight: nothing to decode
             o.finish_s = self.env.now
             super().leave(o, self.env.now)

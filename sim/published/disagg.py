@@ -61,15 +61,18 @@ def concurrency_from_source(source: str, where: str) -> int:
     return int(whole.group(1))
 
 
+PREFILL_RESPONSE = ("at_once", "wait")
+"""Whether a disaggregated row's client stream waits for the prefill server's answer (EngineDefaults.disagg_prefill_response)."""
+
 POOL_BATCH = ("stated", "defaults")
 """How many requests a pool's worker runs at once: `stated`, the row's prefill_batch_size / decode_batch_size per
 attention-DP rank (the engine's other limits kept); `defaults`, the engine's launch default."""
 
 
 def build_disagg_case(row, per_user, start, build_case, case_cls, pool_batch: str = "defaults",
-                      first_token: str = "prefill"):
+                      first_token: str = "prefill", wait_for_prefill_response: bool = False):
     """A disaggregated row as a closed loop of its concurrency against two pools, or why not (`pool_batch`: one of
-    POOL_BATCH; `first_token`: disaggregation.first_token)."""
+    POOL_BATCH; `first_token`: disaggregation.first_token; `wait_for_prefill_response`: its namesake there)."""
     if row.concurrency < 1:
         return case_cls(row, skipped="disaggregated row without a client concurrency (silicon_concurrency)")
     pools = {}
@@ -99,4 +102,6 @@ def build_disagg_case(row, per_user, start, build_case, case_cls, pool_batch: st
                "parallel": sc.get("parallel", {"tp": shape.tp, "pp": shape.pp, "ep": shape.moe_ep})}
         for name, (shape, sc) in pools.items()}
     scenario["disaggregation"]["first_token"] = first_token
+    if wait_for_prefill_response:
+        scenario["disaggregation"]["wait_for_prefill_response"] = True
     return case_cls(row, scenario=scenario, start=start)

@@ -140,6 +140,15 @@ class EngineDefaults:
     against each other again after them (2026-12-05) its even lines read 33.9% -> 32.2% (odd 48.1% -> 47.0%), and
     it takes `decode_step`."""
 
+    disagg_prefill_response: str = "at_once"
+    """Disaggregated rows: whether the client's stream also waits for the prefill server's answer
+    (disaggregation.wait_for_prefill_response): `wait` for SGLang, whose router sends a request to both servers at once
+    and starts streaming the decode server's tokens only when both have answered, the prefill server answering between
+    its batches once the KV has been sent (read in sgl-project/sglang#22853, where the router and the prefill
+    scheduler's inflight queue are traced; docs/disaggregation.md "The prefill server's answer"); `at_once` where
+    the first token does not wait for it (TensorRT-LLM's and vLLM's paths take the prefill response before the
+    decode request is sent)."""
+
     kv_cache: str = "bf16"
     """Which rows' KV cache the replay stores in FP8 (sim.published.predict.KV_CACHE): `bf16` none, `quantized` every
     FP8 and FP4 row's, `checkpoint` the FP4 rows' (NVIDIA's NVFP4 checkpoints ship kv_cache_quant_algo FP8). Chosen
@@ -194,7 +203,9 @@ class EngineDefaults:
                    else "") +
                 f"front end {self.frontend_ms[0]:g} ms + {self.frontend_ms[1]:g} ms per user (fitted); "
                 f"steady-state users' phases: {self.steady_phases} ({self.disagg_steady_phases} on disaggregated "
-                f"rows); disaggregated rows' first token: {self.disagg_first_token}; KV cache in FP8: "
+                f"rows); disaggregated rows' first token: {self.disagg_first_token}"
+                + (", after the prefill server's answer" if self.disagg_prefill_response == "wait" else "") +
+                f"; KV cache in FP8: "
                 f"{KV_CACHE_ROWS[self.kv_cache]}")
 
 
@@ -233,7 +244,8 @@ ENGINES: dict[str, EngineDefaults] = {
         ("chunked_prefill_size 8192; mem_fraction_static ~0.88",
          "prefill batches apart from decode batches (no --enable-mixed-chunk, its default)"),
         later_waves="cohort", moe=("sglang", "balanced"), all_reduce="sglang", shared_experts_overlap="off",
-        frontend_ms=(100.0, 0.0), disagg_first_token="decode_admission", kv_cache="quantized",
+        frontend_ms=(100.0, 0.0), disagg_first_token="decode_admission", disagg_prefill_response="wait",
+        kv_cache="quantized",
         prefill_batches="separate"),
     "trtllm": EngineDefaults(
         "trtllm", "1.x PyTorch backend: `trtllm-serve` defaults",

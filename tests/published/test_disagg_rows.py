@@ -279,3 +279,22 @@ def test_a_disaggregated_rows_front_end_counts_the_users_of_one_decode_worker():
     assert case.frontend_s == pytest.approx((base + per_user * 8) / 1e3)
     one = dataclasses.replace(row, decode=dataclasses.replace(row.decode, workers=1))
     assert build_case(one, per_user=3).frontend_s == pytest.approx((base + per_user * 8 * workers) / 1e3)
+
+
+def test_only_sglangs_client_waits_for_the_prefill_servers_answer_unless_asked(tmp_path):
+    """EngineDefaults.disagg_prefill_response: SGLang `wait` (its router starts the stream once both servers have
+    answered), the others `at_once`; `prefill_response` sets one value for every row, reaches report.json, and other
+    values are refused by name."""
+    from sim.published.report import validate_published
+    ds, qwen = read_published(FIXTURE)
+    row = dataclasses.replace(qwen, concurrency=4)
+    for backend, waits in (("sglang", True), ("vllm", False), ("trtllm", False)):
+        sc = build_case(dataclasses.replace(row, backend=backend), per_user=2).scenario
+        assert sc["disaggregation"].get("wait_for_prefill_response", False) is waits
+        for value, want in (("wait", True), ("at_once", False)):
+            sc = build_case(dataclasses.replace(row, backend=backend), per_user=2, prefill_response=value).scenario
+            assert sc["disaggregation"].get("wait_for_prefill_response", False) is want
+    with pytest.raises(ConfigError, match="prefill_response: expected one of engine, at_once, wait, got 'router'"):
+        build_case(ds, prefill_response="router")
+    report = validate_published(FIXTURE, mode="disagg", per_user=2, prefill_response="at_once")
+    assert report["prefill_response"] == "at_once"

@@ -342,3 +342,44 @@ def test_an_unknown_first_token_mode_is_refused_naming_the_field():
     with pytest.raises(ConfigError) as err:
         _load(base)
     assert "disaggregation.first_token" in str(err.value) and "decode_recompute" in str(err.value)
+
+
+def test_a_client_that_waits_for_the_prefill_servers_answer_gets_its_first_token_after_the_busy_iteration():
+    """wait_for_prefill_response (SGLang's router): request A's KV lands while the prefill replica is computing B's
+    prompt; the prefill server answers only after that iteration, so A's stream starts then (its tokens meanwhile
+    come at once); B's KV lands on an idle prefill replica, so B is not held. The pools work as without it."""
+    one = run(scenario(workload=requests((0.0, 1000, 40)), disaggregation=disagg()))
+    t_done = float(one.requests.loc[0, "prefill_done_s"])
+    wl = requests((0.0, 1000, 40), (t_done, 6000, 40))
+    base_cfg = {**disagg(), "first_token": "decode_admission"}
+    base = run(scenario(workload=wl, disaggregation=base_cfg))
+    res = run(scenario(workload=wl, disaggregation={**base_cfg, "wait_for_prefill_response": True}))
+    a, b = res.requests.iloc[0], res.requests.iloc[1]
+    pre = res.iterations[res.iterations["replica"] == 0].reset_index(drop=True)
+    busy = pre[(pre["start_s"] < a["transfer_end_s"]) & (pre["start_s"] + pre["duration_s"] > a["transfer_end_s"])]
+    assert len(busy) == 1  # B's prefill was running when A's KV had gone
+    answer = float(busy["start_s"].iloc[0] + busy["duration_s"].iloc[0])
+    assert base.requests.loc[0, "first_token_s"] == a["decode_admitted_s"] < answer
+    assert a["first_token_s"] == answer and a["ttft_s"] == answer - a["arrival_s"]
+    assert a["finish_s"] == base.requests.loc[0, "finish_s"]  # the decode pool's pace is unchanged
+    assert a["tpot_s"] == pytest.approx((a["finish_s"] - answer) / 39)
+    assert b["first_token_s"] == base.requests.loc[1, "first_token_s"]
+    for col in ("prefill_done_s", "transfer_end_s", "decode_admitted_s"):
+        assert (res.requests[col] == base.requests[col]).all()
+
+
+def test_waiting_for_the_prefill_servers_answer_changes_no_byte_under_lazy_decode_and_fast_forward(monkeypatch):
+    from sim.core import pools
+    from sim.core.engine import ModelledExecutor
+    from sim.core.simulation import Simulation
+    sc = _busy()
+    cfg = sc.disaggregation.model_copy(update={"first_token": "decode_admission", "wait_for_prefill_response": True})
+    sc = sc.model_copy(update={"disaggregation": cfg})
+    base = Simulation(sc, ".").run()
+    plain = Simulation(sc.model_copy(update={"disaggregation": cfg.model_copy(
+        update={"wait_for_prefill_response": False})}), ".").run()
+    assert (base.requests["first_token_s"] >= plain.requests["first_token_s"]).all()
+    assert (base.requests["first_token_s"] > plain.requests["first_token_s"]).any()
+    assert Simulation(sc, ".", lazy_decode=False).run().digest() == base.digest()
+    monkeypatch.setattr(pools, "ModelledExecutor", lambda st: ModelledExecutor(st, fast_forward=False))
+    assert Simulation(sc, ".").run().digest() == base.digest()
