@@ -193,10 +193,10 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
                  feed: ArrivalFeed | None = None):
     """One replica: admit arrivals, plan a step, let it pass, commit. Policy lives in the scheduler.
 
-    Idle, it waits for the next arrival; the run ends when no process has anything left to do.
-    A fault interrupts it (simpy.Interrupt): it stops where it is, the in-flight iteration lost.
-    With `feed` (the run's only other process would have been `arrivals`) it releases the arrivals itself:
-    nothing else is scheduled, so the next event of the run is the feed's next group.
+    Idle, it waits for the next arrival; the run ends when no process has anything left to do. A fault interrupts it
+    (simpy.Interrupt): it stops where it is, the in-flight iteration lost.
+    With `feed` (the run's only other process would have been `arrivals`) it releases the arrivals itself: nothing
+    else is scheduled, so the next event of the run is the feed's next group. replica.busy_until: its iteration's end.
     """
     inbox, scheduler, timeline = replica.inbox, replica.scheduler, replica.timeline
     arrived, pool, dropped = inbox.items, scheduler.pool, scheduler.dropped  # (lists the others fill and drain in place)
@@ -242,8 +242,7 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
             end = start + step
             if fast_forward is not None and not plan.items and end < horizon:  # (else no steady stretch follows)
                 start, step = fast_forward(plan, start, step, horizon, steady_step, timeline, blocks)
-                index = scheduler.iteration
-                end = start + step
+                index, end = scheduler.iteration, start + step
             replica.busy_until = end
             if fast_forward is not None and end < horizon:
                 # nothing else is scheduled before the step ends: pass the time without an event, to
