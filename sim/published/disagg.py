@@ -62,7 +62,8 @@ def concurrency_from_source(source: str, where: str) -> int:
 
 
 PREFILL_RESPONSE = ("at_once", "wait")
-"""Whether a disaggregated row's client stream waits for the prefill server's answer (EngineDefaults.disagg_prefill_response)."""
+"""Whether a disaggregated row's client stream waits for the prefill server's answer
+(EngineDefaults.disagg_prefill_response)."""
 
 POOL_BATCH = ("stated", "defaults")
 """How many requests a pool's worker runs at once: `stated`, the row's prefill_batch_size / decode_batch_size per

@@ -140,6 +140,15 @@ class EngineDefaults:
     against each other again after them (2026-12-05) its even lines read 33.9% -> 32.2% (odd 48.1% -> 47.0%), and
     it takes `decode_step`."""
 
+    disagg_pool_batch: str = "defaults"
+    """Disaggregated rows: how many requests a pool's worker runs at once (sim.published.disagg.POOL_BATCH): `stated`,
+    the row's prefill_batch_size / decode_batch_size per attention-DP rank, or `defaults`, the engine's launch limit.
+    One value for every engine until 2026-12-06 (`defaults`: a tie on the even lines then); chosen again per engine on
+    the even disaggregated lines by the mean of the median |TTFT| and |TPOT| error (`python
+    benchmarks/disagg_compare.py` on a run with `--pool-batch stated` against the default run; docs/disaggregation.md
+    "Each worker's batch, chosen again"): SGLang `stated` (TTFT 26.9% -> 25.5%, TPOT 11.8% -> 12.1%; odd lines 24.0% ->
+    22.4%, 9.9% both), vLLM `stated` (50.8% -> 43.0%, TPOT 18.3% both; its odd lines 28.4% -> 32.9%), TensorRT-LLM
+    `defaults` (TTFT 23.7% both, TPOT 10.6% against 11.3%)."""
     disagg_prefill_response: str = "at_once"
     """Disaggregated rows: whether the client's stream also waits for the prefill server's answer
     (disaggregation.wait_for_prefill_response): `wait` for SGLang, whose router sends a request to both servers at once
@@ -205,6 +214,7 @@ class EngineDefaults:
                 f"steady-state users' phases: {self.steady_phases} ({self.disagg_steady_phases} on disaggregated "
                 f"rows); disaggregated rows' first token: {self.disagg_first_token}"
                 + (", after the prefill server's answer" if self.disagg_prefill_response == "wait" else "") +
+                f"; disaggregated workers' batch: {self.disagg_pool_batch}" +
                 f"; KV cache in FP8: "
                 f"{KV_CACHE_ROWS[self.kv_cache]}")
 
@@ -236,6 +246,7 @@ ENGINES: dict[str, EngineDefaults] = {
          "gpu_memory_utilization 0.9, 16-token blocks, prefix caching on (random prompts: no hits)"),
         moe=("vllm", "power_law_1.2"), config="aic_benchmark", all_reduce="vllm", frontend_ms=(25.0, 0.4),
         disagg_first_token="decode_recompute", steady_phases="random", disagg_steady_phases="random",
+        disagg_pool_batch="stated",
         async_since="0.14", sync_host_per_sequence_s=60e-6, kv_cache="checkpoint"),
     "sglang": EngineDefaults(
         "sglang", "0.5.x: `sglang.launch_server` on an 80 GB-class card",
@@ -245,6 +256,7 @@ ENGINES: dict[str, EngineDefaults] = {
          "prefill batches apart from decode batches (no --enable-mixed-chunk, its default)"),
         later_waves="cohort", moe=("sglang", "balanced"), all_reduce="sglang", shared_experts_overlap="off",
         frontend_ms=(100.0, 0.0), disagg_first_token="decode_admission", disagg_prefill_response="wait",
+        disagg_pool_batch="stated",
         kv_cache="quantized",
         prefill_batches="separate"),
     "trtllm": EngineDefaults(

@@ -116,9 +116,6 @@ def benchmark_rounds(rounds: int | str | None, mode: str, users: int) -> float:
     return float(rounds)
 
 
-DISAGG_POOL_BATCH = "defaults"
-"""`--pool-batch engine`: how many requests a disaggregated pool's worker runs at once (sim.published.disagg.POOL_BATCH;
-docs/disaggregation.md)."""
 
 
 def requests_per_user(osl: int) -> int:
@@ -276,7 +273,8 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     vllm / sglang / trtllm, composed), `moe_routing` (balanced, power_law_1.2), `all_reduce` (`own`, nccl, vllm,
     sglang, trtllm), `engine_config` (`defaults`: launch defaults, `aic_benchmark`: aic_benchmark_limits),
     `shared_experts_overlap` (off, decode, a token count), `frontend` (frontend_latency_s), `async_scheduling` (on,
-    off); disaggregated rows: `pool_batch` (sim.published.disagg.POOL_BATCH; `engine`: DISAGG_POOL_BATCH),
+    off); disaggregated rows: `pool_batch` (sim.published.disagg.POOL_BATCH; `engine`:
+    EngineDefaults.disagg_pool_batch),
     `first_token` (disaggregation.first_token; `engine`: EngineDefaults.disagg_first_token), `prefill_response`
     (sim.published.disagg.PREFILL_RESPONSE; `engine`: EngineDefaults.disagg_prefill_response); `phases`: the steady
     state's user phases (Case.phases; `engine`: EngineDefaults.steady_phases on agg rows, disagg_steady_phases on
@@ -392,10 +390,10 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds, moe
 def _disagg_case(row: PublishedRow, per_user, start: str, rounds, frontend, pool_batch: str, client: tuple[str, str],
                  pool_options: dict) -> Case:
     """A disaggregated row's case: its pools built by build_case with `pool_options`, each worker's batch by
-    `pool_batch`, the client's first token by `client` (first_token, prefill_response), and the engine's front end as on agg rows (chosen on
-    the even disaggregated lines over none: docs/fidelity.md, "The engines' front end"), its per-user term counting
-    the users of one decode worker, the serving process that streams their tokens (an agg row's one process serves
-    them all; docs/disaggregation.md, "The front end's users")."""
+    `pool_batch`, the client's first token by `client` (first_token, prefill_response), and the engine's front end as
+    on agg rows (chosen on the even disaggregated lines over none: docs/fidelity.md, "The engines' front end"), its
+    per-user term counting the users of one decode worker, the serving process that streams their tokens (an agg
+    row's one process serves them all; docs/disaggregation.md, "The front end's users")."""
     if pool_batch not in ("engine", *POOL_BATCH):
         raise ConfigError(f"pool_batch: expected one of engine, {', '.join(POOL_BATCH)}, got {pool_batch!r}")
     first_token, response = client
@@ -405,7 +403,7 @@ def _disagg_case(row: PublishedRow, per_user, start: str, rounds, frontend, pool
         raise ConfigError(f"prefill_response: expected one of engine, {', '.join(PREFILL_RESPONSE)}, got {response!r}")
     engine = ENGINES[row.backend]
     case = build_disagg_case(row, per_user, start, partial(build_case, **pool_options), Case,
-                             DISAGG_POOL_BATCH if pool_batch == "engine" else pool_batch,
+                             engine.disagg_pool_batch if pool_batch == "engine" else pool_batch,
                              engine.disagg_first_token if first_token == "engine" else first_token,
                              (engine.disagg_prefill_response if response == "engine" else response) == "wait")
     return replace(case, rounds=benchmark_rounds(rounds, "disagg", row.concurrency),

@@ -99,7 +99,7 @@ def test_each_pool_schedules_with_its_own_attention_dp_limits():
     from sim.published.disagg import PoolShape
     ds, _ = read_published(FIXTURE)
     row = dataclasses.replace(ds, concurrency=2, prefill=PoolShape(1, 1, 1, 8, 1, 8))
-    case = build_case(row, per_user=2)
+    case = build_case(row, per_user=2, pool_batch="defaults")  # the launch limits, per rank
     d = case.scenario["disaggregation"]
     assert d["prefill"]["parallel"]["attention_dp"] == 8 and "attention_dp" not in d["decode"]["parallel"]
     pre, dec = d["prefill"]["scheduler"], d["decode"]["scheduler"]
@@ -298,3 +298,20 @@ def test_only_sglangs_client_waits_for_the_prefill_servers_answer_unless_asked(t
         build_case(ds, prefill_response="router")
     report = validate_published(FIXTURE, mode="disagg", per_user=2, prefill_response="at_once")
     assert report["prefill_response"] == "at_once"
+
+
+def test_each_engines_workers_take_its_own_batch_rule_unless_asked():
+    """EngineDefaults.disagg_pool_batch (chosen per engine on the even disaggregated lines): SGLang and vLLM cap each
+    worker at the row's stated batch sizes, TensorRT-LLM keeps its launch limit; `pool_batch` overrides it."""
+    ds, _ = read_published(FIXTURE)
+    stated = build_case(ds, per_user=2, pool_batch="stated").scenario["disaggregation"]
+    defaults = build_case(ds, per_user=2, pool_batch="defaults").scenario["disaggregation"]
+    assert stated["decode"]["scheduler"] != defaults["decode"]["scheduler"]
+    for backend, want in (("sglang", stated), ("vllm", stated), ("trtllm", defaults)):
+        row = dataclasses.replace(ds, backend=backend)
+        got = build_case(row, per_user=2).scenario["disaggregation"]
+        other = build_case(row, per_user=2, pool_batch="stated" if want is defaults else "defaults")
+        limit = lambda d: (d["prefill"]["scheduler"]["max_num_seqs"], d["decode"]["scheduler"]["max_num_seqs"])  # noqa: E731
+        assert (limit(got) == limit(build_case(row, per_user=2, pool_batch="stated" if want is stated else
+                                                "defaults").scenario["disaggregation"]))
+        assert limit(got) != limit(other.scenario["disaggregation"])
