@@ -22,7 +22,7 @@ from sim.core.frontend import Frontend
 from sim.core.request import Request, Status
 
 HANDOFF_COLUMNS = ("prefill_replica", "prefill_done_s", "kv_transfer_bytes", "transfer_start_s", "transfer_end_s",
-                   "decode_admitted_s")
+                   "decode_admitted_s", "prefill_response_s")
 """Extra requests.csv columns of a disaggregated run (NaN / -1 where a request never got there)."""
 
 
@@ -227,4 +227,5 @@ class DisaggFrontend(Frontend):
                 "kv_transfer_bytes": col(lambda h: h.kv_bytes, math.nan),
                 "transfer_start_s": col(lambda h: h.transfer_start_s, math.nan),
                 "transfer_end_s": col(lambda h: h.transfer_end_s, math.nan),
-                "decode_admitted_s": col(lambda h: h.decode_admitted_s, math.nan)}
+                "decode_admitted_s": col(lambda h: h.decode_admitted_s, math.nan),
+                "prefill_response_s": col(lambda h: h.prefill_response_s, math.nan)}

@@ -360,7 +360,8 @@ def test_a_client_that_waits_for_the_prefill_servers_answer_gets_its_first_token
     assert len(busy) == 1  # B's prefill was running when A's KV had gone
     answer = float(busy["start_s"].iloc[0] + busy["duration_s"].iloc[0])
     assert base.requests.loc[0, "first_token_s"] == a["decode_admitted_s"] < answer
-    assert a["first_token_s"] == answer and a["ttft_s"] == answer - a["arrival_s"]
+    assert a["first_token_s"] == answer == a["prefill_response_s"] and a["ttft_s"] == answer - a["arrival_s"]
+    assert base.requests["prefill_response_s"].isna().all()  # reported only when the client waits for it
     assert a["finish_s"] == base.requests.loc[0, "finish_s"]  # the decode pool's pace is unchanged
     assert a["tpot_s"] == pytest.approx((a["finish_s"] - answer) / 39)
     assert b["first_token_s"] == base.requests.loc[1, "first_token_s"]
