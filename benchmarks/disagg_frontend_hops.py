@@ -10,9 +10,11 @@ whole (one-token, non-streamed) response, then send it to a decode server: two H
 an engine's API server and tokenizer. SGLang's router sends it to both servers at once (asyncio tasks) and the
 decode server waits for the KV. So a rule read in the engines' code: the engine's front end (sim.published.engines,
 fitted on agg rows) counted twice for TensorRT-LLM and vLLM, once for SGLang. Every row of REPORT (any run: its
-`frontend_ms`, added once, is reused) is scored under `none`, `once` (what validate-published does), that rule
-(`twice_sequential`) and `twice` (every engine), on the even lines (where a choice would be made), the odd ones and
-per engine. Nothing is fitted.
+`frontend_ms` over its `frontend_hops` is one pass) is scored under `none`, `once` (what validate-published did
+before 2026-12-06), that rule (`twice_sequential`) and `twice` (every engine), on the even lines (where a choice
+would be made), the odd ones and per engine. Nothing is fitted. TensorRT-LLM's published rows ran Dynamo's images
+(one front end, the workers called inside Dynamo's runtime), so validate-published now counts vLLM's twice and the
+others' once (EngineDefaults.disagg_frontend_hops).
 """
 
 from __future__ import annotations
@@ -32,6 +34,12 @@ RULES = {"none": lambda backend: 0, "once": lambda backend: 1,
 """How many times each rule counts the engine's front end in a disaggregated row's TTFT."""
 
 
+def one_hop(row: dict) -> float:
+    """One pass through the front end in a row's TTFT: its frontend_ms over the passes the replay counted
+    (`frontend_hops`, 1 when absent: every row before 2026-12-06, vLLM's since counts 2)."""
+    return row.get("frontend_ms", 0.0) / row.get("frontend_hops", 1)
+
+
 def hops_table(report: str) -> list[dict]:
     """Per rule and part (even lines, odd lines, each engine): rows and median |TTFT error|."""
     rows = [r for r in json.loads(Path(report).read_text())["rows"] if "predicted" in r and r["mode"] == "disagg"]
@@ -40,7 +48,7 @@ def hops_table(report: str) -> list[dict]:
     out = []
     for rule, times in RULES.items():
         for name, keep in parts:
-            errs = [abs((r["predicted"]["ttft_ms"] + (times(r["backend"]) - 1) * r.get("frontend_ms", 0.0))
+            errs = [abs((r["predicted"]["ttft_ms"] + (times(r["backend"]) - r.get("frontend_hops", 1)) * one_hop(r))
                         / r["measured"]["ttft_ms"] - 1) for r in rows if keep(r)]
             out.append({"rule": rule, "part": name, "n": len(errs), "median": float(np.median(errs))})
     return out

@@ -140,6 +140,14 @@ class EngineDefaults:
     against each other again after them (2026-12-05) its even lines read 33.9% -> 32.2% (odd 48.1% -> 47.0%), and
     it takes `decode_step`."""
 
+    disagg_frontend_hops: int = 1
+    """Disaggregated rows: how many times a request passes the engine's front end (API server, tokenizer) in series
+    before its first token. vLLM 2: its P/D proxy sends the request to a prefill server, waits for the whole one-token
+    response, then sends it to a decode server (rule read in its proxies' code; the serial dispatch vllm#50913
+    measures). SGLang 1: its router sends to both servers at once. TensorRT-LLM 1: its rows ran Dynamo's images, whose
+    one front end hands the request to the workers inside Dynamo's runtime. Tested on 2026-12-03 with TensorRT-LLM
+    counted twice too and not adopted; with TensorRT-LLM once (2026-12-06), vLLM's even lines read 43.0% -> 37.6%
+    (odd 32.9% -> 33.8%), so it is adopted (docs/disaggregation.md "The front end once or twice")."""
     disagg_pool_batch: str = "defaults"
     """Disaggregated rows: how many requests a pool's worker runs at once (sim.published.disagg.POOL_BATCH): `stated`,
     the row's prefill_batch_size / decode_batch_size per attention-DP rank, or `defaults`, the engine's launch limit.
@@ -210,7 +218,9 @@ class EngineDefaults:
                 f"all-reduce: {ar}; async scheduling {'on' if self.async_scheduling else 'off'}; "
                 + (f"prefill batches {self.prefill_batches} (agg rows); " if self.scheduler.get("kind") == "chunked"
                    else "") +
-                f"front end {self.frontend_ms[0]:g} ms + {self.frontend_ms[1]:g} ms per user (fitted); "
+                f"front end {self.frontend_ms[0]:g} ms + {self.frontend_ms[1]:g} ms per user (fitted)"
+                + (f", {self.disagg_frontend_hops} in series on disaggregated rows" if self.disagg_frontend_hops > 1
+                   else "") + "; "
                 f"steady-state users' phases: {self.steady_phases} ({self.disagg_steady_phases} on disaggregated "
                 f"rows); disaggregated rows' first token: {self.disagg_first_token}"
                 + (", after the prefill server's answer" if self.disagg_prefill_response == "wait" else "") +
@@ -246,7 +256,7 @@ ENGINES: dict[str, EngineDefaults] = {
          "gpu_memory_utilization 0.9, 16-token blocks, prefix caching on (random prompts: no hits)"),
         moe=("vllm", "power_law_1.2"), config="aic_benchmark", all_reduce="vllm", frontend_ms=(25.0, 0.4),
         disagg_first_token="decode_recompute", steady_phases="random", disagg_steady_phases="random",
-        disagg_pool_batch="stated",
+        disagg_pool_batch="stated", disagg_frontend_hops=2,
         async_since="0.14", sync_host_per_sequence_s=60e-6, kv_cache="checkpoint"),
     "sglang": EngineDefaults(
         "sglang", "0.5.x: `sglang.launch_server` on an 80 GB-class card",

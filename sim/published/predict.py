@@ -139,7 +139,10 @@ class Case:
     rounds: float = 10
     """`cold`: requests per user in the replayed benchmark (N); see ROUNDS, DISAGG_ROUNDS and benchmark_rounds."""
     frontend_s: float = 0.0
-    """Added to the simulated TTFT: the front end's time the engine model does not produce (frontend_latency_s)."""
+    """Added to the simulated TTFT: the front end's time the engine model does not produce (frontend_latency_s), times
+    frontend_hops."""
+    frontend_hops: int = 1
+    """Front ends a request passes through in series before its first token (EngineDefaults.disagg_frontend_hops)."""
     phases: str = "even"
     """The steady state's users (`cold`'s later waves, `staggered`): first requests spread `even`ly over one request
     lifetime, or at `random` times within it (workload.ramp_phases)."""
@@ -406,8 +409,9 @@ def _disagg_case(row: PublishedRow, per_user, start: str, rounds, frontend, pool
                              engine.disagg_pool_batch if pool_batch == "engine" else pool_batch,
                              engine.disagg_first_token if first_token == "engine" else first_token,
                              (engine.disagg_prefill_response if response == "engine" else response) == "wait")
-    return replace(case, rounds=benchmark_rounds(rounds, "disagg", row.concurrency),
-                   frontend_s=0.0 if case.scenario is None else frontend_latency_s(
+    hops = engine.disagg_frontend_hops
+    return replace(case, rounds=benchmark_rounds(rounds, "disagg", row.concurrency), frontend_hops=hops,
+                   frontend_s=0.0 if case.scenario is None else hops * frontend_latency_s(
                        frontend, row.backend, row.concurrency / row.decode.workers))
 
 
@@ -528,6 +532,8 @@ def simulate_case(_shared, case: Case) -> dict:
     if case.frontend_s > 0:  # the front end's fitted time (frontend_latency_s), outside the simulated engine
         out["ttft_ms"] += case.frontend_s * 1e3
         out["frontend_ms"] = case.frontend_s * 1e3
+        if case.frontend_hops > 1:
+            out["frontend_hops"] = case.frontend_hops
     return out
 
 

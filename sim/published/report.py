@@ -55,6 +55,8 @@ def _record(row, result: dict) -> dict:
             rec["components"] = result["components"]
         if "frontend_ms" in result:  # included in predicted ttft_ms; the components are the simulated engine's
             rec["frontend_ms"] = result["frontend_ms"]
+        if "frontend_hops" in result:  # frontend_ms counts the front end this many times (vLLM's disaggregated rows)
+            rec["frontend_hops"] = result["frontend_hops"]
     return rec
 
 

@@ -156,13 +156,18 @@ def test_frontend_hops_counts_the_front_end_per_engine_rule(tmp_path):
              "predicted": {"ttft_ms": 500.0}, "measured": {"ttft_ms": 600.0}},
             {"line": 3, "mode": "disagg", "backend": "sglang", "frontend_ms": 100.0,
              "predicted": {"ttft_ms": 500.0}, "measured": {"ttft_ms": 500.0}},
-            {"line": 4, "mode": "agg", "backend": "trtllm", "predicted": {"ttft_ms": 1.0}, "measured": {"ttft_ms": 9.0}}]
+            {"line": 4, "mode": "agg", "backend": "trtllm", "predicted": {"ttft_ms": 1.0}, "measured": {"ttft_ms": 9.0}},
+            # a vLLM row whose replay already counted its front end twice (frontend_hops): 2 x 50 ms in its 600 ms
+            {"line": 5, "mode": "disagg", "backend": "vllm", "frontend_ms": 100.0, "frontend_hops": 2,
+             "predicted": {"ttft_ms": 600.0}, "measured": {"ttft_ms": 600.0}}]
     (tmp_path / "report.json").write_text(json.dumps({"rows": rows}))
     out = {(r["rule"], r["part"]): (r["n"], r["median"]) for r in hops.hops_table(str(tmp_path / "report.json"))}
     assert out[("once", "trtllm")] == (1, pytest.approx(1 / 6)) and out[("once", "sglang")] == (1, 0.0)
     assert out[("twice_sequential", "trtllm")] == (1, 0.0) and out[("twice_sequential", "sglang")] == (1, 0.0)
     assert out[("twice", "sglang")] == (1, pytest.approx(0.2)) and out[("none", "sglang")] == (1, pytest.approx(0.2))
-    assert out[("once", "even lines")] == (1, pytest.approx(1 / 6)) and out[("once", "odd lines")] == (1, 0.0)
+    assert out[("once", "even lines")] == (1, pytest.approx(1 / 6))
+    assert out[("twice_sequential", "vllm")] == (1, 0.0) and out[("once", "vllm")] == (1, pytest.approx(50 / 600))
+    assert out[("none", "vllm")] == (1, pytest.approx(100 / 600))
 
 
 def test_first_token_follows_each_engines_code_unless_asked():
@@ -315,3 +320,21 @@ def test_each_engines_workers_take_its_own_batch_rule_unless_asked():
         assert (limit(got) == limit(build_case(row, per_user=2, pool_batch="stated" if want is stated else
                                                 "defaults").scenario["disaggregation"]))
         assert limit(got) != limit(other.scenario["disaggregation"])
+
+
+def test_vllms_disaggregated_front_end_counts_twice_and_the_report_says_so():
+    """EngineDefaults.disagg_frontend_hops: vLLM's proxy passes a request through two API servers in series, so its
+    disaggregated rows add the front end twice and their report rows carry frontend_hops = 2; other engines once."""
+    from sim.published.engines import ENGINES
+    from sim.published.predict import frontend_latency_s
+    from sim.published.report import _record
+    _, qwen = read_published(FIXTURE)
+    row = dataclasses.replace(qwen, concurrency=4)
+    assert [ENGINES[b].disagg_frontend_hops for b in ("vllm", "sglang", "trtllm")] == [2, 1, 1]
+    case = build_case(row, per_user=2)
+    one = frontend_latency_s("engine", "vllm", 4 / row.decode.workers)
+    assert case.frontend_hops == 2 and case.frontend_s == pytest.approx(2 * one)
+    rec = _record(row, simulate_case(None, case))
+    assert rec["frontend_hops"] == 2 and rec["frontend_ms"] == pytest.approx(2e3 * one)
+    sglang = build_case(dataclasses.replace(row, backend="sglang"), per_user=2)
+    assert sglang.frontend_hops == 1

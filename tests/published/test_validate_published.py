@@ -396,7 +396,8 @@ def test_frontend_is_each_engines_fit_unless_asked(capsys):
     row = replace(read_published(disagg)[1], concurrency=4)
     assert row.mode == "disagg" and row.backend == "vllm"
     # front end, its per-user term over the users of one of its decode_num_workers decode workers
-    assert build_case(row, per_user=3).frontend_s == pytest.approx((25.0 + 4 / row.decode.workers * 0.4) / 1e3)
+    # (twice: vLLM's proxy sends the prefill request, then the decode one, EngineDefaults.disagg_frontend_hops)
+    assert build_case(row, per_user=3).frontend_s == pytest.approx(2 * (25.0 + 4 / row.decode.workers * 0.4) / 1e3)
     assert build_case(row, per_user=3, frontend="off").frontend_s == 0.0
     for bad in ("fast", "-5", "1+2+3", "nan"):
         with pytest.raises(SystemExit) as stop:
