@@ -14,6 +14,9 @@ from sim.io.errors import ConfigError
 from sim.io.outputs import staged_output
 from sim.io.units import fmt_bytes, parse_bytes
 
+DEFAULT_MAX_REPLICAS = 64
+"""--max-replicas when not given (None in the parser, so that plan --gpus can tell a given one and refuse it)."""
+
 
 def _add_fanout(p) -> None:
     where = p.add_mutually_exclusive_group()
@@ -73,7 +76,8 @@ def _add_plan(sub) -> argparse.ArgumentParser:
     p.add_argument("--tol", type=number(0.0, 1.0, low_open=True), default=0.02, help="relative width at which bisection stops (default 0.02)")
     p.add_argument("--start-rps", type=number(1e-6, 1e9, what="a rate in req/s"),
                    help="first rate tried (default: the scenario's; at least 1e-6)")
-    p.add_argument("--max-replicas", type=count(1, 100_000), default=64, help="largest cluster the replica check tries")
+    p.add_argument("--max-replicas", type=count(1, 100_000),
+                   help=f"largest cluster the replica check tries (default {DEFAULT_MAX_REPLICAS})")
     p.add_argument("--step-time-error", type=number(0.0, 0.99, low_open=True, what="a fraction (0.07 = 7%)"),
                    help="also find the capacity (and replicas) with every step this fraction faster and slower: "
                         "how far the answer moves with the step-time model's error, e.g. the one the run quotes")
@@ -122,9 +126,10 @@ def cmd_plan(args) -> int:
 
 def _run_plan(args, out, parse_slo, run_plan, log):
     return run_plan(args.scenario, out, slo=parse_slo(args.slo) if args.slo is not None else None, target=args.attainment,
-                   target_rps=args.target_rps, search=args.search, overrides=args.overrides,
-                   replications=args.replications, requests=args.requests, tol=args.tol, start_rps=args.start_rps,
-                   workers=args.workers, address=args.dask, max_replicas=args.max_replicas,
+                    target_rps=args.target_rps, search=args.search, overrides=args.overrides,
+                    replications=args.replications, requests=args.requests, tol=args.tol, start_rps=args.start_rps,
+                    workers=args.workers, address=args.dask,
+                    max_replicas=DEFAULT_MAX_REPLICAS if args.max_replicas is None else args.max_replicas,
                     log=None if args.quiet else log, step_time_error=args.step_time_error)
 
 

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from sim.io.errors import ConfigError
+from sim.io.outputs import staged_output
 
 
 MAX_GPUS = 1024
@@ -31,13 +33,37 @@ def add_layout_flags(p) -> None:
                    help="rank by requests per dollar at capacity instead of goodput per GPU")
 
 
+_ONE_DEPLOYMENT_FLAGS = (
+    ("step_time_error", "--step-time-error: only without --gpus (it bands one deployment's capacity: plan the "
+                        "deployment the layout search ranks first with it)"),
+    ("target_rps", "--target-rps: only without --gpus (it sizes the replicas of one deployment for a rate: plan the "
+                   "deployment the layout search ranks first with it, or give a --gpus budget whose capacity "
+                   "covers the rate)"),
+    ("max_replicas", "--max-replicas: only without --gpus (it bounds --target-rps's replica check; the layout search "
+                     "spends the --gpus budget instead)"),
+    ("search", "--search: only without --gpus (it ranks configurations of one deployment: plan the deployment the "
+               "layout search ranks first with it; --set applies a setting to every deployment)"),
+    ("start_rps", "--start-rps: only without --gpus (each deployment's bisection starts from the scenario's rate "
+                  "scaled to its GPUs: set that rate with --set, e.g. --set workload.arrival.rate_rps=R)"),
+    ("report", "--report: only without --gpus (the report shows one deployment's plan: plan the deployment the layout "
+               "search ranks first with it)"),
+)
+"""Flags of `capsim plan` that size or search one deployment, refused with --gpus (attribute, message)."""
+
+
+def _given(args, dest: str) -> bool:
+    """Whether the flag was given: its value differs from the parser's default (None, [] or False)."""
+    value = getattr(args, dest, None)
+    return value is not None and value is not False and value != []
+
+
 def cmd_plan_layouts(args) -> int:
     """Run the layout search of `capsim plan --gpus` and print its ranking."""
     from sim.planning.layouts import parse_degrees, print_layout_plan, run_layout_plan
     from sim.planning.slo import parse_slo
-    if getattr(args, "step_time_error", None) is not None:
-        raise ConfigError("--step-time-error: only without --gpus (it bands one deployment's capacity: plan the "
-                          "deployment the layout search ranks first with it)")
+    refused = [why for flag, why in _ONE_DEPLOYMENT_FLAGS if _given(args, flag)]
+    if refused:  # flags of plan without --gpus the layout search would otherwise ignore without a word
+        raise ConfigError(refused)
     if not 1 <= args.gpus <= MAX_GPUS:
         raise ConfigError(f"--gpus: expected a GPU count in 1..{MAX_GPUS:,} (the search ranks every deployment of "
                           f"the budget), got {args.gpus}")
@@ -52,15 +78,17 @@ def cmd_plan_layouts(args) -> int:
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    res = run_layout_plan(args.scenario, args.out, args.gpus, card=args.card, price_per_gpu_hour=args.price_per_gpu_hour,
-                          tp=parse_degrees(args.tp, "--tp", None), pp=parse_degrees(args.pp, "--pp", None),
-                          ep=parse_degrees(args.ep, "--ep", None),
-                          dp=parse_degrees(args.attention_dp, "--attention-dp", None),
-                          modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
-                          slo=parse_slo(args.slo) if args.slo is not None else None, target=args.attainment,
-                          replications=args.replications, requests=args.requests, tol=args.tol,
-                          overrides=args.overrides, workers=args.workers, address=args.dask,
-                          log=None if args.quiet else log)
+    degrees = {"tp": parse_degrees(args.tp, "--tp", None), "pp": parse_degrees(args.pp, "--pp", None),
+               "ep": parse_degrees(args.ep, "--ep", None), "dp": parse_degrees(args.attention_dp, "--attention-dp", None)}
+    slo = parse_slo(args.slo) if args.slo is not None else None
+    with staged_output(args.out, args.force) as stage:  # a used --out is refused before any run, as plan does
+        res = run_layout_plan(args.scenario, stage, args.gpus, card=args.card,
+                              price_per_gpu_hour=args.price_per_gpu_hour, **degrees,
+                              modes=tuple(m.strip() for m in args.modes.split(",") if m.strip()),
+                              slo=slo, target=args.attainment, replications=args.replications,
+                              requests=args.requests, tol=args.tol, overrides=args.overrides, workers=args.workers,
+                              address=args.dask, log=None if args.quiet else log)
+    res.files = [Path(args.out) / Path(f).relative_to(stage) for f in res.files]
     if args.json:
         print(json.dumps(res.as_dict(), indent=2, default=str))
     else:

@@ -32,6 +32,7 @@ from sim.io.describe import step_time_fit
 from sim.io.errors import ConfigError
 from sim.planning.plane import plot_plane
 from sim.planning.sensitivity import check_error, step_time_sensitivity
+from sim.planning.short_run import short_run_warning
 from sim.planning.slo import SLO, attainment, slo_from_scenario
 from sim.planning.sweep import Axis, Base, Override, Runner, display_value, flatten, grid_points, parse_axes, write_tables
 
@@ -178,6 +179,7 @@ class PlanResult:
     files: list[Path] = field(default_factory=list)
     step_time_fit: dict | None = None           # the base scenario's step-time fit error (sim.io.describe)
     sensitivity: dict | None = None             # capacity with steps faster / slower (sim.planning.sensitivity)
+    warnings: list[str] = field(default_factory=list)  # why an answer may not hold (short_run_warning)
 
     def per_replica(self, x):
         """A cluster-wide rate as a per-replica one (None stays None)."""
@@ -198,7 +200,7 @@ class PlanResult:
             "rates": [p.row() for p in sorted(self.points.values(), key=lambda p: p.rate)],
             "target_rps": self.target_rps, "replicas": self.replicas,
             "search_rate_rps": self.search_rate_rps, "search": self.search, "plane": self.plane,
-            "step_time_fit": self.step_time_fit, "sensitivity": self.sensitivity,
+            "step_time_fit": self.step_time_fit, "sensitivity": self.sensitivity, "warnings": list(self.warnings),
         }
 
 
@@ -472,8 +474,17 @@ def run_plan(scenario: str | Path, out_dir: str | Path, slo: SLO | None = None, 
         res.capacity_rps = cap
         res.points = pl.cache
         res.target_rps = target_rps
+        if cap:
+            res.warnings.append(short_run_warning(
+                pl.cache[cap], "the goodput capacity", "likely too high; the goodput column, good requests over a "
+                "run's makespan, is no steady rate either: it counts the run's drain"))
         if target_rps is not None and cap:
             res.replicas = pl.replicas_for(target_rps, cap / pl.base_replicas, max_replicas)
+            n = res.replicas["simulated_replicas"]
+            if n is not None:
+                res.warnings.append(short_run_warning(pl.replica_points[n], f"the replica count ({n})",
+                                                      "likely too few"))
+        res.warnings = [w for w in res.warnings if w]
         rate = target_rps or cap
         if axes and rate:
             res.search_rate_rps = rate

@@ -85,8 +85,12 @@ class Deployment:
         return None if self.mode == "agg" else f"{self.replicas}:{self.decode_replicas}"
 
     def overrides(self, base_scenario, with_layout: bool) -> list[Override]:
-        """The scenario overrides that make the base scenario this deployment."""
+        """The scenario overrides that make the base scenario this deployment. The layouts go in `parallel`; a
+        kind ops model's `step_time.model.tp` (the older way of giving tensor parallelism) is cleared with them,
+        or it would clash with every other tp."""
         ov: list[Override] = []
+        if with_layout and ops_tp(base_scenario) != 1:
+            ov.append(("step_time.model.tp", 1))
         if self.mode == "agg":
             ov += [("disaggregation", None), ("cluster.replicas", self.replicas),
                    ("cluster.router.kind", "least_outstanding")]
@@ -105,7 +109,14 @@ class Deployment:
                 pool["parallel"] = layout.as_dict()
             pools[name] = pool
         link = d.link.model_dump(mode="json", exclude_none=True) if d is not None else {}
-        return [("cluster.replicas", 1), ("disaggregation", {**pools, "link": link})]
+        return [*ov, ("cluster.replicas", 1), ("disaggregation", {**pools, "link": link})]
+
+
+def ops_tp(sc) -> int:
+    """`step_time.model.tp` of a kind ops model (1 for other kinds): the replica's tensor parallelism when the
+    scenario has no `parallel` section (sim.core.sizing.replica_layout)."""
+    model = getattr(getattr(sc, "step_time", None), "model", None)
+    return int(getattr(model, "tp", 1) or 1)
 
 
 def enumerate_deployments(gpus: int, layouts: list[Layout], modes: tuple[str, ...] = ("agg", "disagg")
@@ -271,9 +282,10 @@ def rank(rows: list[dict], price_per_gpu_hour: float | None) -> list[dict]:
 
 def scenario_gpus(sc) -> int:
     """GPUs a scenario's deployment uses (every replica of every pool)."""
-    def per_replica(par) -> int:
-        return 1 if par is None else (par.gpus if hasattr(par, "tp") else
-                                      int(par.get("tp", 1)) * int(par.get("pp", 1)) * int(par.get("attention_dp", 1)))
+    def per_replica(par) -> int:  # no `parallel`: one GPU, or step_time.model.tp GPUs of a kind ops model
+        return ops_tp(sc) if par is None else (par.gpus if hasattr(par, "tp") else
+                                               int(par.get("tp", 1)) * int(par.get("pp", 1))
+                                               * int(par.get("attention_dp", 1)))
     d = sc.disaggregation
     if d is None:
         return sc.cluster.replicas * per_replica(getattr(sc, "parallel", None))
@@ -345,9 +357,10 @@ def search_layouts(base, dependencies: list[Deployment], slo, target: float, rep
 def _flag_short_run(row: dict) -> None:
     """A capacity measured on a run whose requests all arrive before the slowest ones leave is a
     transient, not a steady state: say so (raise --requests until the capacity stops moving)."""
+    from sim.planning.short_run import arrival_window, is_short_run  # the check plan without --gpus makes too
     cap, n, e2e = row.get("capacity_rps"), row.get("requests_per_run"), row.get("e2e_p99_at_capacity_s")
-    row["arrival_window_s"] = n / cap if cap and n else None
-    if row["arrival_window_s"] is not None and e2e is not None and row["arrival_window_s"] < e2e:
+    row["arrival_window_s"] = arrival_window(n, cap)
+    if is_short_run(n, cap, e2e):
         row["note"] = ((row["note"] + "; ") if row["note"] else "") + (
             f"short run: {n} requests arrive within {row['arrival_window_s']:.3g} s, less than the p99 E2E "
             f"({e2e:.3g} s); raise --requests")

@@ -32,6 +32,8 @@ def print_plan(res, file=None) -> None:
         ilo, ihi = cap["interval_per_replica_rps"]
         print(f"  bisection bracket [{_f(lo)}, {_f(hi)}]; interval over seeds [{_f(ilo)}, {_f(ihi)}] req/s per replica",
               file=file)
+    for w in getattr(res, "warnings", None) or ():
+        print(f"warning: {w}", file=file)
     keys = [k for k in (d["rates"][0] if d["rates"] else {}) if k.startswith("attainment_") and k not in
             ("attainment_min", "attainment_max")]
     print(f"{'rate/replica':>13}{'attain':>8}{'min':>7}{'max':>7}" + "".join(f"{k[11:]:>7}" for k in keys)

@@ -275,6 +275,47 @@ def test_cli_plan_json(tmp_path, capsys):
                                                            "attainment.png", "memory_deadline_plane.png"}
 
 
+def test_a_capacity_from_a_run_too_short_to_build_a_queue_is_warned_about(tmp_path, capsys):
+    """The 1 s server with 2 requests: the second, arriving 1/r after the first, leaves at 2 s, so it meets
+    e2e <= 1.5 up to r = 2 req/s: a "capacity" of twice the 1 req/s the server sustains (200 requests: 1.0025), because
+    both requests arrive (within 1/r = 0.5 s) before the first leaves and no queue can build. plan had printed it
+    without a word; now the text and plan.json's warnings say so, as plan --gpus's rows do."""
+    path = write(tmp_path)
+    assert main(["plan", str(path), "--slo", "e2e=1.5", "--attainment", "0.99", "--requests", "2", "--replications",
+                 "1", "--workers", "1", "--quiet", "--out", str(tmp_path / "short")]) == 0
+    out = capsys.readouterr().out
+    plan = json.loads((tmp_path / "short" / "plan.json").read_text())
+    assert 1.9 <= plan["capacity"]["rate_rps"] <= 2.0
+    (warning,) = plan["warnings"]
+    assert warning.startswith("short run: the goodput capacity rests on runs whose 2 requests arrive within 1.0")
+    assert "less than their p99 E2E (1.4" in warning and "raise --requests" in warning
+    assert f"warning: {warning}" in out.splitlines()
+    # the replicas for a target rate, checked on as short a run, are flagged too
+    assert main(["plan", str(path), "--slo", "e2e=1.5", "--attainment", "0.99", "--requests", "2", "--target-rps", "1.9",
+                 "--replications", "1", "--workers", "1", "--quiet", "--json", "--out", str(tmp_path / "short2")]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["replicas"]["simulated_replicas"] == 1
+    assert [w.split(" rests on")[0] for w in plan["warnings"]] == ["short run: the goodput capacity",
+                                                                     "short run: the replica count (1)"]
+    assert "likely too few" in plan["warnings"][1]
+    # a long enough run: no warning (and the key is there, empty)
+    res = run_plan(path, tmp_path / "long", slo=SLO(e2e_s=1.5), target=0.99, replications=1, workers=1, plots=False)
+    assert res.capacity_rps < 1.01 and res.warnings == [] and res.as_dict()["warnings"] == []
+
+
+def test_the_qa_short_run_of_a_70b_replica_is_warned_about(tmp_path, capsys):
+    """QA's case: 150 requests of Llama-3.1-70B TP4 put the capacity at 12.5 req/s (1,500 requests: 6.25) while the
+    goodput column (good requests over a run's makespan, drain included) showed 4.2: the 150 requests arrive within
+    12 s, all are admitted at once (256 sequences), so TTFT stays within 2 s though the E2E p99 is 29 s."""
+    assert main(["plan", str(REPO_SCENARIOS / "parallel" / "llama-3.1-70b-tp4-h100.yaml"), "--target-rps", "10",
+                 "--requests", "150", "--replications", "1", "--tol", "0.1", "--workers", "1", "--quiet",
+                 "--out", str(tmp_path / "o")]) == 0
+    out = capsys.readouterr().out
+    plan = json.loads((tmp_path / "o" / "plan.json").read_text())
+    assert plan["warnings"] and all(w.startswith("short run: ") for w in plan["warnings"])
+    assert "warning: short run: the goodput capacity rests on runs whose 150 requests arrive" in out
+
+
 # ---- the memory / deadline plane ------------------------------------------------------------------
 
 def test_chapter_schemes_on_the_memory_deadline_plane_match_compare(tmp_path, capsys):

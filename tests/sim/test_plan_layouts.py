@@ -187,3 +187,95 @@ def test_a_plan_where_no_deployment_has_a_capacity_says_so(tmp_path: Path, capsy
     assert "note: none of the 1 deployment(s) of 3 x h100-sxm has a capacity (each row's note says why)" \
         in captured.err
     assert (tmp_path / "o" / "layouts.json").exists()
+
+
+@pytest.mark.parametrize("extra, flag", [(["--target-rps", "5"], "--target-rps"), (["--max-replicas", "64"], "--max-replicas"),
+                                         (["--search", "scheduler.max_num_seqs=1,2"], "--search"),
+                                         (["--start-rps", "3"], "--start-rps"), (["--report"], "--report"),
+                                         (["--step-time-error", "0.1"], "--step-time-error")])
+def test_flags_of_one_deployment_are_refused_with_gpus_not_ignored(tmp_path: Path, capsys, monkeypatch, extra, flag):
+    """--target-rps, --max-replicas, --search, --start-rps and --report size or search one deployment: the layout
+    search used none of them and printed the same table either way. Refused before any run, naming the flag and
+    what to do instead (--max-replicas even at its default value: given is given)."""
+    from capsim.cli import main
+    import sim.planning.layouts as layouts
+
+    def no_run(*a, **k):
+        raise AssertionError("a simulation ran")
+    monkeypatch.setattr(layouts, "search_layouts", no_run)
+    path = tmp_path / "case.yaml"
+    path.write_text(CASE)
+    assert main(["plan", str(path), "--gpus", "2", *extra, "--workers", "1", "--quiet",
+                 "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert f"error: {flag}: only without --gpus (" in err and len(err.splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_all_refused_flags_are_named_at_once_and_plain_plan_keeps_them(tmp_path: Path, capsys):
+    from capsim.cli import main
+    path = tmp_path / "case.yaml"
+    path.write_text(CASE)
+    assert main(["plan", str(path), "--gpus", "2", "--target-rps", "5", "--start-rps", "2", "--report",
+                 "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split(":")[1] for line in err] == [" --target-rps", " --start-rps", " --report"]
+    # without --gpus, --max-replicas still defaults to 64 (None in the parser only so --gpus can tell it was given)
+    assert main(["plan", str(path), "--target-rps", "10", "--start-rps", "5", "--replications", "1", "--tol", "0.1",
+                 "--workers", "1", "--quiet", "--out", str(tmp_path / "p")]) == 0
+    plan = json.loads((tmp_path / "p" / "plan.json").read_text())
+    assert plan["replicas"]["max_replicas"] == 64 and plan["rates"][0]["rate_rps"] == 5.0
+    capsys.readouterr()
+    assert main(["plan", str(path), "--target-rps", "30", "--max-replicas", "2", "--replications", "1", "--tol", "0.1",
+                 "--workers", "1", "--quiet", "--json", "--out", str(tmp_path / "q")]) == 0
+    assert json.loads(capsys.readouterr().out)["replicas"]["max_replicas"] == 2
+
+
+def test_gpus_refuses_an_out_folder_in_use_without_force_before_any_run(tmp_path: Path, capsys, monkeypatch):
+    """plan --gpus had overwritten OUT's files without --force; now, as plan does, it refuses a folder that holds
+    files before any simulation, and with --force writes all or nothing."""
+    from capsim.cli import main
+    import sim.planning.layouts as layouts
+    path = tmp_path / "case.yaml"
+    path.write_text(CASE)
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "layouts.json").write_text("mine\n")
+    search = layouts.search_layouts
+    monkeypatch.setattr(layouts, "search_layouts", lambda *a, **k: (_ for _ in ()).throw(AssertionError("ran")))
+    argv = ["plan", str(path), "--gpus", "2", "--tp", "1", "--modes", "agg", "--workers", "1", "--quiet",
+            "--out", str(out)]
+    assert main(argv) == 2
+    assert f"error: --out {out}: already holds layouts.json; pass --force to overwrite" in capsys.readouterr().err
+    assert (out / "layouts.json").read_text() == "mine\n" and sorted(p.name for p in out.iterdir()) == ["layouts.json"]
+    assert not list(tmp_path.glob(".o.partial-*"))  # the staging folder is gone too
+    monkeypatch.setattr(layouts, "search_layouts", search)
+    assert main([*argv, "--force"]) == 0
+    assert "wrote " + str(out / "layouts.json") in capsys.readouterr().out
+    assert json.loads((out / "layouts.json").read_text())["gpu_budget"] == 2
+    assert sorted(p.name for p in out.iterdir()) == ["layouts.csv", "layouts.json"]
+    assert not list(tmp_path.glob(".o.partial-*"))
+
+
+_LINEAR = "model: {kind: linear, constant_s: 0.010, per_new_token_s: 0.0001, per_pair_s: 0.0}"
+
+
+def test_a_scenario_giving_tp_the_older_way_is_searched_as_with_parallel(tmp_path: Path):
+    """`step_time.model: {kind: ops, tp: 2}` (no `parallel`) is the same replica as `parallel: {tp: 2}`: the layout
+    search counts its GPUs from it (requests scaled per GPU as for the other form) and clears it where a layout is
+    set (tp 4 had failed with 'step_time.model.tp: 2 differs from parallel.tp (4)')."""
+    from sim.io.config import load_scenario
+    from sim.planning.layouts import scenario_gpus
+    new, old = tmp_path / "new.yaml", tmp_path / "old.yaml"
+    new.write_text(CASE.replace(_LINEAR, "model: {kind: ops}") + "parallel: {tp: 2}\n")
+    old.write_text(CASE.replace(_LINEAR, "model: {kind: ops, tp: 2}"))
+    assert scenario_gpus(load_scenario(old)[0]) == scenario_gpus(load_scenario(new)[0]) == 2
+    rows = {}
+    for name, path in (("new", new), ("old", old)):
+        res = run_layout_plan(path, tmp_path / name, gpus=4, tp=[2, 4], modes=("agg", "disagg"), workers=1, tol=0.1,
+                              requests=20)
+        rows[name] = [{k: r[k] for k in ("deployment", "capacity_rps", "requests_per_run", "problem")}
+                      for r in res.rows]
+    assert rows["old"] == rows["new"]
+    assert all(r["problem"] is None and r["capacity_rps"] for r in rows["old"])
+    assert {r["deployment"]: r["requests_per_run"] for r in rows["old"]}["agg 1xtp4"] == 40  # 20 on 2 GPUs -> 4
