@@ -53,6 +53,27 @@ def _budget_text(scenario, summary: dict) -> str:
             f"{scenario.kv.block_tokens} tokens = {fmt_bytes(summary['kv_capacity_bytes'])}")
 
 
+POOLS = ("prefill", "decode")
+
+
+def _shape(par: dict) -> str:
+    """A replica's layout from its summary's `parallel` mapping, e.g. 'tp 8 ep 8' or 'attention_dp 8 tp 1 ep 8'."""
+    dp = par.get("attention_dp", 1)
+    return ((f"attention_dp {dp} " if dp > 1 else "") + f"tp {par['tp']}" + (f" pp {par['pp']}" if par["pp"] > 1 else "")
+            + (f" ep {par['ep']}" if par["ep"] > 1 else ""))
+
+
+def _gpus_text(summary: dict) -> str:
+    """How many GPUs the run's GPU-seconds count, and how they are made up."""
+    pools = summary.get("disaggregation")
+    if pools:
+        parts = ", ".join(f"{n} {pools[n]['replicas']} x {pools[n]['gpus_per_replica']}" for n in POOLS if n in pools)
+        return f"{summary.get('gpus', '?')} GPUs ({parts})"
+    per = (summary.get("parallel") or {}).get("gpus_per_replica", 1)
+    replicas = summary.get("replicas", 1)
+    return f"{replicas * per} GPU(s) ({replicas} replica(s) x {per})"
+
+
 def scenario_items(info: ScenarioInfo, summary: dict, hw, model) -> list[tuple[str, str]]:
     """(term, text) rows describing the scenario: model, card, layout, scheduler, KV budget, SLOs."""
     sc = info.scenario
@@ -62,10 +83,16 @@ def scenario_items(info: ScenarioInfo, summary: dict, hw, model) -> list[tuple[s
     par = summary.get("parallel")  # multi-GPU replicas (issue 15)
     tp = par["tp"] if par else getattr(sc.step_time.model, "tp", 1)
     gpus = par["gpus_per_replica"] if par else tp
-    shape = f"tp {tp}" + (f" pp {par['pp']}" if par and par["pp"] > 1 else "") + (
-        f" ep {par['ep']}" if par and par["ep"] > 1 else "")
-    layout = (f"{cl.replicas} replica(s) x {gpus} {hw.name}" + (f" ({shape})" if gpus > 1 else "")
-              + f", router {cl.router.kind}; weights {sc.weight_format}, KV {sc.kv.format}")
+    shape = _shape(par) if par else f"tp {tp}"
+    pools = summary.get("disaggregation")
+    if pools:  # the pools' replicas, not the cluster's
+        layout = (" + ".join(f"{name} pool {p['replicas']} replica(s) x {p['gpus_per_replica']} {hw.name}"
+                             + (f" ({_shape(p['parallel'])})" if p.get("parallel") else "")
+                             for name, p in pools.items() if name in POOLS)
+                  + f" = {summary.get('gpus', '?')} GPUs; weights {sc.weight_format}, KV {sc.kv.format}")
+    else:
+        layout = (f"{cl.replicas} replica(s) x {gpus} {hw.name}" + (f" ({shape})" if gpus > 1 else "")
+                  + f", router {cl.router.kind}; weights {sc.weight_format}, KV {sc.kv.format}")
     if sc.offload:
         layout += f"; {sc.offload.layers} layers' FFNs offloaded to host memory"
     if sc.lora:
@@ -107,10 +134,11 @@ def memory_reason(summary: dict, scenario, hw) -> tuple[bool, str]:
     """Whether the run fit in memory, and why (the summary's memory keys in words)."""
     b = scenario.kv.budget
     workspace = 0 if isinstance(b, int) else b.activation_bytes
-    total = summary["weights_bytes"] + summary["kv_budget_bytes"] + workspace
-    card = (f"weights {fmt_bytes(summary['weights_bytes'])} + KV budget {fmt_bytes(summary['kv_budget_bytes'])}"
-            + (f" + workspace {fmt_bytes(workspace)}" if workspace else "")
-            + f" = {fmt_bytes(total)} of the card's {fmt_bytes(hw.memory_bytes)}")
+    pools = summary.get("disaggregation")
+    if pools:
+        card = "; ".join(f"{n} pool: " + _card_text(pools[n], workspace, hw) for n in POOLS if n in pools)
+    else:
+        card = _card_text(summary, workspace, hw)
     problems = []
     if not summary.get("card_fit", True):
         problems.append(f"{card}: does not fit the card")
@@ -124,11 +152,27 @@ def memory_reason(summary: dict, scenario, hw) -> tuple[bool, str]:
         problems.append(f"{summary['preemptions']:,} preemption(s) to free KV "
                         f"({summary.get('recomputed_tokens', 0):,} tokens recomputed)")
     if summary["memory_fit"]:
-        return True, (f"{card}; no request waited for, was refused or was preempted for KV; peak KV "
+        return True, (f"{card}; no request waited for, was refused or was preempted for KV; "
+                      + ("the decode pool's peak KV " if pools else "peak KV ") +
                       f"{fmt_bytes(summary['peak_kv_bytes'])} of {fmt_bytes(summary['kv_capacity_bytes'])}")
     if summary.get("card_fit", True):
         problems.append(f"the card itself holds it ({card})")
     return False, "; ".join(problems)
+
+
+def _card_text(part: dict, workspace: int, hw) -> str:
+    """What one GPU holds: a replica's (or pool's) weights, KV budget and workspace, per GPU when it spans several
+    (its `parallel` mapping), against the card's memory."""
+    par = part.get("parallel")
+    if par:
+        weights, kv, workspace = (par["weights_bytes_per_gpu"], par["kv_budget_bytes_per_gpu"],
+                                  par["activation_bytes_per_gpu"])
+    else:
+        weights, kv = part["weights_bytes"], part["kv_budget_bytes"]
+    total = weights + kv + workspace
+    return (f"weights {fmt_bytes(weights)} + KV budget {fmt_bytes(kv)}" + (f" + workspace {fmt_bytes(workspace)}"
+                                                                          if workspace else "")
+            + f" = {fmt_bytes(total)}" + (" per GPU" if par else "") + f" of the card's {fmt_bytes(hw.memory_bytes)}")
 
 
 def totals_table(summary: dict, scenario, hw, src: str = "summary.json") -> str:
@@ -150,7 +194,7 @@ def totals_table(summary: dict, scenario, hw, src: str = "summary.json") -> str:
         ["peak KV in use", number(s["peak_kv_bytes"], 2**30, 2, "peak_kv_bytes", src),
          f"GiB of {s['kv_capacity_bytes'] / 2**30:.2f} GiB"],
         ["GPU-s per good result", number(s.get("gpu_seconds_per_good"), 1, 3, "gpu_seconds_per_good", src),
-         f"GPU-seconds: {s.get('replicas', 1)} replica(s) x the window / good requests"],
+         f"GPU-seconds: {_gpus_text(s)} x the window / good requests"],
         ["energy per good result", number(s.get("energy_j_per_good"), 1, 1, "energy_j_per_good", src),
          "J, " + ("the power cap over the window" if scenario.power.model == "cap" else "busy/idle power model")],
     ]

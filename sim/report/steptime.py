@@ -169,7 +169,10 @@ def step_time_info(scenario, base_dir: Path, run) -> StepTimeInfo:
                             [("fit error", "none: the coefficients are typed into the scenario, not fitted")])
         info.fit_unknown = "its coefficients are typed into the scenario"
     else:
-        fields = ", ".join(f"{k} {v}" for k, v in cfg.model_dump(mode="json").items() if k != "kind" and v is not None)
+        # a replica's layout (parallel, or each pool's) sets the tensor parallelism, not step_time.model.tp
+        laid_out = scenario.parallel is not None or scenario.disaggregation is not None
+        fields = ", ".join(f"{k} {v}" for k, v in cfg.model_dump(mode="json").items()
+                           if k != "kind" and v is not None and not (k == "tp" and laid_out))
         info = StepTimeInfo(cfg.kind, [("kind", f"{cfg.kind} model" + (f": {fields}" if fields else ""))],
                             [("fit error", f"none: an {cfg.kind} model is composed from kernel tables, not fitted")])
         info.fit_unknown = f"an {cfg.kind} model is composed from kernel tables, not fitted"

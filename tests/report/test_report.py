@@ -195,3 +195,27 @@ def test_every_shipped_scenario_reports(tmp_path):
     finally:
         if browser is not None:
             browser.close()
+
+
+def test_multi_gpu_and_disaggregated_reports_count_per_gpu_and_every_gpu(tmp_path):
+    """A TP4 replica's memory fit is judged per GPU (what one card holds) and its GPU-seconds note counts its four
+    GPUs; a disaggregated run's layout, memory and GPU-seconds name both pools."""
+    tp4 = tmp_path / "tp4"
+    assert main(["run", str(REPO / "scenarios" / "parallel" / "llama-3.1-70b-tp4-h100.yaml"), "--set",
+                 "workload.num_requests=12", "--out", str(tp4), "--report"]) == 0
+    text, s = (tp4 / "report.html").read_text(), json.loads((tp4 / "summary.json").read_text())
+    par = s["parallel"]
+    per_gpu = par["weights_bytes_per_gpu"] + par["kv_budget_bytes_per_gpu"] + par["activation_bytes_per_gpu"]
+    assert f"= {per_gpu / 2**30:.2f} GiB per GPU of the card" in text
+    assert "GPU-seconds: 4 GPU(s) (1 replica(s) x 4)" in text and "1 replica(s) x 4 h100-sxm (tp 4)" in text
+    assert "ops model: tp 1" not in text and "ops model: mixed" in text
+    dis = tmp_path / "dis"
+    assert main(["run", str(REPO / "scenarios" / "disagg-llama-3.1-70b-h100.yaml"), "--set",
+                 "workload.num_requests=12", "--out", str(dis), "--report"]) == 0
+    text, s = (dis / "report.html").read_text(), json.loads((dis / "summary.json").read_text())
+    pools = s["disaggregation"]
+    assert "prefill pool: weights" in text and "; decode pool: weights" in text
+    assert (f"GPU-seconds: {s['gpus']} GPUs (prefill {pools['prefill']['replicas']} x "
+            f"{pools['prefill']['gpus_per_replica']}, decode {pools['decode']['replicas']} x "
+            f"{pools['decode']['gpus_per_replica']})") in text
+    assert f"decode pool {pools['decode']['replicas']} replica(s) x {pools['decode']['gpus_per_replica']} h100-sxm" in text
