@@ -93,7 +93,7 @@ def kv_budget_of(args, spec, hw):
 
 def not_fitting(spec, hw, layout, fmt: str, usable: float, reserve: int) -> str | None:
     """Why the weights do not fit the fullest GPU (with the smallest layout that would), or None."""
-    from sim.models.parallel import KV_HEADROOM, smallest_fitting_layout, weights_per_gpu
+    from sim.models.parallel import KV_HEADROOM, nothing_fits, smallest_fitting_layout, weights_per_gpu
     w = weights_per_gpu(spec, layout, fmt).total
     if w + reserve <= usable:
         return None
@@ -103,7 +103,7 @@ def not_fitting(spec, hw, layout, fmt: str, usable: float, reserve: int) -> str 
            + (f" + {fmt_bytes(reserve)} of activations" if reserve else "") + f" > {fmt_bytes(usable)} usable")
     best = smallest_fitting_layout(spec, int(usable), fmt, reserve)
     if best is None:
-        return msg + "; no layout of up to 64 GPUs fits"
+        return msg + nothing_fits(spec, int(usable), fmt, reserve, "--weight-format")
     msg += f"; the smallest layout that fits is {_suggest(spec, best, fmt)}, leaving {KV_HEADROOM:.0%} or more for KV"
     tp_only = smallest_fitting_layout(spec, int(usable), fmt, reserve, max_pp=1)
     if best.pp > 1 and tp_only is not None:

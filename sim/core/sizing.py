@@ -120,13 +120,13 @@ def _layout_hint(scenario: Scenario, spec: ModelSpec, hw: HardwareProfile) -> st
     """'; the smallest layout that fits is ...' (and the smallest of tensor parallelism alone, when that one
     pipelines) when the weights leave no KV on the card: the usable memory and reserve of the scenario's kv.budget
     (a budget in bytes: the whole card, nothing reserved)."""
-    from sim.models.parallel import KV_HEADROOM, smallest_fitting_layout
+    from sim.models.parallel import KV_HEADROOM, nothing_fits, smallest_fitting_layout
     b = scenario.kv.budget
     usable, reserve = ((hw.memory_bytes, 0) if isinstance(b, int)
                        else (int(b.gpu_memory_utilization * hw.memory_bytes), b.activation_bytes + b.other_bytes))
     best = smallest_fitting_layout(spec, usable, scenario.weight_format, reserve)
     if best is None:
-        return "; no layout of up to 64 GPUs fits"
+        return nothing_fits(spec, usable, scenario.weight_format, reserve, "weight_format:")
 
     def field(lay) -> str:
         return f"parallel: {{tp: {lay.tp}, pp: {lay.pp}, ep: {lay.ep}}} ({lay.gpus} GPUs)"

@@ -334,3 +334,22 @@ def smallest_fitting_layout(spec: ModelSpec, memory_bytes: int, fmt: str, reserv
         if weights_per_gpu(spec, lay, fmt).total + reserve_bytes <= (1 - KV_HEADROOM) * memory_bytes:
             return lay
     return None
+
+
+SMALLER_FORMATS = ("fp8", "nvfp4", "int4")
+"""Weight formats a refusal may suggest instead, largest first (sim.models.formats.WEIGHT_FORMATS)."""
+
+
+def nothing_fits(spec: ModelSpec, memory_bytes: int, fmt: str, reserve_bytes: int, flag: str) -> str:
+    """'; no layout of up to 64 GPUs fits', and the largest smaller weight format (`flag` names the field) with
+    the smallest layout that would hold it, when one does."""
+    from sim.models.formats import weight_bytes_per_element
+    text = "; no layout of up to 64 GPUs fits"
+    for smaller in SMALLER_FORMATS:
+        if weight_bytes_per_element(smaller) >= weight_bytes_per_element(fmt):
+            continue
+        lay = smallest_fitting_layout(spec, memory_bytes, smaller, reserve_bytes)
+        if lay is not None:
+            return text + (f"; in {flag} {smaller} it would: tp {lay.tp}, pp {lay.pp}, ep {lay.ep} "
+                           f"({lay.gpus} GPUs)")
+    return text

@@ -561,3 +561,22 @@ def test_a_layout_whose_logits_all_gather_is_unmeasured_is_refused_when_built():
                                           r"\(measured: \[2, 4\]\)"):
         build_replica_ops_model(cfg, spec, hw, Layout(tp=8, ep=8), "fp8", "fp8", True)
     assert build_replica_ops_model(cfg, spec, hw, Layout(tp=4, ep=4), "fp8", "fp8", True).tp == 4
+
+
+def test_a_model_no_layout_holds_names_a_smaller_weight_format_that_would(capsys):
+    import re
+    from capsim.cli import main
+    from sim.models.parallel import nothing_fits
+    assert main(["memory", "--model", "kimi-k2.5", "--hardware", "l4"]) == 2
+    err = capsys.readouterr().err
+    m = re.search(r"no layout of up to 64 GPUs fits; in --weight-format fp8 it would: tp (\d+), pp (\d+), ep (\d+) "
+                  r"\((\d+) GPUs\)", err)
+    assert m, err
+    tp, pp, ep, gpus = map(int, m.groups())
+    assert tp * pp == gpus
+    # the suggestion holds: that layout in FP8 fits
+    assert main(["memory", "--model", "kimi-k2.5", "--hardware", "l4", "--weight-format", "fp8", "--tp", str(tp),
+                 "--pp", str(pp), "--ep", str(ep)]) == 0
+    # nothing smaller to suggest: the plain refusal
+    assert nothing_fits(ModelSpec(load_model("kimi-k2.5")), 1, "int4", 0, "--weight-format") == \
+        "; no layout of up to 64 GPUs fits"
