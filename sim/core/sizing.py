@@ -175,7 +175,9 @@ def replica_memory(scenario: Scenario, spec: ModelSpec, hw: HardwareProfile) -> 
         lora_bytes = scenario.lora.adapters * spec.lora_adapter_bytes(scenario.lora.rank, tuple(scenario.lora.targets),
                                                                      "bf16")
     budget, activation = _kv_budget(scenario, hw, gpu_weights, gpus, spec)
-    num_blocks = int((budget - draft_bytes - lora_bytes) // block_bytes)
+    # each attention data-parallel rank holds whole blocks of its own share (one rank without data parallelism)
+    ranks = layout.attention_dp
+    num_blocks = ranks * int((budget - draft_bytes - lora_bytes) / ranks // block_bytes)
     if num_blocks < 1:
         taken = [f"{what} take {b / 2**30:,.2f} GiB of it" for what, b in (
             ("the drafter's weights (scheduler.speculative)", draft_bytes), ("the LoRA adapters (lora)", lora_bytes)) if b]

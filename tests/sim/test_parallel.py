@@ -563,6 +563,21 @@ def test_a_layout_whose_logits_all_gather_is_unmeasured_is_refused_when_built():
     assert build_replica_ops_model(cfg, spec, hw, Layout(tp=4, ep=4), "fp8", "fp8", True).tp == 4
 
 
+def test_attention_dp_ranks_each_hold_whole_blocks_of_their_share(tmp_path):
+    """Qwen3-235B on 8 x H200 as two attention-DP ranks of TP4: a rank's blocks live on its own 4 GPUs, so the pool is
+    2 x floor(the rank's budget / a block's bytes on it), not floor(the replica's budget / one block), which could
+    count a block split over two ranks."""
+    from sim.core.sizing import replica_memory
+    sc, _ = load_scenario(REPO / "scenarios" / "parallel" / "qwen3-235b-a22b-ep8-h200.yaml")
+    sc = sc.model_copy(update={"parallel": sc.parallel.model_copy(update={"tp": 4, "attention_dp": 2, "ep": 8})})
+    spec = ModelSpec(load_model(sc.model))
+    mem = replica_memory(sc, spec, load_hardware(sc.hardware))
+    per_gpu = mem.kv_budget_bytes // 8
+    block_on_one_gpu = sc.kv.block_tokens * mem.kv_bytes_per_token_per_gpu
+    assert mem.num_blocks == 2 * (4 * per_gpu // (4 * block_on_one_gpu)) == 2 * (per_gpu // block_on_one_gpu)
+    assert mem.num_blocks < mem.kv_budget_bytes // mem.block_bytes  # the replica-wide floor counts one block more here
+
+
 def test_a_model_no_layout_holds_names_a_smaller_weight_format_that_would(capsys):
     import re
     from capsim.cli import main
