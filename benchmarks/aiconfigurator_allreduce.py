@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from aiconfigurator_moe import CARDS, VLLM_VERSION, _version_key, set_note, wheel_args  # noqa: E402
+from aiconfigurator_moe import CARDS, VLLM_VERSION, _version_key, card_folders, set_note, wheel_args  # noqa: E402
 
 ENGINES = ("vllm", "sglang", "trtllm")
 NOTE = " Engine all-reduce (all_reduce_<engine>.csv):"
@@ -68,12 +68,7 @@ def card_tables(data: Path, card: str) -> tuple[dict[str, pd.DataFrame], list[st
 
 def main(argv=None) -> int:
     args, data = wheel_args(__doc__.split("\n")[0], "profiles/ops: writes <card>/all_reduce_<engine>.csv", argv)
-    for card in args.cards.split(","):
-        if card not in CARDS:
-            raise SystemExit(f"--cards: unknown card {card!r}; expected some of {', '.join(CARDS)}")
-        folder = Path(args.out) / card
-        if not folder.is_dir():
-            raise SystemExit(f"{folder}: no such table set")
+    for card, folder in card_folders(args):
         tables, notes = card_tables(data, card)
         for engine, rows in tables.items():
             rows.to_csv(folder / f"all_reduce_{engine}.csv", index=False)

@@ -109,7 +109,8 @@ def card_rows(data: Path, card: str, shapes) -> tuple[pd.DataFrame, list[str]]:
     return out.sort_values(COLUMNS[:-1]).reset_index(drop=True), notes
 
 
-NOTES = (" Fused-MoE kernels (moe.csv.gz):", " Engine all-reduce (all_reduce_<engine>.csv):")
+NOTES = (" Fused-MoE kernels (moe.csv.gz):", " Engine all-reduce (all_reduce_<engine>.csv):",
+         " MLA attention kernels (mla_<phase>_<engine>_<kv>.csv.gz):")
 """The notes these scripts append to a card's source.txt, each starting with its marker."""
 
 
@@ -122,6 +123,17 @@ def set_note(src: Path, note: str) -> None:
     notes = {m: text[i:(cuts[k + 1][0] if k + 1 < len(cuts) else len(text))] for k, (i, m) in enumerate(cuts)}
     notes[marker] = note
     src.write_text(head + "".join(notes[m] for m in NOTES if m in notes) + "\n")
+
+
+def card_folders(args: argparse.Namespace):
+    """(card, its table-set folder under --out) for each of --cards, refusing an unknown card or a missing folder."""
+    for card in args.cards.split(","):
+        if card not in CARDS:
+            raise SystemExit(f"--cards: unknown card {card!r}; expected some of {', '.join(CARDS)}")
+        folder = Path(args.out) / card
+        if not folder.is_dir():
+            raise SystemExit(f"{folder}: no such table set")
+        yield card, folder
 
 
 def wheel_args(description: str, out_help: str, argv=None) -> tuple[argparse.Namespace, Path]:

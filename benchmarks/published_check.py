@@ -30,7 +30,7 @@ sys.path.insert(0, str(REPO))
 from sim.published.predict import SYSTEMS, error_summary  # noqa: E402
 
 DEFAULTS = {"requests_per_user": "1 + ceil(16384 / osl), 3 to 6", "start": "cold", "rounds": 10, "mixed": "one_pass",
-            "moe_kernels": "engine", "moe_routing": "engine", "all_reduce": "engine", "engine_config": "engine",
+            "moe_kernels": "engine", "moe_routing": "engine", "mla_kernels": "engine", "all_reduce": "engine", "engine_config": "engine",
             "host_overhead_s": None, "shared_experts_overlap": "engine", "frontend_ms": "engine", "pool_batch": "engine",
             "async_scheduling": "engine", "first_token": "engine", "phases": "engine", "seed": 0,
             "host_per_sequence_s": "engine", "prefill_batches": "engine"}

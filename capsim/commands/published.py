@@ -93,6 +93,11 @@ def _step_time_options(p) -> None:
                         "fused-MoE kernels; TensorRT-LLM: composed from GEMMs; chosen on half the silicon sample, "
                         "docs/fidelity.md), every row's own engine's kernels, one engine's kernels for every row, "
                         "or composed (step_time.model.moe_kernels)")
+    p.add_argument("--mla-kernels", choices=["engine", "own", "composed", "sglang", "trtllm"], default="engine",
+                   help="MLA models' attention (DeepSeek-V3/R1, Kimi-K2.5): each engine's default "
+                        "(EngineDefaults.mla_kernels), every row's own engine's measured MLA kernels (vLLM: composed, "
+                        "it has no kernel table), one engine's for every row, or composed from the GQA tables "
+                        "(step_time.model.mla_kernels)")
     p.add_argument("--moe-routing", choices=["engine", "balanced", "power_law_1.2"], default="engine",
                    help="which measured routing of the fused-MoE kernels: each engine's default (vLLM power_law_1.2, "
                         "SGLang balanced), tokens spread evenly over the experts, or a power law "
@@ -180,7 +185,8 @@ def run(args) -> int:
                                 first_token=args.first_token, phases=args.phases, seed=args.seed,
                                 host_per_sequence_s=None if args.host_per_sequence_ms is None
                                 else args.host_per_sequence_ms / 1e3, kv_cache=args.kv_cache,
-                                prefill_batches=args.prefill_batches, prefill_response=args.prefill_response)
+                                prefill_batches=args.prefill_batches, prefill_response=args.prefill_response,
+                                mla_kernels=args.mla_kernels)
     if args.out:  # written whole or not at all
         from sim.io.outputs import staged_output
         with staged_output(args.out, args.force, PUBLISHED_FILES) as stage:

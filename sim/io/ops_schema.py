@@ -47,6 +47,12 @@ class OpsStepTime(StrictModel):
                             "moe.csv) when it has the layer's shape, dtype and expert split and routing is uniform "
                             "(parallel.routing_skew 0, expert_imbalance 1), else composed from GEMMs; `composed` "
                             "always composes")
+    mla_kernels: Literal["composed", "sglang", "trtllm"] = Field(
+        "composed", description="MLA models' (DeepSeek-V3, Kimi-K2.5) attention kernels: that engine's measured MLA "
+                                "kernels (the table set's mla_<phase>_<engine>_<kv>.csv.gz: SGLang's attention backend "
+                                "of the card, TensorRT-LLM's) for the KV cache's format where measured, else composed: "
+                                "decode as the GQA table's one-KV-head kernel over the latent's bytes, prefill as MHA "
+                                "scaled by the head dims")
     moe_routing: Literal["balanced", "power_law_1.2"] = Field(
         "power_law_1.2", description="Which measured routing of the fused-MoE table: power_law_1.2 (token counts per "
                                      "expert follow a power law, as real traffic's do; AIConfigurator's default, and "

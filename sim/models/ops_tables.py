@@ -428,6 +428,12 @@ class TableSet:
         """Generation (decode) attention."""
         return _cached(AttentionTable, self._need("generation_attention"), True)
 
+    def mla(self, phase: str, engine: str, kv: str) -> AttentionTable | None:
+        """An engine's measured MLA attention kernel (`phase` context or generation, KV cache `kv` bf16 or fp8:
+        mla_<phase>_<engine>_<kv>.csv[.gz], heads per GPU, kv_heads 1, head_dim 576), or None where not measured."""
+        p = find_table(self.folder, f"mla_{phase}_{engine}_{kv}")
+        return None if p is None else _cached(AttentionTable, p, phase == "generation")
+
     def nccl(self) -> NcclTable:
         """Collectives."""
         return _cached(NcclTable, self._need("nccl"))

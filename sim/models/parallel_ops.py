@@ -127,6 +127,28 @@ class ParallelOpsModel(OpsModel):
             self.generation = tables.generation().shape(self.heads, 1, 128)
             self.context_scale, self.generation_scale = MLA_CONTEXT_SCALE, MLA_GENERATION_SCALE
 
+    def measure_mla(self, kv_format: str) -> None:
+        """Time MLA attention with the engine's measured kernels (step_time.model.mla_kernels) for this KV format, where
+        the table set has them: heads per GPU as measured, the latent's bytes inside the kernel. Keeps the composition
+        (and says so once) where they are missing."""
+        engine, p = self.cfg.mla_kernels, self.spec.profile
+        if engine == "composed" or p.mla is None:
+            return
+        kv = "fp8" if kv_format == "fp8" else "bf16"
+        kv = kv if self.tables.mla("generation", engine, kv) is not None else "bf16"
+        gen, ctx = self.tables.mla("generation", engine, kv), self.tables.mla("context", engine, kv)
+        if gen is None or ctx is None:
+            say_once((str(self.tables.folder), engine, "mla"),
+                     f"note: {self.tables.folder}: no {engine} MLA kernel table (mla_generation_{engine}_{kv}, "
+                     f"mla_context_{engine}_{kv}); {p.name}'s attention is composed (step_time.model.mla_kernels)",
+                     self.stream)
+            return
+        dim = p.mla.kv_lora_rank + p.mla.qk_rope_head_dim
+        self.generation, self.context = gen.shape(self.heads, 1, dim), ctx.shape(self.heads, 1, dim)
+        self.context_scale = self.generation_scale = 1.0
+        if kv == kv_format or kv_format == "fp16":
+            self.kv_read_scale = 1.0
+
     def _shapes(self) -> tuple[dict, dict, dict]:
         """(attention, dense FFN, MoE) GEMM shapes (n, k) on one GPU."""
         p, lay, h, H = self.spec.profile, self.layout, self.spec.profile.hidden_size, self.heads
@@ -415,4 +437,5 @@ def build_replica_ops_model(cfg: OpsStepTime, spec: ModelSpec, hw, layout: Layou
     model = ParallelOpsModel(cfg, spec, tables, ops_dtype(cfg, weight_format), hw.memory_bandwidth_gbs.value, layout,
                              allow_extrapolation, stream)
     model.kv_read_scale = scale
+    model.measure_mla(kv_format)
     return model

@@ -41,6 +41,16 @@ class EngineDefaults:
     and the composition from GEMMs, by median |TPOT error|; reported on the odd lines
     (benchmarks/moe_routing_held_out.py, docs/fidelity.md)."""
 
+    mla_kernels: str = "composed"
+    """MLA models' attention kernels (step_time.model.mla_kernels): `composed` from the card's GQA tables, or an
+    engine's measured MLA kernels (sglang, trtllm; profiles/ops/<card>/mla_*, benchmarks/aiconfigurator_mla.py).
+    Chosen per engine on its even lines, agg and disaggregated together, by median |TPOT error| (a tie keeping
+    `composed`), held out on the odd lines (docs/fidelity.md, "MLA's measured kernels"): SGLang its own (18.13% ->
+    18.12%, TTFT 52.0% -> 50.7%; odd lines TPOT 15.4% -> 14.7%), TensorRT-LLM `composed` (its own: 22.4% -> 25.4%),
+    vLLM SGLang's: it has no kernel table of its own, and on Blackwell (every MLA row of vLLM's) its default MLA
+    backend, FLASHINFER_MLA, calls the FlashInfer TRT-LLM-gen kernel SGLang's `trtllm_mla` backend calls (5.7% ->
+    3.9%, odd lines 6.6% -> 5.3%)."""
+
     all_reduce: str = "nccl"
     """Whose all-reduce times tensor parallelism (step_time.model.all_reduce): NCCL's, or the engine's own
     measured one (its name). Chosen per engine on the even lines of the silicon sample's agg rows by median
@@ -208,12 +218,14 @@ class EngineDefaults:
         if self.sync_host_per_sequence_s and self.async_since is not None:
             ar += (f"; host {self.sync_host_per_sequence_s * 1e6:.4g} us per sequence a step before {self.async_since} "
                    "(synchronous scheduling)")
+        mla = "composed" if self.mla_kernels == "composed" else f"{self.mla_kernels}'s measured kernels"
         over = self.shared_experts_overlap
         shared = {"off": "in series with the routed ones", "decode": "beside the routed ones in decode-only passes",
                   "fused": "fused into the routed kernel (in series under expert parallelism)"}.get(
             over, f"beside the routed ones in passes of <= {over} tokens")
         return (f"{self.backend} ({self.versions}): {sched}; KV admission {self.kv_admission}; {mem}; {graphs}; "
                 f"after a cold first wave: {self.later_waves} ({self.disagg_later_waves} on disaggregated rows); MoE experts: {moe}; shared experts {shared}; "
+                f"MLA attention: {mla}; "
                 f"q / k norms {'fused with RoPE' if self.qk_norm_kernels == 'fused_with_rope' else 'as kernels of their own'}; "
                 f"all-reduce: {ar}; async scheduling {'on' if self.async_scheduling else 'off'}; "
                 + (f"prefill batches {self.prefill_batches} (agg rows); " if self.scheduler.get("kind") == "chunked"
@@ -256,7 +268,7 @@ ENGINES: dict[str, EngineDefaults] = {
          "gpu_memory_utilization 0.9, 16-token blocks, prefix caching on (random prompts: no hits)"),
         moe=("vllm", "power_law_1.2"), config="aic_benchmark", all_reduce="vllm", frontend_ms=(25.0, 0.4),
         disagg_first_token="decode_recompute", steady_phases="random", disagg_steady_phases="random",
-        disagg_pool_batch="stated", disagg_frontend_hops=2,
+        disagg_pool_batch="stated", disagg_frontend_hops=2, mla_kernels="sglang",
         async_since="0.14", sync_host_per_sequence_s=60e-6, kv_cache="checkpoint"),
     "sglang": EngineDefaults(
         "sglang", "0.5.x: `sglang.launch_server` on an 80 GB-class card",
@@ -264,7 +276,8 @@ ENGINES: dict[str, EngineDefaults] = {
         "on_demand", "card", 0.88, list(range(1, 5)) + list(range(8, 257, 8)),
         ("chunked_prefill_size 8192; mem_fraction_static ~0.88",
          "prefill batches apart from decode batches (no --enable-mixed-chunk, its default)"),
-        later_waves="cohort", moe=("sglang", "balanced"), all_reduce="sglang", shared_experts_overlap="off",
+        later_waves="cohort", moe=("sglang", "balanced"), mla_kernels="sglang", all_reduce="sglang",
+        shared_experts_overlap="off",
         frontend_ms=(100.0, 0.0), disagg_first_token="decode_admission", disagg_prefill_response="wait",
         disagg_pool_batch="stated",
         kv_cache="quantized",

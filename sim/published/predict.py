@@ -222,14 +222,15 @@ def _scheduler(engine, dp: int, per_rank: dict | None = None, async_scheduling: 
 def step_time_for(mixed: str = "one_pass", moe_kernels: str = "vllm", moe_routing: str = "balanced",
                   all_reduce: str = "nccl", host_overhead_s: float | None = None,
                   shared_experts_overlap: str | int = 256, qk_norm_kernels: str = "separate",
-                  host_per_sequence_s: float = 0.0) -> dict:
+                  host_per_sequence_s: float = 0.0, mla_kernels: str = "composed") -> dict:
     """The scenario's step_time mapping: operator-table composition (the layout is the scenario's `parallel`);
     `mixed` says how a chunked iteration (decodes + prefill chunks) is costed, `moe_kernels` whose measured
     fused-MoE kernels MoE layers use (vllm, sglang, trtllm) or `composed` from GEMMs, `moe_routing` which
     measured routing of them (balanced, power_law_1.2), `all_reduce` whose all-reduce times tensor
     parallelism (nccl, vllm, sglang, trtllm), `shared_experts_overlap` when shared experts run beside the routed
     ones (off, decode, or a token count), `qk_norm_kernels` whether q / k norms are kernels of their own,
-    `host_per_sequence_s` the host time per sequence of every pass (set only when above 0)."""
+    `host_per_sequence_s` the host time per sequence of every pass (set only when above 0), `mla_kernels` whose
+    measured MLA attention kernels MLA models use (sglang, trtllm) or `composed` (set only when not composed)."""
     model = {"kind": "ops", "mixed": mixed, "moe_kernels": moe_kernels, "moe_routing": moe_routing,
              "all_reduce": all_reduce, "shared_experts_overlap": shared_experts_overlap,
              "qk_norm_kernels": qk_norm_kernels}
@@ -237,18 +238,27 @@ def step_time_for(mixed: str = "one_pass", moe_kernels: str = "vllm", moe_routin
         model["host_overhead_s"] = host_overhead_s
     if host_per_sequence_s > 0:
         model["host_per_sequence_s"] = host_per_sequence_s
+    if mla_kernels != "composed":
+        model["mla_kernels"] = mla_kernels
     return {"model": model}
 
 
 def _engine_step_time(engine, backend: str, mixed: str, moe_kernels: str, moe_routing: str, all_reduce: str,
-                      host_overhead_s: float | None, shared_experts_overlap, host_per_sequence_s: float = 0.0) -> dict:
+                      host_overhead_s: float | None, shared_experts_overlap, host_per_sequence_s: float = 0.0,
+                      mla_kernels: str = "engine") -> dict:
     """step_time_for with each `engine` choice (and `own`, the row's backend) resolved from the engine's defaults."""
     return step_time_for(mixed, {"engine": engine.moe[0], "own": backend}.get(moe_kernels, moe_kernels),
                          engine.moe[1] if moe_routing == "engine" else moe_routing,
                          {"engine": engine.all_reduce, "own": backend}.get(all_reduce, all_reduce),
                          engine.host_overhead_s if host_overhead_s is None else host_overhead_s,
                          engine.shared_experts_overlap if shared_experts_overlap == "engine" else shared_experts_overlap,
-                         engine.qk_norm_kernels, host_per_sequence_s)
+                         engine.qk_norm_kernels, host_per_sequence_s,
+                         {"engine": engine.mla_kernels, "own": _own_mla(backend)}.get(mla_kernels, mla_kernels))
+
+
+def _own_mla(backend: str) -> str:
+    """The row's engine's own measured MLA kernels, or the composition for an engine with none (vLLM)."""
+    return backend if backend in ("sglang", "trtllm") else "composed"
 
 
 def frontend_latency_s(frontend, backend: str, users: float) -> float:
@@ -270,7 +280,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                frontend="engine", pool_batch: str = "engine", async_scheduling: str = "engine",
                first_token: str = "engine", phases: str = "engine", seed: int = 0,
                host_per_sequence_s: float | None = None, kv_cache: str = "engine",
-               prefill_batches: str = "engine", prefill_response: str = "engine") -> Case:
+               prefill_batches: str = "engine", prefill_response: str = "engine", mla_kernels: str = "engine") -> Case:
     """Translate one published row into a closed-loop scenario for one replica, or say why not. `engine` means the
     row's engine's default (sim.published.engines) for each of: `moe_kernels` (or `own`: the row's engine's kernels,
     vllm / sglang / trtllm, composed), `moe_routing` (balanced, power_law_1.2), `all_reduce` (`own`, nccl, vllm,
@@ -283,6 +293,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     state's user phases (Case.phases; `engine`: EngineDefaults.steady_phases on agg rows, disagg_steady_phases on
     disaggregated ones); `seed`: the scenario seed (what is drawn: random phases); `host_per_sequence_s`: the host time
     per sequence of every pass (None: the engine's for the row's version, EngineDefaults.host_per_sequence_s);
+    `mla_kernels` (`own`, composed, sglang, trtllm; EngineDefaults.mla_kernels);
     `kv_cache`: which rows' KV cache is FP8 (KV_CACHE; `engine`: EngineDefaults.kv_cache); `prefill_batches`: whether a
     chunked scheduler mixes decodes with prefill chunks (PREFILL_BATCHES; `engine`: EngineDefaults.prefill_batches);
     `rounds`: the replayed benchmark's requests per user under `start` cold (benchmark_rounds; None: the mode's
@@ -294,7 +305,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
         phases = engine.disagg_steady_phases if row.mode == "disagg" else engine.steady_phases
     case = _build_case(row, per_user, start, mixed, rounds, moe_kernels, moe_routing, all_reduce, engine_config,
                        host_overhead_s, shared_experts_overlap, frontend, pool_batch, async_scheduling, first_token,
-                       host_per_sequence_s, kv_cache, prefill_batches, prefill_response)
+                       host_per_sequence_s, kv_cache, prefill_batches, prefill_response, mla_kernels)
     if phases == "even" and seed == 0:
         return case
     return replace(case, phases=phases, scenario=None if case.scenario is None else dict(case.scenario, seed=seed))
@@ -311,12 +322,12 @@ def _check_choices(**given: str) -> None:
 def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds, moe_kernels: str, moe_routing: str,
                 all_reduce: str, engine_config: str, host_overhead_s, shared_experts_overlap, frontend, pool_batch: str,
                 async_scheduling: str, first_token: str, host_per_sequence_s: float | None = None,
-                kv_cache: str = "engine", prefill_batches: str = "engine", prefill_response: str = "engine") -> Case:
+                kv_cache="engine", prefill_batches="engine", prefill_response="engine", mla_kernels="engine") -> Case:
     """build_case's row with even phases and seed 0."""
     _check_choices(engine_config=engine_config, async_scheduling=async_scheduling, prefill_batches=prefill_batches)
     if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
         return _disagg_case(row, per_user, start, rounds, frontend, pool_batch, (first_token, prefill_response), dict(
-            mixed=mixed, moe_kernels=moe_kernels, moe_routing=moe_routing, all_reduce=all_reduce,
+            mixed=mixed, moe_kernels=moe_kernels, moe_routing=moe_routing, all_reduce=all_reduce, mla_kernels=mla_kernels,
             host_overhead_s=host_overhead_s, shared_experts_overlap=shared_experts_overlap,
             async_scheduling=async_scheduling, host_per_sequence_s=host_per_sequence_s, kv_cache=kv_cache,
             # a prefill pool runs no decodes and a decode pool no prompts: nothing to keep apart unless asked
@@ -371,7 +382,7 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds, moe
         "step_time": _engine_step_time(engine, row.backend, mixed, moe_kernels, moe_routing, all_reduce,
                                        host_overhead_s, shared_experts_overlap,
                                        engine.host_per_sequence_s(row.backend_version) if host_per_sequence_s is None
-                                       else host_per_sequence_s),
+                                       else host_per_sequence_s, mla_kernels),
         "parallel": {"tp": row.tp, "pp": row.pp, "ep": row.moe_ep, **({"attention_dp": dp} if dp > 1 else {})},
         "workload": {"kind": "closed_loop", "users": users,
                      "num_requests": users * (per_user or requests_per_user(row.osl)),

@@ -104,7 +104,7 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
                        pool_batch: str = "engine", async_scheduling: str = "engine", first_token: str = "engine",
                        phases: str = "engine", seed: int = 0, host_per_sequence_s: float | None = None,
                        kv_cache: str = "engine", prefill_batches: str = "engine",
-                       prefill_response: str = "engine") -> dict:
+                       prefill_response: str = "engine", mla_kernels: str = "engine") -> dict:
     """Simulate the selected rows (fanned out over Dask workers when workers > 1) and build the report.
     A file with a `total_output_tokens_per_s` column is TensorRT-LLM's max-throughput table."""
     from sim.published.throughput import is_throughput_file
@@ -113,7 +113,7 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
     rows = select_rows(read_published(path), backend, system, mode)
     cases = [build_case(r, per_user, start, mixed, rounds, moe_kernels, moe_routing, all_reduce, engine_config,
                         host_overhead_s, shared_experts_overlap, frontend, pool_batch, async_scheduling, first_token,
-                        phases, seed, host_per_sequence_s, kv_cache, prefill_batches, prefill_response)
+                        phases, seed, host_per_sequence_s, kv_cache, prefill_batches, prefill_response, mla_kernels)
              for r in rows]
     results = _fan_out(simulate_case, [c if c.scenario is not None else None for c in cases], workers, progress,
                        stream)
@@ -123,7 +123,7 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
     return {"file": str(path), "requests_per_user": per_user or "1 + ceil(16384 / osl), 3 to 6", "start": start,
             "rounds": (rounds or ROUNDS) if start == "cold" else None,
             "disagg_rounds": (rounds or DISAGG_ROUNDS) if start == "cold" else None, "mixed": mixed,
-            "moe_kernels": moe_kernels, "moe_routing": moe_routing, "all_reduce": all_reduce,
+            "moe_kernels": moe_kernels, "moe_routing": moe_routing, "mla_kernels": mla_kernels, "all_reduce": all_reduce,
             "engine_config": engine_config, "host_overhead_s": host_overhead_s,
             "host_per_sequence_s": "engine" if host_per_sequence_s is None else host_per_sequence_s,
             "kv_cache": kv_cache, "prefill_batches": prefill_batches,

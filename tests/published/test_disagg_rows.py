@@ -338,3 +338,16 @@ def test_vllms_disaggregated_front_end_counts_twice_and_the_report_says_so():
     assert rec["frontend_hops"] == 2 and rec["frontend_ms"] == pytest.approx(2e3 * one)
     sglang = build_case(dataclasses.replace(row, backend="sglang"), per_user=2)
     assert sglang.frontend_hops == 1
+
+
+def test_mla_kernels_reach_both_pools_step_time():
+    """--mla-kernels: `own` gives an SGLang row SGLang's measured MLA kernels (the step time both pools share),
+    `composed` none (the composition is the model's default, so the key is left out), and a vLLM row, whose engine
+    has no MLA kernel table, the composition."""
+    ds, qwen = read_published(FIXTURE)
+    for how, want in (("engine", "sglang"), ("own", "sglang"), ("trtllm", "trtllm"), ("composed", None)):
+        case = build_case(ds, per_user=2, mla_kernels=how)
+        assert "step_time" not in case.scenario["disaggregation"]["decode"]
+        assert case.scenario["step_time"]["model"].get("mla_kernels") == want
+    vllm = build_case(dataclasses.replace(qwen, concurrency=4), per_user=2, mla_kernels="own").scenario
+    assert "mla_kernels" not in vllm["step_time"]["model"]

@@ -563,6 +563,67 @@ def test_a_layout_whose_logits_all_gather_is_unmeasured_is_refused_when_built():
     assert build_replica_ops_model(cfg, spec, hw, Layout(tp=4, ep=4), "fp8", "fp8", True).tp == 4
 
 
+def _mla_row(card: str, stem: str, batch: int, length: int, heads: int) -> float:
+    """One measured point of a shipped MLA kernel table, in seconds (read from the CSV, not through the loader)."""
+    import csv
+    import gzip
+    with gzip.open(REPO / "profiles" / "ops" / card / f"{stem}.csv.gz", "rt") as f:
+        for r in csv.DictReader(f):
+            if (int(r["batch"]), int(r.get("kv_len") or r.get("seq_len")), int(r["heads"])) == (batch, length, heads):
+                assert (r["kv_heads"], r["head_dim"]) == ("1", "576")
+                return float(r["latency_us"]) * 1e-6
+    raise AssertionError(f"{card}/{stem}: no point {batch}, {length}, {heads}")
+
+
+@pytest.mark.parametrize("engine", ["sglang", "trtllm"])
+def test_mla_attention_from_an_engines_measured_kernels(engine):
+    """step_time.model.mla_kernels: DeepSeek-V3's attention on GB200 from the engine's measured MLA kernels at the
+    GPU's heads (128 on an attention-DP rank, 32 under tp4), for the KV cache's format, with no latent scaling."""
+    from sim.io.ops_schema import OpsStepTime
+    from sim.models.parallel_ops import build_replica_ops_model
+    spec, hw = ModelSpec(load_model("deepseek-v3")), load_hardware("gb200")
+    cfg = OpsStepTime(tables="gb200", all_reduce="sglang", moe_kernels="sglang", mla_kernels=engine)
+    dp = build_replica_ops_model(cfg, spec, hw, Layout(tp=1, attention_dp=4), "nvfp4", "fp8", True)
+    assert dp.generation_scale == dp.context_scale == dp.kv_read_scale == 1.0
+    assert dp.generation_attention_s(1, 2048) == pytest.approx(_mla_row("gb200", f"mla_generation_{engine}_fp8", 1, 2048, 128))
+    assert dp.context_attention_s(1, 1024 * 1025 // 2) == pytest.approx(
+        _mla_row("gb200", f"mla_context_{engine}_fp8", 1, 1024, 128))
+    tp = build_replica_ops_model(cfg, spec, hw, Layout(tp=4), "nvfp4", "bf16", True)
+    assert tp.generation_attention_s(64, 64 * 4096) == pytest.approx(
+        _mla_row("gb200", f"mla_generation_{engine}_bf16", 64, 4096, 32))
+    # the composition (the default) is what it was: the GQA table's kernel over 2.25 x the FP8 latent's tokens
+    comp = build_replica_ops_model(cfg.model_copy(update={"mla_kernels": "composed"}), spec, hw,
+                                   Layout(tp=1, attention_dp=4), "nvfp4", "fp8", True)
+    assert comp.generation_attention_s(1, 2048) == pytest.approx(comp.generation.at(1, 2048 * 2.25 * 0.5))
+
+
+def test_mla_kernels_missing_from_a_table_set_keep_the_composition(capsys):
+    """A100's tables hold TensorRT-LLM's MLA kernels only: SGLang's are composed, and the run says so once; L40S has
+    SGLang's for a BF16 cache alone, which an FP8 cache reads at half the bytes as the GQA tables are read."""
+    from sim.io.ops_schema import OpsStepTime
+    from sim.models.parallel_ops import build_replica_ops_model, MLA_GENERATION_SCALE
+    spec = ModelSpec(load_model("deepseek-v3"))
+    hw = load_hardware("a100-80g-sxm")
+    cfg = OpsStepTime(tables="a100-80g-sxm", moe_kernels="sglang", mla_kernels="sglang")
+    m = build_replica_ops_model(cfg, spec, hw, Layout(tp=8, ep=8), "bf16", "bf16", True)
+    assert m.generation_scale == MLA_GENERATION_SCALE
+    assert "no sglang MLA kernel table" in capsys.readouterr().err
+    t = build_replica_ops_model(cfg.model_copy(update={"mla_kernels": "trtllm"}), spec, hw, Layout(tp=8, ep=8),
+                                "bf16", "bf16", True)
+    assert t.generation_scale == 1.0
+    l40s = build_replica_ops_model(OpsStepTime(tables="l40s", moe_kernels="sglang", mla_kernels="sglang"), spec,
+                                   load_hardware("l40s"), Layout(tp=8, ep=8), "bf16", "fp8", True)
+    assert l40s.generation_scale == 1.0 and l40s.kv_read_scale == 0.5
+    assert l40s.generation_attention_s(8, 8 * 4096) == pytest.approx(
+        _mla_row("l40s", "mla_generation_sglang_bf16", 8, 2048, 16))
+
+
+def test_mla_kernels_field_is_checked():
+    from sim.io.ops_schema import OpsStepTime
+    with pytest.raises(Exception, match="mla_kernels"):
+        OpsStepTime(mla_kernels="vllm")
+
+
 def test_attention_dp_ranks_each_hold_whole_blocks_of_their_share(tmp_path):
     """Qwen3-235B on 8 x H200 as two attention-DP ranks of TP4: a rank's blocks live on its own 4 GPUs, so the pool is
     2 x floor(the rank's budget / a block's bytes on it), not floor(the replica's budget / one block), which could
