@@ -43,6 +43,8 @@ def capacity_section(plan: dict) -> str:
                                           numeric_columns={1})
     if cap.get("note"):
         body += paragraph(f"Note: {cap['note']}.")
+    for warning in plan.get("warnings") or ():  # why the answer may not hold (sim.planning.short_run)
+        body += paragraph(f"Warning: {warning}.")
     return body
 
 

@@ -160,6 +160,10 @@ def test_plan_report_shows_plan_json_and_the_run_at_capacity(plan):
     assert rec["scenario"]["workload"]["num_requests"] == 120
     for fig in ("fig-goodput", "fig-replicas", "fig-plane", "cap-fig-cdf", "cap-fig-timeline"):
         assert f'id="{fig}"' in text, fig
+    # plan.json's warnings (a capacity measured on runs too short to build a queue) are shown with the capacity
+    from sim.report.plan import capacity_section
+    assert "Warning: short run: a test." in capacity_section(dict(p, warnings=["short run: a test"]))
+    assert "Warning:" not in capacity_section(dict(p, warnings=[]))
 
 
 @needs_chromium
