@@ -72,7 +72,9 @@ def _add_plan(sub) -> argparse.ArgumentParser:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="dotted.key=value",
                    help="override a scenario field (repeatable)")
     p.add_argument("--replications", type=count(1, 1000), default=3, help="seeds per rate (default 3)")
-    p.add_argument("--requests", type=count(1, 100_000_000), help="requests per run (workload.num_requests, or a trace's max_requests)")
+    p.add_argument("--requests", type=count(1, 100_000_000), help="requests per run (workload.num_requests, or a trace's max_requests); with --gpus, the "
+                        "scenario's deployment's, scaled to each deployment's GPUs (a deployment on half the "
+                        "scenario's GPUs runs half as many)")
     p.add_argument("--tol", type=number(0.0, 1.0, low_open=True), default=0.02, help="relative width at which bisection stops (default 0.02)")
     p.add_argument("--start-rps", type=number(1e-6, 1e9, what="a rate in req/s"),
                    help="first rate tried (default: the scenario's; at least 1e-6)")

@@ -656,3 +656,18 @@ def test_a_model_no_layout_holds_names_a_smaller_weight_format_that_would(capsys
     # nothing smaller to suggest: the plain refusal
     assert nothing_fits(ModelSpec(load_model("kimi-k2.5")), 1, "int4", 0, "--weight-format") == \
         "; no layout of up to 64 GPUs fits"
+
+
+def test_memory_text_labels_the_fullest_gpus_kv_per_gpu_and_a_ranks_requests(capsys):
+    """Under a layout `capsim memory`'s KV lines are one GPU's (a TP4 Llama-3.1-70B GPU holds a quarter of each
+    token's 327,680 B), and under attention DP one rank's share of the requests."""
+    from capsim.cli import main
+    assert main(["memory", "--model", "llama-3.1-70b", "--hardware", "h100-sxm", "--tp", "4", "--requests", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "KV per token per GPU         81920 B (bf16)" in out and "total KV for 10 per GPU" in out
+    assert main(["memory", "--model", "deepseek-v3", "--hardware", "b200", "--weight-format", "fp8", "--tp", "1",
+                 "--ep", "8", "--attention-dp", "8", "--requests", "10"]) == 0
+    out = capsys.readouterr().out
+    assert "total KV for 2 per GPU" in out and "(one of 8 attention-DP ranks' 2 of 10 requests)" in out
+    assert main(["memory", "--model", "llama-3.1-8b", "--requests", "10"]) == 0
+    assert "per GPU" not in capsys.readouterr().out  # one GPU: the plain labels
