@@ -79,6 +79,30 @@ def _spec_of(args):
     return ModelSpec(profile, expert_format=args.expert_weight_format)
 
 
+def _text_rows(args, spec, hw, layout, budget, plan, out: dict) -> list[tuple[str, str]]:
+    """capsim memory's text lines before the layout's: the model's weights and the requests' KV, with the budget."""
+    # under a layout the KV lines below are the fullest GPU's (parallel_view), its attention-DP rank's requests
+    gpu = "" if layout.trivial else " per GPU"
+    ranks = layout.attention_dp
+    rows = [
+        ("model", spec.profile.name),
+        ("weights", f"{fmt_bytes(out['weight_bytes'])} ({args.weight_format}); read per step {fmt_bytes(out['weight_read_bytes_per_step'])}"),
+        ("KV per token" + gpu, f"{plan.kv_bytes_per_token:g} B ({args.kv_format})"),
+        ("tokens stored per request", f"{plan.tokens_stored_per_request} -> {plan.blocks_per_request} blocks of {plan.block_tokens}"),
+        ("KV per request" + (" (private)" if plan.shared_prefix_blocks else "") + gpu, fmt_bytes(plan.kv_bytes_per_request)),
+        ("shared prefix" + gpu, f"{plan.shared_prefix_blocks} blocks, {fmt_bytes(plan.shared_prefix_bytes)}"),
+        (f"total KV for {plan.requests}" + gpu, fmt_bytes(plan.total_kv_bytes)
+         + (f" (one of {ranks} attention-DP ranks' {plan.requests} of {args.requests} requests)" if ranks > 1 else "")),
+    ]
+    if budget is not None:
+        rows += [("KV budget" + gpu, fmt_bytes(budget)), ("fits", "yes" if plan.fits else "NO"),
+                 ("max requests" + (" per attention-DP rank" if ranks > 1 else ""), str(plan.max_requests))]
+        if out.get("card_fit") is False:  # (known only with --hardware)
+            rows.append(("card", f"NO: weights {fmt_bytes(out['weight_bytes'])} + KV budget {fmt_bytes(budget)} "
+                                 f"exceed {hw.name}'s {fmt_bytes(hw.memory_bytes)}"))
+    return rows
+
+
 def cmd_memory(args) -> int:
     """`capsim memory`: weights, KV per request, how many requests fit, and what each step reads."""
     from sim.models.memory import kv_footprint
@@ -128,25 +152,7 @@ def cmd_memory(args) -> int:
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
-    # under a layout the KV lines below are the fullest GPU's (parallel_view), its attention-DP rank's requests
-    gpu = "" if layout.trivial else " per GPU"
-    ranks = layout.attention_dp
-    rows = [
-        ("model", spec.profile.name),
-        ("weights", f"{fmt_bytes(out['weight_bytes'])} ({args.weight_format}); read per step {fmt_bytes(out['weight_read_bytes_per_step'])}"),
-        ("KV per token" + gpu, f"{plan.kv_bytes_per_token:g} B ({args.kv_format})"),
-        ("tokens stored per request", f"{plan.tokens_stored_per_request} -> {plan.blocks_per_request} blocks of {plan.block_tokens}"),
-        ("KV per request" + (" (private)" if plan.shared_prefix_blocks else "") + gpu, fmt_bytes(plan.kv_bytes_per_request)),
-        ("shared prefix" + gpu, f"{plan.shared_prefix_blocks} blocks, {fmt_bytes(plan.shared_prefix_bytes)}"),
-        (f"total KV for {plan.requests}" + gpu, fmt_bytes(plan.total_kv_bytes)
-         + (f" (one of {ranks} attention-DP ranks' {plan.requests} of {args.requests} requests)" if ranks > 1 else "")),
-    ]
-    if budget is not None:
-        rows += [("KV budget" + gpu, fmt_bytes(budget)), ("fits", "yes" if plan.fits else "NO"),
-                 ("max requests" + (" per attention-DP rank" if ranks > 1 else ""), str(plan.max_requests))]
-        if out.get("card_fit") is False:  # (known only with --hardware)
-            rows.append(("card", f"NO: weights {fmt_bytes(out['weight_bytes'])} + KV budget {fmt_bytes(budget)} "
-                                 f"exceed {hw.name}'s {fmt_bytes(hw.memory_bytes)}"))
+    rows = _text_rows(args, spec, hw, layout, budget, plan, out)
     if "parallel" in out:
         rows += parallel_rows(out["parallel"])
     width = max(len(k) for k, _ in rows)
