@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from aiconfigurator_moe import CARDS, VLLM_VERSION, _version_key, card_folders, set_note, wheel_args  # noqa: E402
+from aiconfigurator_moe import CARDS, VLLM_VERSION, _version_key, card_folders, wheel_args, wheel_note  # noqa: E402
 
 ENGINES = ("vllm", "sglang", "trtllm")
 NOTE = " Engine all-reduce (all_reduce_<engine>.csv):"
@@ -75,11 +75,9 @@ def main(argv=None) -> int:
         if not tables:
             print(f"{card}: no engine all-reduce measured; nothing written", file=sys.stderr)
             continue
-        note = (f"{NOTE} each engine's custom all-reduce in the aiconfigurator 0.12.0 wheel "
-                f"(aiconfigurator_core/systems/data/{CARDS[card]}/comm/<engine>/<version>/custom_allreduce_perf.parquet), "
-                f"BF16, CUDA-graph mode where measured both ways: {'; '.join(notes)}; taken by "
-                f"benchmarks/aiconfigurator_allreduce.py.")
-        set_note(folder / "source.txt", note)
+        wheel_note(folder, NOTE, CARDS[card], "each engine's custom all-reduce",
+                   "comm/<engine>/<version>/custom_allreduce_perf.parquet",
+                   "BF16, CUDA-graph mode where measured both ways", notes, "aiconfigurator_allreduce.py")
         print(f"{card}: {'; '.join(notes)}", file=sys.stderr)
     return 0
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from aiconfigurator_moe import CARDS, _version_key, card_folders, set_note, wheel_args  # noqa: E402
+from aiconfigurator_moe import CARDS, _version_key, card_folders, wheel_args, wheel_note  # noqa: E402
 
 ENGINES = ("sglang", "trtllm")
 PHASES = {"generation": "kv_len", "context": "seq_len"}
@@ -87,11 +87,9 @@ def main(argv=None) -> int:
         for stem, rows in tables.items():
             rows.to_csv(folder / f"{stem}.csv.gz", index=False,
                         compression={"method": "gzip", "mtime": 0})
-        note = (f"{NOTE} SGLang's and TensorRT-LLM's MLA attention kernels in the aiconfigurator 0.12.0 wheel "
-                f"(aiconfigurator_core/systems/data/{CARDS[card]}/mla/<engine>/<version>/"
-                f"{{context,generation}}_mla_perf.parquet), BF16 or FP8 KV cache, heads per GPU: {'; '.join(notes)}; "
-                f"taken by benchmarks/aiconfigurator_mla.py.")
-        set_note(folder / "source.txt", note)
+        wheel_note(folder, NOTE, CARDS[card], "SGLang's and TensorRT-LLM's MLA attention kernels",
+                   "mla/<engine>/<version>/{context,generation}_mla_perf.parquet", "BF16 or FP8 KV cache, heads per GPU",
+                   notes, "aiconfigurator_mla.py")
         print(f"{card}: {'; '.join(notes)}", file=sys.stderr)
     return 0
 

@@ -125,6 +125,14 @@ def set_note(src: Path, note: str) -> None:
     src.write_text(head + "".join(notes[m] for m in NOTES if m in notes) + "\n")
 
 
+def wheel_note(folder: Path, marker: str, system: str, what: str, path: str, detail: str, notes: list[str],
+               script: str) -> None:
+    """Set the note `marker` in `folder`/source.txt: `what` in the wheel's `path` under the system's data folder,
+    `detail`, then each engine's or table's `notes` and the `script` that took them."""
+    set_note(folder / "source.txt", f"{marker} {what} in the aiconfigurator 0.12.0 wheel (aiconfigurator_core/systems/"
+                                    f"data/{system}/{path}), {detail}: {'; '.join(notes)}; taken by benchmarks/{script}.")
+
+
 def card_folders(args: argparse.Namespace):
     """(card, its table-set folder under --out) for each of --cards, refusing an unknown card or a missing folder."""
     for card in args.cards.split(","):
@@ -165,11 +173,9 @@ def main(argv=None) -> int:
         if not folder.is_dir():
             raise SystemExit(f"{folder}: no such table set")
         rows.to_csv(folder / "moe.csv.gz", index=False, compression={"method": "gzip", "mtime": 0})
-        note = (f" Fused-MoE kernels (moe.csv.gz): each engine's table in the aiconfigurator 0.12.0 wheel "
-                f"(aiconfigurator_core/systems/data/{system}/moe/<engine>/<version>/moe_perf.parquet), balanced "
-                f"and power_law_1.2 routing, the shipped MoE models' shapes, the fastest kernel per point: {'; '.join(notes)}; taken by "
-                f"benchmarks/aiconfigurator_moe.py.")
-        set_note(folder / "source.txt", note)
+        wheel_note(folder, NOTES[0], system, "each engine's table", "moe/<engine>/<version>/moe_perf.parquet",
+                   "balanced and power_law_1.2 routing, the shipped MoE models' shapes, the fastest kernel per point",
+                   notes, "aiconfigurator_moe.py")
         print(f"{card}: {len(rows)} rows: {'; '.join(notes)}", file=sys.stderr)
     return 0
 
