@@ -29,11 +29,11 @@ def add_parsers(sub) -> None:
     p.add_argument("--requests-per-user", type=int, default=None,
                    help="requests each simulated client sends (default 1 + ceil(16384 / OSL), 3 to 6; 2..1000)")
     _step_time_options(p)
-    p.add_argument("--engine-config", choices=["engine", "defaults", "aic-benchmark"], default="engine",
-                   help="how each row's engine was configured: each engine's choice (default; vLLM and TensorRT-LLM "
-                        "the benchmark rules, SGLang its defaults, docs/fidelity.md), every engine's launch defaults, "
-                        "or the limits AIConfigurator's generator writes for a benchmark deployment (max batch = the "
-                        "row's batch size, token budget = batch + ISL + 1,500, CUDA graphs for every batch size)")
+    _per_engine(p, "--engine-config", ["defaults", "aic-benchmark"],
+                help="how each row's engine was configured: each engine's choice (default; vLLM and TensorRT-LLM "
+                     "the benchmark rules, SGLang its defaults, docs/fidelity.md), every engine's launch defaults, "
+                     "or the limits AIConfigurator's generator writes for a benchmark deployment (max batch = the "
+                     "row's batch size, token budget = batch + ISL + 1,500, CUDA graphs for every batch size)")
     p.add_argument("--frontend", default="engine", type=_frontend,
                    help="front-end time (client, HTTP, API server, tokenizer) added to every row's simulated "
                         "TTFT: each engine's, fitted on half the silicon sample (default: vLLM 25 ms + 0.4 ms per "
@@ -49,33 +49,32 @@ def add_parsers(sub) -> None:
                         "(Dynamo's benchmark utility: max(3 x concurrency, 10) requests, no warm-up); default 10 on "
                         "agg rows (AIConfigurator's N x concurrency), dynamo on disaggregated ones "
                         "(docs/disaggregation.md)")
-    p.add_argument("--pool-batch", choices=["engine", "stated", "defaults"], default="engine",
-                   help="disaggregated rows: how many requests a pool's worker runs at once: the default rule "
-                        "(docs/disaggregation.md), the row's prefill_batch_size / decode_batch_size per attention-DP "
-                        "rank, or the engine's launch default")
-    p.add_argument("--async-scheduling", choices=["engine", "on", "off"], default="engine",
-                   help="whether each row's engine plans an iteration while the one before runs, so a request that "
-                        "arrives meanwhile joins one iteration later (scheduler.async_scheduling): each engine's "
-                        "choice (default, docs/fidelity.md), or on / off for every row")
-    p.add_argument("--first-token", choices=["engine", "prefill", "decode_admission", "decode_step", "decode_recompute"],
-                   default="engine",
-                   help="disaggregated rows: where the client's first token comes from (disaggregation.first_token, "
-                        "docs/disaggregation.md): each engine's (default: vLLM decode_recompute, SGLang "
-                        "decode_admission, TensorRT-LLM decode_step, as their code does), or one for every row")
-    p.add_argument("--prefill-response", choices=["engine", "at_once", "wait"], default="engine",
-                   help="disaggregated rows: whether the client's stream also waits for the prefill server's answer, "
-                        "sent between its iterations once the KV has gone (disaggregation.wait_for_prefill_response): "
-                        "each engine's (default: SGLang wait, as its router does; the others at_once), or one for "
-                        "every row")
-    p.add_argument("--prefill-batches", choices=["engine", "mixed", "separate"], default="engine",
-                   help="agg rows whose engine schedules chunked prefill: whether an iteration mixes decodes with prefill "
-                        "chunks (scheduler.prefill_batches): each engine's (default, docs/fidelity.md), mixed, or "
-                        "separate (an iteration with prefill work runs it alone, the decodes wait)")
-    p.add_argument("--phases", choices=["engine", "even", "random"], default="engine",
-                   help="the steady state's users (--start cold's later waves, staggered): each engine's choice "
-                        "(default; agg rows: vLLM random, the others even; disaggregated rows: TensorRT-LLM and vLLM "
-                        "random; docs/fidelity.md), or first requests spread evenly over one request lifetime, or at "
-                        "random times within it")
+    _per_engine(p, "--pool-batch", ["stated", "defaults"],
+                help="disaggregated rows: how many requests a pool's worker runs at once: the default rule "
+                     "(docs/disaggregation.md), the row's prefill_batch_size / decode_batch_size per attention-DP "
+                     "rank, or the engine's launch default")
+    _per_engine(p, "--async-scheduling", ["on", "off"],
+                help="whether each row's engine plans an iteration while the one before runs, so a request that "
+                     "arrives meanwhile joins one iteration later (scheduler.async_scheduling): each engine's "
+                     "choice (default, docs/fidelity.md), or on / off for every row")
+    _per_engine(p, "--first-token", ["prefill", "decode_admission", "decode_step", "decode_recompute"],
+                help="disaggregated rows: where the client's first token comes from (disaggregation.first_token, "
+                     "docs/disaggregation.md): each engine's (default: vLLM decode_recompute, SGLang "
+                     "decode_admission, TensorRT-LLM decode_step, as their code does), or one for every row")
+    _per_engine(p, "--prefill-response", ["at_once", "wait"],
+                help="disaggregated rows: whether the client's stream also waits for the prefill server's answer, "
+                     "sent between its iterations once the KV has gone (disaggregation.wait_for_prefill_response): "
+                     "each engine's (default: SGLang wait, as its router does; the others at_once), or one for "
+                     "every row")
+    _per_engine(p, "--prefill-batches", ["mixed", "separate"],
+                help="agg rows whose engine schedules chunked prefill: whether an iteration mixes decodes with prefill "
+                     "chunks (scheduler.prefill_batches): each engine's (default, docs/fidelity.md), mixed, or "
+                     "separate (an iteration with prefill work runs it alone, the decodes wait)")
+    _per_engine(p, "--phases", ["even", "random"],
+                help="the steady state's users (--start cold's later waves, staggered): each engine's choice "
+                     "(default; agg rows: vLLM random, the others even; disaggregated rows: TensorRT-LLM and vLLM "
+                     "random; docs/fidelity.md), or first requests spread evenly over one request lifetime, or at "
+                     "random times within it")
     p.add_argument("--seed", type=count(0, 2**32 - 1), default=0,
                    help="every replayed row's scenario seed (default 0); only what is drawn depends on it "
                         "(--phases random)")
@@ -88,39 +87,45 @@ def _step_time_options(p) -> None:
     p.add_argument("--mixed", choices=["one_pass", "sum"], default="one_pass",
                    help="a chunked iteration (decodes + prefill chunks) as one forward pass (default) or as a "
                         "decode iteration plus a prefill iteration (step_time.model.mixed)")
-    p.add_argument("--moe-kernels", choices=["engine", "own", "vllm", "sglang", "trtllm", "composed"], default="engine",
-                   help="MoE layers' routed experts: each engine's default (vLLM and SGLang: their own measured "
-                        "fused-MoE kernels; TensorRT-LLM: composed from GEMMs; chosen on half the silicon sample, "
-                        "docs/fidelity.md), every row's own engine's kernels, one engine's kernels for every row, "
-                        "or composed (step_time.model.moe_kernels)")
-    p.add_argument("--mla-kernels", choices=["engine", "own", "composed", "sglang", "trtllm"], default="engine",
-                   help="MLA models' attention (DeepSeek-V3/R1, Kimi-K2.5): each engine's default "
-                        "(EngineDefaults.mla_kernels), every row's own engine's measured MLA kernels (vLLM: composed, "
-                        "it has no kernel table), one engine's for every row, or composed from the GQA tables "
-                        "(step_time.model.mla_kernels)")
-    p.add_argument("--moe-routing", choices=["engine", "balanced", "power_law_1.2"], default="engine",
-                   help="which measured routing of the fused-MoE kernels: each engine's default (vLLM power_law_1.2, "
-                        "SGLang balanced), tokens spread evenly over the experts, or a power law "
-                        "(step_time.model.moe_routing)")
-    p.add_argument("--all-reduce", choices=["engine", "own", "nccl", "vllm", "sglang", "trtllm"], default="engine",
-                   help="whose all-reduce times tensor parallelism: each engine's default (docs/fidelity.md), every "
-                        "row's own engine's measured one, NCCL's, or one engine's for every row "
-                        "(step_time.model.all_reduce)")
+    _per_engine(p, "--moe-kernels", ["own", "vllm", "sglang", "trtllm", "composed"],
+                help="MoE layers' routed experts: each engine's default (vLLM and SGLang: their own measured "
+                     "fused-MoE kernels; TensorRT-LLM: composed from GEMMs; chosen on half the silicon sample, "
+                     "docs/fidelity.md), every row's own engine's kernels, one engine's kernels for every row, "
+                     "or composed (step_time.model.moe_kernels)")
+    _per_engine(p, "--mla-kernels", ["own", "composed", "sglang", "trtllm"],
+                help="MLA models' attention (DeepSeek-V3/R1, Kimi-K2.5): each engine's default "
+                     "(EngineDefaults.mla_kernels), every row's own engine's measured MLA kernels (vLLM: composed, "
+                     "it has no kernel table), one engine's for every row, or composed from the GQA tables "
+                     "(step_time.model.mla_kernels)")
+    _per_engine(p, "--moe-routing", ["balanced", "power_law_1.2"],
+                help="which measured routing of the fused-MoE kernels: each engine's default (vLLM power_law_1.2, "
+                     "SGLang balanced), tokens spread evenly over the experts, or a power law "
+                     "(step_time.model.moe_routing)")
+    _per_engine(p, "--all-reduce", ["own", "nccl", "vllm", "sglang", "trtllm"],
+                help="whose all-reduce times tensor parallelism: each engine's default (docs/fidelity.md), every "
+                     "row's own engine's measured one, NCCL's, or one engine's for every row "
+                     "(step_time.model.all_reduce)")
     p.add_argument("--host-overhead-ms", type=float, default=None,
                    help="per-iteration host time of every row's step (default: each engine's, else "
                         "sim.io.ops_schema's fitted 0.228 ms)")
     p.add_argument("--host-per-sequence-ms", type=float, default=None,
                    help="host time per sequence of every row's iterations, ms (default: each engine's for the row's "
                         "version: vLLM before 0.14, which schedules synchronously, its fitted value; else 0)")
-    p.add_argument("--kv-cache", default="engine", choices=["engine", "bf16", "quantized", "checkpoint"],
-                   help="which rows' KV cache is FP8 (the file does not say): each engine's choice (default), bf16 for "
-                        "none, quantized for every FP8 and FP4 row (AIConfigurator's inference), checkpoint for the FP4 "
-                        "rows (NVIDIA's NVFP4 checkpoints state an FP8 KV cache)")
+    _per_engine(p, "--kv-cache", ["bf16", "quantized", "checkpoint"],
+                help="which rows' KV cache is FP8 (the file does not say): each engine's choice (default), bf16 for "
+                     "none, quantized for every FP8 and FP4 row (AIConfigurator's inference), checkpoint for the FP4 "
+                     "rows (NVIDIA's NVFP4 checkpoints state an FP8 KV cache)")
     p.add_argument("--shared-experts-overlap", default="engine", type=_overlap,
                    help="when MoE layers' shared experts run on a second stream beside the routed ones: each "
                         "engine's (default: vLLM at most 256 tokens a pass, TensorRT-LLM decode-only passes, SGLang "
                         "off), or off, decode, fused (into the routed kernel, without expert parallelism), or a token "
                         "count for every row (step_time.model.shared_experts_overlap)")
+
+
+def _per_engine(p, flag: str, values: list[str], help: str) -> None:
+    """A choice made per engine by default: `engine` (each row's engine's, sim.published.engines) or one of `values`
+    for every row."""
+    p.add_argument(flag, choices=["engine", *values], default="engine", help=help)
 
 
 def _overlap(text: str) -> str | int:
