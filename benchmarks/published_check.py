@@ -36,7 +36,7 @@ DEFAULTS = {"requests_per_user": "1 + ceil(16384 / osl), 3 to 6", "start": "cold
             "host_per_sequence_s": "engine", "prefill_batches": "engine"}
 """The settings a report must have been run with (validate-published's defaults)."""
 
-DISAGG_DEFAULTS = {"disagg_rounds": "dynamo", "prefill_response": "engine"}
+DISAGG_DEFAULTS = {"disagg_rounds": "dynamo", "prefill_response": "engine", "frontend_users": "engine"}
 """The settings a report with disaggregated rows must have been run with besides DEFAULTS (an agg-only report from
 before 2026-12-06 does not state them; they do not touch its rows)."""
 

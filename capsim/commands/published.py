@@ -49,10 +49,15 @@ def add_parsers(sub) -> None:
                         "(Dynamo's benchmark utility: max(3 x concurrency, 10) requests, no warm-up); default 10 on "
                         "agg rows (AIConfigurator's N x concurrency), dynamo on disaggregated ones "
                         "(docs/disaggregation.md)")
-    _per_engine(p, "--pool-batch", ["stated", "defaults"],
+    _per_engine(p, "--pool-batch", ["stated", "defaults", "decode"],
                 help="disaggregated rows: how many requests a pool's worker runs at once: the default rule "
                      "(docs/disaggregation.md), the row's prefill_batch_size / decode_batch_size per attention-DP "
-                     "rank, or the engine's launch default")
+                     "rank, the engine's launch default, or the stated batch on the decode pool and the launch default on "
+                     "the prefill pool")
+    _per_engine(p, "--frontend-users", ["decode_worker", "none"],
+                help="disaggregated rows: whose users the front end's per-user term counts: each engine's "
+                     "(default: TensorRT-LLM none, the others decode_worker; docs/disaggregation.md), the users of "
+                     "one decode worker, or none (the base time alone)")
     _per_engine(p, "--async-scheduling", ["on", "off"],
                 help="whether each row's engine plans an iteration while the one before runs, so a request that "
                      "arrives meanwhile joins one iteration later (scheduler.async_scheduling): each engine's "
@@ -191,7 +196,7 @@ def run(args) -> int:
                                 host_per_sequence_s=None if args.host_per_sequence_ms is None
                                 else args.host_per_sequence_ms / 1e3, kv_cache=args.kv_cache,
                                 prefill_batches=args.prefill_batches, prefill_response=args.prefill_response,
-                                mla_kernels=args.mla_kernels)
+                                mla_kernels=args.mla_kernels, frontend_users=args.frontend_users)
     if args.out:  # written whole or not at all
         from sim.io.outputs import staged_output
         with staged_output(args.out, args.force, PUBLISHED_FILES) as stage:

@@ -65,9 +65,15 @@ PREFILL_RESPONSE = ("at_once", "wait")
 """Whether a disaggregated row's client stream waits for the prefill server's answer
 (EngineDefaults.disagg_prefill_response)."""
 
-POOL_BATCH = ("stated", "defaults")
+FRONTEND_USERS = ("decode_worker", "none")
+"""Whose users a disaggregated row's front-end time counts in its per-user term (EngineDefaults.disagg_frontend_users):
+`decode_worker`, the users of one decode worker (concurrency / decode_num_workers); `none`, no per-user term, the
+front end's base time alone."""
+
+POOL_BATCH = ("stated", "defaults", "decode")
 """How many requests a pool's worker runs at once: `stated`, the row's prefill_batch_size / decode_batch_size per
-attention-DP rank (the engine's other limits kept); `defaults`, the engine's launch default."""
+attention-DP rank (the engine's other limits kept); `defaults`, the engine's launch default; `decode`, the stated
+decode_batch_size on the decode pool and the engine's launch default on the prefill pool."""
 
 
 def build_disagg_case(row, per_user, start, build_case, case_cls, pool_batch: str = "defaults",
@@ -86,7 +92,7 @@ def build_disagg_case(row, per_user, start, build_case, case_cls, pool_batch: st
         if case.scenario is None:
             return case_cls(row, skipped=f"{name} pool: {case.skipped}")
         sc = case.scenario
-        if pool_batch == "stated" and shape.batch:
+        if shape.batch and (pool_batch == "stated" or pool_batch == name == "decode"):
             sc = dict(sc, scheduler=dict(sc["scheduler"], max_num_seqs=shape.batch * shape.attention_dp))
         pools[name] = (shape, sc)
     from sim.io.profiles import load_hardware

@@ -158,6 +158,15 @@ class EngineDefaults:
     one front end hands the request to the workers inside Dynamo's runtime. Tested on 2026-12-03 with TensorRT-LLM
     counted twice too and not adopted; with TensorRT-LLM once (2026-12-06), vLLM's even lines read 43.0% -> 37.6%
     (odd 32.9% -> 33.8%), so it is adopted (docs/disaggregation.md "The front end once or twice")."""
+    disagg_frontend_users: str = "decode_worker"
+    """Disaggregated rows: whose users the front end's per-user term counts (sim.published.disagg.FRONTEND_USERS):
+    `decode_worker`, the users of one decode worker, or `none`, the base time alone. The term was fitted on agg rows
+    of at most 384 users (TensorRT-LLM) and grows linearly with them; a disaggregated TensorRT-LLM row puts up to
+    4,096 users on one decode worker, where it added 6 s, and those rows ran Dynamo's front end, not trtllm-serve's.
+    Chosen per engine on the even disaggregated lines by median |TTFT error| (`python benchmarks/disagg_compare.py` on
+    a run with `--frontend-users none` against the default run; docs/disaggregation.md "The front end's users, past
+    the fit's range"): TensorRT-LLM `none` (23.7% -> 18.1%; held out on its odd lines 40.2% -> 34.3%), vLLM
+    `decode_worker` (39.3% against 39.5%); SGLang's front end has no per-user term."""
     disagg_pool_batch: str = "defaults"
     """Disaggregated rows: how many requests a pool's worker runs at once (sim.published.disagg.POOL_BATCH): `stated`,
     the row's prefill_batch_size / decode_batch_size per attention-DP rank, or `defaults`, the engine's launch limit.
@@ -232,7 +241,9 @@ class EngineDefaults:
                    else "") +
                 f"front end {self.frontend_ms[0]:g} ms + {self.frontend_ms[1]:g} ms per user (fitted)"
                 + (f", {self.disagg_frontend_hops} in series on disaggregated rows" if self.disagg_frontend_hops > 1
-                   else "") + "; "
+                   else "")
+                + (", no per-user term on disaggregated rows" if self.disagg_frontend_users == "none" and
+                   self.frontend_ms[1] else "") + "; "
                 f"steady-state users' phases: {self.steady_phases} ({self.disagg_steady_phases} on disaggregated "
                 f"rows); disaggregated rows' first token: {self.disagg_first_token}"
                 + (", after the prefill server's answer" if self.disagg_prefill_response == "wait" else "") +
@@ -290,7 +301,7 @@ ENGINES: dict[str, EngineDefaults] = {
          "prompt + all outputs at admission)", "kv_cache free_gpu_memory_fraction 0.9 of the memory left after weights"),
         config="aic_benchmark", all_reduce="trtllm", host_overhead_s=0.4654e-3, shared_experts_overlap="decode",
         qk_norm_kernels="fused_with_rope", frontend_ms=(90.0, 1.5), disagg_steady_phases="random",
-        disagg_first_token="decode_step", kv_cache="quantized"),
+        disagg_first_token="decode_step", disagg_frontend_users="none", kv_cache="quantized"),
 }
 
 

@@ -25,7 +25,7 @@ from sim.io.profiles import load_hardware, load_model, profiles_dir
 from sim.models.ops_tables import find_table, load_table_set
 from sim.models.parallel import Layout, kv_bytes_per_token_per_gpu, layout_problems, weights_per_gpu
 from sim.models.spec import ModelSpec
-from sim.published.disagg import POOL_BATCH, PREFILL_RESPONSE, build_disagg_case
+from sim.published.disagg import FRONTEND_USERS, POOL_BATCH, PREFILL_RESPONSE, build_disagg_case
 from sim.published.engines import ENGINE_CONFIGS, ENGINES, KV_CACHE_ROWS, aic_benchmark_limits, kv_budget_bytes
 from sim.published.rows import PublishedRow
 
@@ -280,7 +280,8 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                frontend="engine", pool_batch: str = "engine", async_scheduling: str = "engine",
                first_token: str = "engine", phases: str = "engine", seed: int = 0,
                host_per_sequence_s: float | None = None, kv_cache: str = "engine",
-               prefill_batches: str = "engine", prefill_response: str = "engine", mla_kernels: str = "engine") -> Case:
+               prefill_batches: str = "engine", prefill_response: str = "engine", mla_kernels: str = "engine",
+               frontend_users: str = "engine") -> Case:
     """Translate one published row into a closed-loop scenario for one replica, or say why not. `engine` means the
     row's engine's default (sim.published.engines) for each of: `moe_kernels` (or `own`: the row's engine's kernels,
     vllm / sglang / trtllm, composed), `moe_routing` (balanced, power_law_1.2), `all_reduce` (`own`, nccl, vllm,
@@ -288,7 +289,9 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     `shared_experts_overlap` (off, decode, a token count), `frontend` (frontend_latency_s), `async_scheduling` (on,
     off); disaggregated rows: `pool_batch` (sim.published.disagg.POOL_BATCH; `engine`:
     EngineDefaults.disagg_pool_batch),
-    `first_token` (disaggregation.first_token; `engine`: EngineDefaults.disagg_first_token), `prefill_response`
+    `first_token` (disaggregation.first_token; `engine`: EngineDefaults.disagg_first_token), `frontend_users` (whose
+    users the front end's per-user term counts, sim.published.disagg.FRONTEND_USERS; `engine`:
+    EngineDefaults.disagg_frontend_users), `prefill_response`
     (sim.published.disagg.PREFILL_RESPONSE; `engine`: EngineDefaults.disagg_prefill_response); `phases`: the steady
     state's user phases (Case.phases; `engine`: EngineDefaults.steady_phases on agg rows, disagg_steady_phases on
     disaggregated ones); `seed`: the scenario seed (what is drawn: random phases); `host_per_sequence_s`: the host time
@@ -305,7 +308,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
         phases = engine.disagg_steady_phases if row.mode == "disagg" else engine.steady_phases
     case = _build_case(row, per_user, start, mixed, rounds, moe_kernels, moe_routing, all_reduce, engine_config,
                        host_overhead_s, shared_experts_overlap, frontend, pool_batch, async_scheduling, first_token,
-                       host_per_sequence_s, kv_cache, prefill_batches, prefill_response, mla_kernels)
+                       host_per_sequence_s, kv_cache, prefill_batches, prefill_response, mla_kernels, frontend_users)
     if phases == "even" and seed == 0:
         return case
     return replace(case, phases=phases, scenario=None if case.scenario is None else dict(case.scenario, seed=seed))
@@ -319,14 +322,26 @@ def _check_choices(**given: str) -> None:
             raise ConfigError(f"{name}: expected one of {', '.join(allowed[name])}, got {value!r}")
 
 
+def _card_and_model(row: PublishedRow) -> tuple[str | None, str | None, str | None]:
+    """The row's card tables and model profile, or (None, None, why there are none)."""
+    hardware, model = SYSTEMS.get(row.system), model_for(row.model_path)
+    if hardware is None:
+        return None, None, f"no operator tables for card {row.system!r} (have: {', '.join(SYSTEMS)})"
+    if model is None:
+        return None, None, f"no model profile for {row.model_path!r}"
+    return hardware, model, None
+
+
 def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds, moe_kernels: str, moe_routing: str,
                 all_reduce: str, engine_config: str, host_overhead_s, shared_experts_overlap, frontend, pool_batch: str,
                 async_scheduling: str, first_token: str, host_per_sequence_s: float | None = None,
-                kv_cache="engine", prefill_batches="engine", prefill_response="engine", mla_kernels="engine") -> Case:
+                kv_cache="engine", prefill_batches="engine", prefill_response="engine", mla_kernels="engine",
+                frontend_users="engine") -> Case:
     """build_case's row with even phases and seed 0."""
     _check_choices(engine_config=engine_config, async_scheduling=async_scheduling, prefill_batches=prefill_batches)
     if row.mode == "disagg":  # two pools, each built as one replica is here (sim.published.disagg)
-        return _disagg_case(row, per_user, start, rounds, frontend, pool_batch, (first_token, prefill_response), dict(
+        return _disagg_case(row, per_user, start, rounds, frontend, pool_batch,
+                            (first_token, prefill_response, frontend_users), dict(
             mixed=mixed, moe_kernels=moe_kernels, moe_routing=moe_routing, all_reduce=all_reduce, mla_kernels=mla_kernels,
             host_overhead_s=host_overhead_s, shared_experts_overlap=shared_experts_overlap,
             async_scheduling=async_scheduling, host_per_sequence_s=host_per_sequence_s, kv_cache=kv_cache,
@@ -337,11 +352,9 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds, moe
     kv_format = kv_format_for(kv_cache, row)
     if why := _unsupported_layout(row):
         return Case(row, skipped=why)
-    hardware, model = SYSTEMS.get(row.system), model_for(row.model_path)
-    if hardware is None:
-        return Case(row, skipped=f"no operator tables for card {row.system!r} (have: {', '.join(SYSTEMS)})")
-    if model is None:
-        return Case(row, skipped=f"no model profile for {row.model_path!r}")
+    hardware, model, why = _card_and_model(row)
+    if why:
+        return Case(row, skipped=why)
     spec = ModelSpec(load_model(model))
     dp = max(row.attention_dp, 1)
     layout = Layout(tp=row.tp, pp=row.pp, ep=row.moe_ep, attention_dp=dp)
@@ -401,21 +414,23 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds, moe
                 frontend_s=frontend_latency_s(frontend, row.backend, users))
 
 
-def _disagg_case(row: PublishedRow, per_user, start: str, rounds, frontend, pool_batch: str, client: tuple[str, str],
-                 pool_options: dict) -> Case:
+def _disagg_case(row: PublishedRow, per_user, start: str, rounds, frontend, pool_batch: str,
+                 client: tuple[str, str, str], pool_options: dict) -> Case:
     """A disaggregated row's case: its pools built by build_case with `pool_options`, each worker's batch by
-    `pool_batch`, the client's first token by `client` (first_token, prefill_response), and the engine's front end as
-    on agg rows (chosen on the even disaggregated lines over none: docs/fidelity.md, "The engines' front end"), its
-    per-user term counting the users of one decode worker, the serving process that streams their tokens (an agg
-    row's one process serves them all; docs/disaggregation.md, "The front end's users")."""
+    `pool_batch`, the client's first token by `client` (first_token, prefill_response, frontend_users), and the
+    engine's front end as on agg rows (chosen on the even disaggregated lines over none: docs/fidelity.md, "The
+    engines' front end"), its per-user term counting the users of one decode worker, the serving process that
+    streams their tokens (an agg row's one process serves them all), or none (FRONTEND_USERS;
+    docs/disaggregation.md, "The front end's users")."""
     if pool_batch not in ("engine", *POOL_BATCH):
         raise ConfigError(f"pool_batch: expected one of engine, {', '.join(POOL_BATCH)}, got {pool_batch!r}")
-    first_token, response = client
-    if first_token not in ("engine", *FIRST_TOKEN):
-        raise ConfigError(f"first_token: expected one of engine, {', '.join(FIRST_TOKEN)}, got {first_token!r}")
-    if response not in ("engine", *PREFILL_RESPONSE):
-        raise ConfigError(f"prefill_response: expected one of engine, {', '.join(PREFILL_RESPONSE)}, got {response!r}")
+    first_token, response, users = client
+    for name, value, allowed in (("first_token", first_token, FIRST_TOKEN), ("prefill_response", response,
+                                 PREFILL_RESPONSE), ("frontend_users", users, FRONTEND_USERS)):
+        if value not in ("engine", *allowed):
+            raise ConfigError(f"{name}: expected one of engine, {', '.join(allowed)}, got {value!r}")
     engine = ENGINES[row.backend]
+    users = engine.disagg_frontend_users if users == "engine" else users
     case = build_disagg_case(row, per_user, start, partial(build_case, **pool_options), Case,
                              engine.disagg_pool_batch if pool_batch == "engine" else pool_batch,
                              engine.disagg_first_token if first_token == "engine" else first_token,
@@ -423,7 +438,7 @@ def _disagg_case(row: PublishedRow, per_user, start: str, rounds, frontend, pool
     hops = engine.disagg_frontend_hops
     return replace(case, rounds=benchmark_rounds(rounds, "disagg", row.concurrency), frontend_hops=hops,
                    frontend_s=0.0 if case.scenario is None else hops * frontend_latency_s(
-                       frontend, row.backend, row.concurrency / row.decode.workers))
+                       frontend, row.backend, row.concurrency / row.decode.workers if users == "decode_worker" else 0))
 
 
 def request_lifetime_s(sim, isl: int, osl: int, users: int) -> float:

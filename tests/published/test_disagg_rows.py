@@ -112,7 +112,8 @@ def test_each_pool_schedules_with_its_own_attention_dp_limits():
 
 def test_pool_batch_stated_limits_each_worker_to_the_rows_batch_sizes():
     """`--pool-batch stated`: the row's prefill_batch_size / decode_batch_size cap each worker's running requests
-    (per attention-DP rank); `defaults` keeps the engine's launch limit; anything else is refused by name."""
+    (per attention-DP rank); `defaults` keeps the engine's launch limit; `decode` states the decode pool's alone;
+    anything else is refused by name."""
     from sim.published.disagg import PoolShape
     ds, _ = read_published(FIXTURE)
     assert (ds.prefill.batch, ds.decode.batch) == (1, 16)
@@ -125,6 +126,10 @@ def test_pool_batch_stated_limits_each_worker_to_the_rows_batch_sizes():
         "max_num_batched_tokens"]
     dp = dataclasses.replace(ds, prefill=PoolShape(1, 1, 1, 8, 1, 8, 2))
     assert build_case(dp, pool_batch="stated").scenario["disaggregation"]["prefill"]["scheduler"]["max_num_seqs"] == 16
+    # `decode`: the stated batch on the decode pool, the launch limit on the prefill pool
+    decode = build_case(ds, per_user=2, pool_batch="decode").scenario["disaggregation"]
+    assert decode["decode"]["scheduler"] == stated["decode"]["scheduler"]
+    assert decode["prefill"]["scheduler"] == defaults["prefill"]["scheduler"]
     with pytest.raises(ConfigError, match="pool_batch"):
         build_case(ds, pool_batch="rows")
 
@@ -272,18 +277,49 @@ def test_a_layouts_collectives_are_checked_in_the_tables_the_step_time_uses():
 
 def test_a_disaggregated_rows_front_end_counts_the_users_of_one_decode_worker():
     """The engine's front end (base + per user x users, fitted on agg rows, where one serving process holds every user)
-    counts, on a disaggregated row, the users of one decode worker: concurrency / decode_num_workers."""
+    counts, on a disaggregated row, the users of one decode worker: concurrency / decode_num_workers
+    (frontend_users `decode_worker`, vLLM's default)."""
     from sim.published.engines import ENGINES
     _, qwen = read_published(FIXTURE)
     workers = qwen.decode.workers
     assert workers > 1
+    for backend in ("trtllm", "vllm"):
+        base, per_user = ENGINES[backend].frontend_ms
+        hops = ENGINES[backend].disagg_frontend_hops
+        assert per_user > 0
+        row = dataclasses.replace(qwen, concurrency=8 * workers, backend=backend)
+        case = build_case(row, per_user=3, frontend_users="decode_worker")
+        assert case.frontend_s == pytest.approx(hops * (base + per_user * 8) / 1e3)
+        one = dataclasses.replace(row, decode=dataclasses.replace(row.decode, workers=1))
+        assert build_case(one, per_user=3, frontend_users="decode_worker").frontend_s == pytest.approx(
+            hops * (base + per_user * 8 * workers) / 1e3)
+    assert ENGINES["vllm"].disagg_frontend_users == "decode_worker"
+    row = dataclasses.replace(qwen, concurrency=8 * workers, backend="vllm")
+    assert build_case(row, per_user=3).frontend_s == build_case(row, per_user=3, frontend_users="decode_worker").frontend_s
+
+
+def test_tensorrt_llms_disaggregated_front_end_has_no_per_user_term_unless_asked(tmp_path):
+    """EngineDefaults.disagg_frontend_users: TensorRT-LLM `none` (its per-user term, fitted on agg rows of <= 384 users,
+    is not stretched to a decode worker's thousands), so its front end is the base time alone at any concurrency;
+    agg rows keep the term; `frontend_users` reaches report.json and other values are refused by name."""
+    from sim.published.engines import ENGINES
+    from sim.published.report import validate_published
+    _, qwen = read_published(FIXTURE)
     base, per_user = ENGINES["trtllm"].frontend_ms
-    assert per_user > 0
-    row = dataclasses.replace(qwen, concurrency=8 * workers, backend="trtllm")
-    case = build_case(row, per_user=3)
-    assert case.frontend_s == pytest.approx((base + per_user * 8) / 1e3)
-    one = dataclasses.replace(row, decode=dataclasses.replace(row.decode, workers=1))
-    assert build_case(one, per_user=3).frontend_s == pytest.approx((base + per_user * 8 * workers) / 1e3)
+    assert ENGINES["trtllm"].disagg_frontend_users == "none" and per_user > 0
+    for users in (4, 4096):
+        row = dataclasses.replace(qwen, concurrency=users, backend="trtllm")
+        assert build_case(row, per_user=3).frontend_s == pytest.approx(base / 1e3)
+        assert build_case(row, per_user=3, frontend_users="none").frontend_s == pytest.approx(base / 1e3)
+    d = qwen.decode
+    agg = dataclasses.replace(qwen, mode="agg", concurrency=64, backend="trtllm", tp=d.tp, pp=d.pp,
+                              attention_dp=d.attention_dp, moe_tp=d.moe_tp, moe_ep=d.moe_ep)
+    assert build_case(agg, per_user=3).frontend_s == pytest.approx((base + per_user * 64) / 1e3)
+    with pytest.raises(ConfigError, match="frontend_users: expected one of engine, decode_worker, none"):
+        build_case(dataclasses.replace(qwen, backend="trtllm"), frontend_users="all")
+    assert "no per-user term on disaggregated rows" in ENGINES["trtllm"].describe()
+    report = validate_published(FIXTURE, mode="disagg", per_user=2, frontend_users="none", backend="sglang")
+    assert report["frontend_users"] == "none"
 
 
 def test_only_sglangs_client_waits_for_the_prefill_servers_answer_unless_asked(tmp_path):
