@@ -23,6 +23,15 @@ class ConfigError(ValueError):
         return ConfigError([line if line.startswith(f"{source}: ") else head + line for line in self.lines])
 
 
+class FieldValueError(ValueError):
+    """A check across a model's fields (a pydantic model validator) whose problem lies in one of them: raised with
+    that field's name, it is reported at `model.field` rather than at the model (format_validation_error)."""
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(message)
+
+
 _TYPE_ERRORS = {"int_type", "int_parsing", "float_type", "float_parsing", "string_type", "bool_type", "list_type",
                 "tuple_type", "dict_type", "model_type", "model_attributes_type", "none_required", "is_instance_of",
                 "int_from_float", "literal_error"}
@@ -69,6 +78,9 @@ def format_validation_error(source: str | Path, exc, data=None) -> list[str]:
             parts, tag, node = [str(p) for p in loc], None, err.get("input")
         else:
             parts, tag, node = _yaml_path(loc, data, err.get("type") == "missing")
+        cause = (err.get("ctx") or {}).get("error")
+        if isinstance(cause, FieldValueError):  # a model-level check that names its field
+            parts = [*parts, cause.field]
         located.append((err, parts, tag, loc))
     # union branches: drop pure type mismatches at a union when another branch got further
     deeper: dict[tuple, set] = {}

@@ -11,6 +11,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, NonNegativeFloat, model_validator
 
+from sim.io.errors import FieldValueError
 from sim.io.schema import StrictModel
 
 MAX_GPUS = 1024
@@ -54,13 +55,14 @@ class ParallelConfig(StrictModel):
         if experts % self.ep:
             allowed = [d for d in range(1, experts + 1) if experts % d == 0]
             if self.attention_dp == 1:
-                raise ValueError(f"ep ({self.ep}) must divide tp ({self.tp}): expert-parallel GPUs are the tensor-"
-                                 f"parallel GPUs of a stage; allowed ep for tp {self.tp}: {allowed}")
-            raise ValueError(f"ep ({self.ep}) must divide attention_dp x tp ({experts}): expert-parallel GPUs are "
-                             f"the GPUs of a stage; allowed ep for attention_dp {self.attention_dp}, tp {self.tp}: "
-                             f"{allowed}")
+                raise FieldValueError("ep", f"ep ({self.ep}) must divide tp ({self.tp}): expert-parallel GPUs are "
+                                      f"the tensor-parallel GPUs of a stage; allowed ep for tp {self.tp}: {allowed}")
+            raise FieldValueError("ep", f"ep ({self.ep}) must divide attention_dp x tp ({experts}): expert-parallel "
+                                  f"GPUs are the GPUs of a stage; allowed ep for attention_dp {self.attention_dp}, "
+                                  f"tp {self.tp}: {allowed}")
         if self.micro_batches > 1 and self.pp == 1:
-            raise ValueError(f"micro_batches ({self.micro_batches}) needs pp > 1 (pipeline stages); allowed: 1")
+            raise FieldValueError("micro_batches", f"micro_batches ({self.micro_batches}) needs pp > 1 (pipeline "
+                                  "stages); allowed: 1")
         return self
 
     @property

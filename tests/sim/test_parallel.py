@@ -214,8 +214,13 @@ def _run(path: Path):
 def test_scenario_refuses_a_layout_naming_field_and_allowed(tmp_path):
     with pytest.raises(ConfigError, match=r"parallel\.tp: 3 does not divide .* \(allowed: \[1, 2, 4, 8, 16, 32\]\)"):
         _run(_scenario(tmp_path, "parallel: {tp: 3}"))
-    with pytest.raises(ConfigError, match=r"ep \(3\) must divide tp \(4\).*allowed ep for tp 4: \[1, 2, 4\]"):
+    with pytest.raises(ConfigError, match=r"parallel\.ep: ep \(3\) must divide tp \(4\).*allowed ep for tp 4: "
+                                          r"\[1, 2, 4\]"):
         load_scenario(_scenario(tmp_path, "parallel: {tp: 4, ep: 3}"))
+    with pytest.raises(ConfigError, match=r"parallel\.ep: ep \(3\) must divide attention_dp x tp \(8\)"):
+        load_scenario(_scenario(tmp_path, "parallel: {tp: 4, ep: 3, attention_dp: 2}"))
+    with pytest.raises(ConfigError, match=r"parallel\.micro_batches: micro_batches \(2\) needs pp > 1"):
+        load_scenario(_scenario(tmp_path, "parallel: {tp: 2, micro_batches: 2}"))
     with pytest.raises(ConfigError, match=r"step_time\.model\.tp: 4 differs from parallel\.tp \(2\)"):
         _run(_scenario(tmp_path, "parallel: {tp: 2}", step="{kind: ops, tp: 4}"))
 
