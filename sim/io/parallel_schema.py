@@ -37,7 +37,7 @@ class ParallelConfig(StrictModel):
         "all_reduce", description="How MoE outputs meet under ep > 1: all_reduce (attention tensor-parallel: every "
                                   "GPU holds every token, so only the combine costs, as vLLM and TensorRT-LLM do "
                                   "without attention data parallelism) or all_to_all (dispatch and combine of the "
-                                  "routed tokens, DeepEP-style)")
+                                  "routed tokens, DeepEP-style; refused with ep 1)")
     attention_dp: Degree = Field(1, description="Attention data-parallel ranks (MoE models): each rank is tp x pp GPUs "
                                                 "with its own requests, KV cache and copy of everything but the "
                                                 "routed experts, which spread over all ranks' GPUs (ep divides "
@@ -60,6 +60,10 @@ class ParallelConfig(StrictModel):
             raise FieldValueError("ep", f"ep ({self.ep}) must divide attention_dp x tp ({experts}): expert-parallel "
                                   f"GPUs are the GPUs of a stage; allowed ep for attention_dp {self.attention_dp}, "
                                   f"tp {self.tp}: {allowed}")
+        if self.ep_communication == "all_to_all" and self.ep == 1:
+            raise FieldValueError("ep_communication", "ep_communication all_to_all moves tokens between expert-"
+                                  "parallel GPUs, and ep 1 has none; allowed with ep 1: all_reduce (or leave it out), "
+                                  "or give ep > 1")
         if self.micro_batches > 1 and self.pp == 1:
             raise FieldValueError("micro_batches", f"micro_batches ({self.micro_batches}) needs pp > 1 (pipeline "
                                   "stages); allowed: 1")

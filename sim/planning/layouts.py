@@ -33,6 +33,10 @@ from sim.io.errors import ConfigError
 from sim.planning.sweep import Override
 
 
+KEPT_PARALLEL = ("expert_imbalance", "routing_skew", "ep_communication", "micro_batches")
+"""A base scenario's `parallel` settings a planned layout keeps (Layout.mapping): all but the degrees."""
+
+
 @dataclass(frozen=True)
 class Layout:
     """One replica's GPUs: dp x tp x pp (dp attention data-parallel ranks), with ep of a stage's dp x tp GPUs
@@ -50,6 +54,18 @@ class Layout:
     def as_dict(self) -> dict:
         """The scenario's `parallel` mapping."""
         return {"tp": self.tp, "pp": self.pp, "ep": self.ep, **({"attention_dp": self.dp} if self.dp > 1 else {})}
+
+    def mapping(self, stated=None) -> dict:
+        """The `parallel` mapping of this layout on a base whose own is `stated` (a ParallelConfig or None): what the
+        base states beside the degrees (expert imbalance, routing skew, the experts' communication, micro-batches)
+        is kept where the layout can take it (all-to-all needs ep > 1, micro-batches pp > 1)."""
+        kept = {} if stated is None else {k: v for k, v in stated.model_dump(exclude_defaults=True).items()
+                                          if k in KEPT_PARALLEL}
+        if self.ep == 1:
+            kept.pop("ep_communication", None)
+        if self.pp == 1:
+            kept.pop("micro_batches", None)
+        return {**self.as_dict(), **kept}
 
     def describe(self) -> str:
         """tp4 / tp4pp2 / tp8ep8 / dp4tp2ep8 (one-degree axes left out)."""
@@ -95,7 +111,7 @@ class Deployment:
             ov += [("disaggregation", None), ("cluster.replicas", self.replicas),
                    ("cluster.router.kind", "least_outstanding")]
             if with_layout:
-                ov.append(("parallel", self.layout.as_dict()))
+                ov.append(("parallel", self.layout.mapping(getattr(base_scenario, "parallel", None))))
             return ov
         d = base_scenario.disaggregation
         pools = {}
@@ -105,8 +121,10 @@ class Deployment:
             old = getattr(d, name, None) if d is not None else None
             if old is not None and old.scheduler is not None:
                 pool["scheduler"] = old.scheduler.model_dump(mode="json")
-            if with_layout:
-                pool["parallel"] = layout.as_dict()
+            if with_layout:  # what the base's pool (else the base) states beside the degrees is kept
+                stated = old.parallel if old is not None and old.parallel is not None else getattr(
+                    base_scenario, "parallel", None)
+                pool["parallel"] = layout.mapping(stated)
             pools[name] = pool
         link = d.link.model_dump(mode="json", exclude_none=True) if d is not None else {}
         return [*ov, ("cluster.replicas", 1), ("disaggregation", {**pools, "link": link})]

@@ -219,6 +219,9 @@ def test_scenario_refuses_a_layout_naming_field_and_allowed(tmp_path):
         load_scenario(_scenario(tmp_path, "parallel: {tp: 4, ep: 3}"))
     with pytest.raises(ConfigError, match=r"parallel\.ep: ep \(3\) must divide attention_dp x tp \(8\)"):
         load_scenario(_scenario(tmp_path, "parallel: {tp: 4, ep: 3, attention_dp: 2}"))
+    with pytest.raises(ConfigError, match=r"parallel\.ep_communication: ep_communication all_to_all moves tokens "
+                                          r"between expert-parallel GPUs, and ep 1 has none"):
+        load_scenario(_scenario(tmp_path, "parallel: {tp: 4, ep_communication: all_to_all}"))
     with pytest.raises(ConfigError, match=r"parallel\.micro_batches: micro_batches \(2\) needs pp > 1"):
         load_scenario(_scenario(tmp_path, "parallel: {tp: 2, micro_batches: 2}"))
     with pytest.raises(ConfigError, match=r"step_time\.model\.tp: 4 differs from parallel\.tp \(2\)"):

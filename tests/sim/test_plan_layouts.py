@@ -279,3 +279,27 @@ def test_a_scenario_giving_tp_the_older_way_is_searched_as_with_parallel(tmp_pat
     assert rows["old"] == rows["new"]
     assert all(r["problem"] is None and r["capacity_rps"] for r in rows["old"])
     assert {r["deployment"]: r["requests_per_run"] for r in rows["old"]}["agg 1xtp4"] == 40  # 20 on 2 GPUs -> 4
+
+
+def test_a_planned_layout_keeps_what_the_base_states_beside_the_degrees():
+    """plan --gpus sets each candidate's tp / pp / ep / attention_dp and keeps the base scenario's expert imbalance,
+    routing skew, experts' communication and micro-batches (the pool's own, else the base's, on a disaggregated
+    candidate) where the layout can take them: all-to-all needs ep > 1, micro-batches pp > 1."""
+    from sim.planning.layouts import Deployment
+    from sim.planning.sweep import Base
+    repo = Path(__file__).resolve().parents[2]
+    base = Base.load(repo / "scenarios/parallel/qwen3-235b-a22b-ep8-h200.yaml",
+                     ["parallel.expert_imbalance=1.3", "parallel.routing_skew=0.5"])
+    sc = base.scenario()
+    for dep, want in ((Deployment("agg", Layout(8, 1, 8), 1), "all_to_all"),
+                      (Deployment("agg", Layout(8, 1, 1), 1), "all_reduce")):
+        par = base.scenario(dep.overrides(sc, True)).parallel
+        assert (par.tp, par.ep, par.expert_imbalance, par.routing_skew, par.ep_communication) == (8, dep.layout.ep, 1.3,
+                                                                                                 0.5, want)
+    dis = base.scenario(Deployment("disagg", Layout(4, 1, 4), 1, Layout(4, 1, 1), 1).overrides(sc, True)).disaggregation
+    assert (dis.prefill.parallel.ep_communication, dis.prefill.parallel.expert_imbalance) == ("all_to_all", 1.3)
+    assert (dis.decode.parallel.ep_communication, dis.decode.parallel.routing_skew) == ("all_reduce", 0.5)
+    piped = Layout(4, 2, 1).mapping(base.scenario([("parallel", {"tp": 4, "pp": 2, "micro_batches": 4})]).parallel)
+    assert piped == {"tp": 4, "pp": 2, "ep": 1, "micro_batches": 4}
+    assert "micro_batches" not in Layout(8).mapping(base.scenario([("parallel", {"tp": 4, "pp": 2,
+                                                                                 "micro_batches": 4})]).parallel)
