@@ -23,7 +23,7 @@ import itertools
 import json
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
@@ -273,6 +273,8 @@ class LayoutPlan:
     rows: list[dict]
     files: list[Path]
     step_time_fit: dict | None = None
+    warnings: list[str] = field(default_factory=list)
+    """Why the ranking may mislead (layout_warnings)."""
     """The base scenario's step-time fit error on this card (sim.io.describe.step_time_fit)."""
 
     def as_dict(self) -> dict:
@@ -280,7 +282,7 @@ class LayoutPlan:
         return {"scenario": self.scenario, "gpu_budget": self.gpus, "card": self.card,
                 "price_per_gpu_hour": self.price_per_gpu_hour,
                 "ranked_by": "goodput_per_dollar" if self.price_per_gpu_hour else "goodput_per_gpu",
-                "deployments": self.rows, "step_time_fit": self.step_time_fit}
+                "deployments": self.rows, "step_time_fit": self.step_time_fit, "warnings": self.warnings}
 
 
 def rank(rows: list[dict], price_per_gpu_hour: float | None) -> list[dict]:
@@ -419,9 +421,25 @@ def run_layout_plan(scenario: str | Path, out_dir: str | Path, gpus: int, card: 
             f"running {runner.describe()}")
         rows = search_layouts(base, deps, slo, target, replications, requests, tol, runner, log)
     ranked = rank(rows, price_per_gpu_hour)
-    res = LayoutPlan(str(scenario), gpus, sc.hardware, price_per_gpu_hour, ranked, [], fit)
+    res = LayoutPlan(str(scenario), gpus, sc.hardware, price_per_gpu_hour, ranked, [], fit, layout_warnings(sc))
     res.files = write_layout_plan(res, Path(out_dir))
     return res
+
+
+def layout_warnings(sc) -> list[str]:
+    """What in the base scenario does not follow the searched layouts: a KV budget given in bytes is every layout's
+    replica's whatever its GPUs, and a pool's own kv_budget is not carried to the candidates."""
+    out = []
+    if isinstance(sc.kv.budget, int):
+        out.append(f"kv.budget is given in bytes ({sc.kv.budget / 2**30:.4g} GiB), so every layout's replica gets that "
+                   "much KV whatever its GPUs; a {gpu_memory_utilization: ...} budget sizes the KV by each layout's cards")
+    d = getattr(sc, "disaggregation", None)
+    for name in ("prefill", "decode"):
+        pool = getattr(d, name, None) if d is not None else None
+        if pool is not None and pool.kv_budget is not None:
+            out.append(f"disaggregation.{name}.kv_budget ({pool.kv_budget / 2**30:.4g} GiB) is not carried to the "
+                       "searched layouts: each of their pools takes kv.budget")
+    return out
 
 
 def write_layout_plan(res: LayoutPlan, out: Path) -> list[Path]:
@@ -442,6 +460,8 @@ def print_layout_plan(res: LayoutPlan, file=None) -> None:
           f"{f' at {res.price_per_gpu_hour:g} per GPU-hour' if res.price_per_gpu_hour else ''}", file=file)
     if res.step_time_fit is not None:
         print(step_time_line(res.step_time_fit), file=file)
+    for warning in res.warnings:
+        print(f"warning: {warning}", file=file)
     print(f"{'rank':>4}  {'deployment':<34}{'GPUs':>5}{'capacity rps':>14}{per:>10}  note", file=file)
     for r in res.rows:
         val = r["requests_per_dollar"] if res.price_per_gpu_hour else r["goodput_per_gpu_rps"]

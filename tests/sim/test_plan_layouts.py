@@ -88,6 +88,24 @@ def test_the_search_ranks_a_hand_checkable_case(tmp_path: Path):
         assert got[label]["capacity_rps"] == pytest.approx(hand, rel=0.03)
         assert got[label]["goodput_per_gpu_rps"] == pytest.approx(got[label]["capacity_rps"] / 3)
     assert (tmp_path / "out" / "layouts.json").exists() and (tmp_path / "out" / "layouts.csv").exists()
+    # the case's KV budget is in bytes: every layout gets 8 GiB, and the plan says so
+    warned = json.loads((tmp_path / "out" / "layouts.json").read_text())["warnings"]
+    assert warned == res.warnings and len(warned) == 1
+    assert warned[0].startswith("kv.budget is given in bytes (8 GiB), so every layout's replica gets that much KV")
+
+
+def test_layout_warnings_name_what_does_not_follow_the_layouts(tmp_path: Path, capsys):
+    """A KV budget in bytes and a pool's own kv_budget are named; a utilization budget is not."""
+    from sim.planning.layouts import LayoutPlan, layout_warnings, print_layout_plan
+    from sim.planning.sweep import Base
+    repo = Path(__file__).resolve().parents[2]
+    dis = Base.load(repo / "scenarios/disagg-llama-3.1-70b-h100.yaml", ["disaggregation.decode.kv_budget=100GiB"])
+    assert layout_warnings(dis.scenario()) == [
+        "disaggregation.decode.kv_budget (100 GiB) is not carried to the searched layouts: each of their pools takes "
+        "kv.budget"]
+    assert layout_warnings(Base.load(repo / "scenarios/parallel/llama-3.1-70b-tp4-h100.yaml").scenario()) == []
+    print_layout_plan(LayoutPlan("s.yaml", 4, "h100-sxm", None, [], [], None, ["one thing"]))
+    assert "warning: one thing" in capsys.readouterr().out
 
 
 def test_bad_budgets_and_modes_are_refused(tmp_path: Path):
