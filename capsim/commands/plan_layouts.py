@@ -45,8 +45,6 @@ _ONE_DEPLOYMENT_FLAGS = (
                "layout search ranks first with it; --set applies a setting to every deployment)"),
     ("start_rps", "--start-rps: only without --gpus (each deployment's bisection starts from the scenario's rate "
                   "scaled to its GPUs: set that rate with --set, e.g. --set workload.arrival.rate_rps=R)"),
-    ("report", "--report: only without --gpus (the report shows one deployment's plan: plan the deployment the layout "
-               "search ranks first with it)"),
 )
 """Flags of `capsim plan` that size or search one deployment, refused with --gpus (attribute, message)."""
 
@@ -88,6 +86,9 @@ def cmd_plan_layouts(args) -> int:
                               slo=slo, target=args.attainment, replications=args.replications,
                               requests=args.requests, tol=args.tol, overrides=args.overrides, workers=args.workers,
                               address=args.dask, log=None if args.quiet else log)
+        if args.report:  # written with the ranking, all or nothing
+            from sim.report import write_layouts_report
+            res.files.append(write_layouts_report(stage, args.out))
     res.files = [Path(args.out) / Path(f).relative_to(stage) for f in res.files]
     if args.json:
         print(json.dumps(res.as_dict(), indent=2, default=str))

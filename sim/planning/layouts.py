@@ -275,6 +275,8 @@ class LayoutPlan:
     step_time_fit: dict | None = None
     warnings: list[str] = field(default_factory=list)
     """Why the ranking may mislead (layout_warnings)."""
+    targets: dict = field(default_factory=dict)
+    """What each capacity was searched for: slo (the bounds given), attainment_target, replications, tolerance."""
     """The base scenario's step-time fit error on this card (sim.io.describe.step_time_fit)."""
 
     def as_dict(self) -> dict:
@@ -282,7 +284,8 @@ class LayoutPlan:
         return {"scenario": self.scenario, "gpu_budget": self.gpus, "card": self.card,
                 "price_per_gpu_hour": self.price_per_gpu_hour,
                 "ranked_by": "goodput_per_dollar" if self.price_per_gpu_hour else "goodput_per_gpu",
-                "deployments": self.rows, "step_time_fit": self.step_time_fit, "warnings": self.warnings}
+                **self.targets, "deployments": self.rows, "step_time_fit": self.step_time_fit,
+                "warnings": self.warnings}
 
 
 def rank(rows: list[dict], price_per_gpu_hour: float | None) -> list[dict]:
@@ -421,7 +424,8 @@ def run_layout_plan(scenario: str | Path, out_dir: str | Path, gpus: int, card: 
             f"running {runner.describe()}")
         rows = search_layouts(base, deps, slo, target, replications, requests, tol, runner, log)
     ranked = rank(rows, price_per_gpu_hour)
-    res = LayoutPlan(str(scenario), gpus, sc.hardware, price_per_gpu_hour, ranked, [], fit, layout_warnings(sc))
+    res = LayoutPlan(str(scenario), gpus, sc.hardware, price_per_gpu_hour, ranked, [], fit, layout_warnings(sc),
+                     {"slo": slo.given(), "attainment_target": target, "replications": replications, "tolerance": tol})
     res.files = write_layout_plan(res, Path(out_dir))
     return res
 

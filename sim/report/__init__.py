@@ -12,7 +12,8 @@ from pathlib import Path
 from sim.report.inputs import REPORT_FILE, SCENARIO_FILE, ScenarioInfo, load_run, record_scenario, scenario_info
 
 __all__ = ["REPORT_FILE", "SCENARIO_FILE", "ScenarioInfo", "record_scenario", "scenario_info", "folder_kind",
-           "write_run_report", "write_plan_report", "write_validation_report", "report_info", "write_report"]
+           "write_run_report", "write_plan_report", "write_layouts_report", "write_validation_report", "report_info",
+           "write_report"]
 
 
 def folder_kind(out_dir: str | Path) -> str:
@@ -21,11 +22,12 @@ def folder_kind(out_dir: str | Path) -> str:
     d = Path(out_dir)
     if not d.is_dir():
         raise ConfigError(f"{d}: not a folder (expected the --out folder of capsim run, plan or validate)")
-    for name, kind in (("validation.json", "validation"), ("plan.json", "plan"), ("summary.json", "run")):
+    for name, kind in (("validation.json", "validation"), ("plan.json", "plan"), ("layouts.json", "layouts"),
+                       ("summary.json", "run")):
         if (d / name).exists():
             return kind
-    raise ConfigError(f"{d}: no summary.json, plan.json or validation.json: not an output folder of "
-                      "capsim run, plan or validate")
+    raise ConfigError(f"{d}: no summary.json, plan.json, layouts.json or validation.json: not an output folder of "
+                      "capsim run, plan (with or without --gpus) or validate")
 
 
 def _write(page, out_dir: Path) -> Path:
@@ -44,6 +46,13 @@ def write_plan_report(out_dir: str | Path, info: ScenarioInfo) -> Path:
     """OUT_DIR/report.html for the capacity plan in OUT_DIR (simulates the scenario once at the capacity)."""
     from sim.report.plan import plan_page
     return _write(plan_page(Path(out_dir), info), Path(out_dir))
+
+
+def write_layouts_report(out_dir: str | Path, shown: str | Path | None = None) -> Path:
+    """OUT_DIR/report.html for the layout plan (`capsim plan --gpus`) in OUT_DIR, drawn from its layouts.json
+    (`shown`: the folder's name on the page, when OUT_DIR is a staging folder)."""
+    from sim.report.layouts import layouts_page
+    return _write(layouts_page(Path(out_dir), shown), Path(out_dir))
 
 
 def write_validation_report(out_dir: str | Path, info: ScenarioInfo) -> Path:
@@ -116,8 +125,14 @@ def _same_setup(path: Path, have: dict | None, info: ScenarioInfo) -> None:
 
 def write_report(out_dir: str | Path, info: ScenarioInfo | None = None, scenario_path: str | None = None,
                  overrides: list[str] | None = None) -> Path:
-    """Write OUT_DIR/report.html for whatever OUT_DIR holds (a run, a plan or a validation)."""
+    """Write OUT_DIR/report.html for whatever OUT_DIR holds (a run, a plan, a layout plan or a validation)."""
     kind = folder_kind(out_dir)
+    if kind == "layouts":  # drawn from layouts.json alone: no scenario to load
+        from sim.io.errors import ConfigError
+        if scenario_path is not None or overrides:
+            raise ConfigError(f"{out_dir}: a layout plan's report is drawn from its layouts.json alone; "
+                              "--scenario and --set do not apply")
+        return write_layouts_report(out_dir)
     info = info or report_info(out_dir, kind, scenario_path, overrides)
     writer = {"run": write_run_report, "plan": write_plan_report, "validation": write_validation_report}[kind]
     return writer(out_dir, info)

@@ -235,3 +235,24 @@ def per_request_scatter(measured, simulated) -> bytes:
 def finite(x) -> bool:
     """A real, finite number."""
     return x is not None and isinstance(x, (int, float)) and math.isfinite(x)
+
+
+def layouts_figure(rows: list[dict], per_dollar: bool) -> bytes:
+    """Layout plan: each deployment with a capacity, its goodput per GPU (or requests per dollar), best on top."""
+    key = "requests_per_dollar" if per_dollar else "goodput_per_gpu_rps"
+    shown = [r for r in rows if r.get("capacity_rps") and r.get(key)]
+    fig, axes = _figure(7, 0.6 + 0.28 * max(len(shown), 1))
+    ax = axes[0, 0]
+    y = list(range(len(shown)))[::-1]
+    colours = ["C0" if r["mode"] == "agg" else "C1" for r in shown]
+    ax.barh(y, [r[key] for r in shown], color=colours)
+    ax.set_yticks(y, [r["deployment"] for r in shown], fontsize=7)
+    ax.set_xlabel("requests per dollar at capacity" if per_dollar else "goodput capacity per GPU (req/s)")
+    from matplotlib.patches import Patch
+    handles = [Patch(color=c, label=label) for mode, c, label in (("agg", "C0", "aggregated replicas"),
+                                                                    ("disagg", "C1", "disaggregated pools"))
+               if any(r["mode"] == mode for r in shown)]
+    if handles:
+        fig.legend(handles=handles, fontsize=7, loc="outside upper right", ncol=len(handles), frameon=False)
+    ax.grid(True, axis="x", alpha=0.3)
+    return _svg(fig)

@@ -209,12 +209,13 @@ def test_a_plan_where_no_deployment_has_a_capacity_says_so(tmp_path: Path, capsy
 
 @pytest.mark.parametrize("extra, flag", [(["--target-rps", "5"], "--target-rps"), (["--max-replicas", "64"], "--max-replicas"),
                                          (["--search", "scheduler.max_num_seqs=1,2"], "--search"),
-                                         (["--start-rps", "3"], "--start-rps"), (["--report"], "--report"),
+                                         (["--start-rps", "3"], "--start-rps"),
                                          (["--step-time-error", "0.1"], "--step-time-error")])
 def test_flags_of_one_deployment_are_refused_with_gpus_not_ignored(tmp_path: Path, capsys, monkeypatch, extra, flag):
-    """--target-rps, --max-replicas, --search, --start-rps and --report size or search one deployment: the layout
-    search used none of them and printed the same table either way. Refused before any run, naming the flag and
-    what to do instead (--max-replicas even at its default value: given is given)."""
+    """--target-rps, --max-replicas, --search, --start-rps and --step-time-error size or search one deployment: the
+    layout search used none of them and printed the same table either way. Refused before any run, naming the flag
+    and what to do instead (--max-replicas even at its default value: given is given). (--report is taken: the
+    layout plan's own report, tests/report/test_layouts_report.py.)"""
     from capsim.cli import main
     import sim.planning.layouts as layouts
 
@@ -237,7 +238,7 @@ def test_all_refused_flags_are_named_at_once_and_plain_plan_keeps_them(tmp_path:
     assert main(["plan", str(path), "--gpus", "2", "--target-rps", "5", "--start-rps", "2", "--report",
                  "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err.splitlines()
-    assert [line.split(":")[1] for line in err] == [" --target-rps", " --start-rps", " --report"]
+    assert [line.split(":")[1] for line in err] == [" --target-rps", " --start-rps"]
     # without --gpus, --max-replicas still defaults to 64 (None in the parser only so --gpus can tell it was given)
     assert main(["plan", str(path), "--target-rps", "10", "--start-rps", "5", "--replications", "1", "--tol", "0.1",
                  "--workers", "1", "--quiet", "--out", str(tmp_path / "p")]) == 0
