@@ -33,6 +33,9 @@ from sim.io.errors import ConfigError
 from sim.planning.sweep import Override
 
 
+CLIENT_KEYS = {"first_token", "wait_for_prefill_response"}
+"""A disaggregated base scenario's settings every disaggregated candidate keeps beside its pools and link."""
+
 KEPT_PARALLEL = ("expert_imbalance", "routing_skew", "ep_communication", "micro_batches")
 """A base scenario's `parallel` settings a planned layout keeps (Layout.mapping): all but the degrees."""
 
@@ -127,7 +130,9 @@ class Deployment:
                 pool["parallel"] = layout.mapping(stated)
             pools[name] = pool
         link = d.link.model_dump(mode="json", exclude_none=True) if d is not None else {}
-        return [*ov, ("cluster.replicas", 1), ("disaggregation", {**pools, "link": link})]
+        # how the client meets the pools (first_token, wait_for_prefill_response) is the base's, as stated
+        client = {} if d is None else d.model_dump(mode="json", include=CLIENT_KEYS, exclude_defaults=True)
+        return [*ov, ("cluster.replicas", 1), ("disaggregation", {**pools, "link": link, **client})]
 
 
 def ops_tp(sc) -> int:

@@ -303,7 +303,8 @@ def test_a_scenario_giving_tp_the_older_way_is_searched_as_with_parallel(tmp_pat
 def test_a_planned_layout_keeps_what_the_base_states_beside_the_degrees():
     """plan --gpus sets each candidate's tp / pp / ep / attention_dp and keeps the base scenario's expert imbalance,
     routing skew, experts' communication and micro-batches (the pool's own, else the base's, on a disaggregated
-    candidate) where the layout can take them: all-to-all needs ep > 1, micro-batches pp > 1."""
+    candidate) where the layout can take them: all-to-all needs ep > 1, micro-batches pp > 1; and a disaggregated
+    base's first_token and wait_for_prefill_response."""
     from sim.planning.layouts import Deployment
     from sim.planning.sweep import Base
     repo = Path(__file__).resolve().parents[2]
@@ -318,6 +319,11 @@ def test_a_planned_layout_keeps_what_the_base_states_beside_the_degrees():
     dis = base.scenario(Deployment("disagg", Layout(4, 1, 4), 1, Layout(4, 1, 1), 1).overrides(sc, True)).disaggregation
     assert (dis.prefill.parallel.ep_communication, dis.prefill.parallel.expert_imbalance) == ("all_to_all", 1.3)
     assert (dis.decode.parallel.ep_communication, dis.decode.parallel.routing_skew) == ("all_reduce", 0.5)
+    # a disaggregated base's client settings reach every disaggregated candidate
+    two = Base.load(repo / "scenarios/disagg-llama-3.1-70b-h100.yaml",
+                    ["disaggregation.first_token=decode_step", "disaggregation.wait_for_prefill_response=true"])
+    got = two.scenario(Deployment("disagg", Layout(4), 2, Layout(8), 1).overrides(two.scenario(), True)).disaggregation
+    assert (got.first_token, got.wait_for_prefill_response) == ("decode_step", True)
     piped = Layout(4, 2, 1).mapping(base.scenario([("parallel", {"tp": 4, "pp": 2, "micro_batches": 4})]).parallel)
     assert piped == {"tp": 4, "pp": 2, "ep": 1, "micro_batches": 4}
     assert "micro_batches" not in Layout(8).mapping(base.scenario([("parallel", {"tp": 4, "pp": 2,
