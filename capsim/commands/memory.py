@@ -28,6 +28,10 @@ def _add_memory(sub) -> argparse.ArgumentParser:
                    choices=["fp32", "bf16", "fp16", "fp8", "int4", "nvfp4", "q2_k"],
                    help="MoE models: the routed experts' format when not --weight-format's (an experts-only NVFP4 "
                         "checkpoint: --weight-format bf16 --expert-weight-format nvfp4)")
+    p.add_argument("--attention-weight-format", default=None,
+                   choices=["fp32", "bf16", "fp16", "fp8", "int4", "nvfp4", "q2_k"],
+                   help="the attention matrices' format when not --weight-format's (NVIDIA's DeepSeek NVFP4 "
+                        "checkpoints: --weight-format nvfp4 --attention-weight-format bf16)")
     p.add_argument("--block-size", type=_count(1, 65536), default=16, help="tokens per KV block")
     p.add_argument("--kv-budget", type=_size, help="KV budget: 12GiB, 12GB or bytes")
     p.add_argument("--gpu-memory-utilization", type=_fraction,
@@ -66,7 +70,8 @@ def _card_and_context(args, spec, hw, layout, budget, out: dict) -> None:
 
 
 def _spec_of(args):
-    """The ModelSpec of --model, with --expert-weight-format's routed experts (MoE models only)."""
+    """The ModelSpec of --model, with --expert-weight-format's routed experts (MoE models only) and
+    --attention-weight-format's attention matrices."""
     from sim.io.profiles import load_model
     from sim.models.spec import ModelSpec
     try:
@@ -76,7 +81,7 @@ def _spec_of(args):
     if args.expert_weight_format is not None and profile.moe is None:
         raise ConfigError(f"--expert-weight-format: {profile.name} has no routed experts (a dense model); "
                           "use --weight-format")
-    return ModelSpec(profile, expert_format=args.expert_weight_format)
+    return ModelSpec(profile, expert_format=args.expert_weight_format, attention_format=args.attention_weight_format)
 
 
 def _text_rows(args, spec, hw, layout, budget, plan, out: dict) -> list[tuple[str, str]]:
@@ -126,6 +131,7 @@ def cmd_memory(args) -> int:
     out = {"model": spec.profile.name, **plan.as_dict(),
            "weight_format": args.weight_format,
            **({"expert_weight_format": args.expert_weight_format} if args.expert_weight_format else {}),
+           **({"attention_weight_format": args.attention_weight_format} if args.attention_weight_format else {}),
            "total_params": spec.total_params,
            "weight_bytes": spec.weight_bytes(args.weight_format),
            "weight_read_bytes_per_step": spec.weight_read_bytes(args.weight_format)}

@@ -221,7 +221,7 @@ def stage_weights(spec: ModelSpec, layout: Layout, fmt: str = "bf16") -> list[Gp
     out = []
     for s, layers in enumerate(stages):
         first, last = s == 0, s == len(stages) - 1
-        att = int(math.ceil(len(layers) * att_mat * b))
+        att = int(math.ceil(len(layers) * att_mat * spec.attention_bytes_per_element(fmt)))
         parts = [_ffn_per_gpu(spec, layout, i) for i in layers]
         ffn = int(math.ceil(sum(r for r, _ in parts) * spec.expert_bytes_per_element(fmt)
                             + sum(o for _, o in parts) * b))
@@ -252,7 +252,7 @@ def _single_gpu(spec: ModelSpec, fmt: str) -> GpuWeights:
     b = weight_bytes_per_element(fmt)
     other = int(b) if fmt in ("fp32", "fp16", "bf16") else 2
     total = spec.weight_bytes(fmt)
-    att = int(math.ceil(p.num_layers * spec.attention_matrix_params * b))
+    att = int(math.ceil(p.num_layers * spec.attention_matrix_params * spec.attention_bytes_per_element(fmt)))
     emb = 0 if p.tie_word_embeddings else spec.embedding_params * other
     head = spec.lm_head_params * other
     norms = spec.vector_params * other

@@ -95,6 +95,9 @@ class ParallelOpsModel(OpsModel):
         # the routed experts' GEMMs in their own format when the checkpoint quantizes them alone (ModelSpec.expert_format)
         self.expert_dtype = dtype if spec.expert_format is None else ops_dtype(cfg, spec.expert_format,
                                                                                "expert_weight_format")
+        # and the attention's when the checkpoint keeps them apart (ModelSpec.attention_format)
+        self.attention_dtype = dtype if spec.attention_format is None else ops_dtype(cfg, spec.attention_format,
+                                                                                     "attention_weight_format")
         self._build_curves(tables, dtype)
         self.moe_kernel = self._moe_kernel(tables, self.expert_dtype) if p.moe else None
         self.dp = layout.attention_dp
@@ -181,10 +184,12 @@ class ParallelOpsModel(OpsModel):
         p = self.spec.profile
         g = tables.gemm(dtype)
         ge = g if self.expert_dtype == dtype else tables.gemm(self.expert_dtype)
+        ga = g if self.attention_dtype == dtype else tables.gemm(self.attention_dtype)
         att, dense, moe = self._shapes()
         self.gemm_shapes = {**att, **dense, **moe}
         curve = {name: MCurve(t.ms, t.curve(n, k), f"{t.path.name}: {name} GEMM m (tokens)")
-                 for name, (n, k) in self.gemm_shapes.items() for t in [ge if name.startswith("experts_") else g]}
+                 for name, (n, k) in self.gemm_shapes.items()
+                 for t in [ge if name.startswith("experts_") else ga if name in att else g]}
         self.att_gemms = {k: curve[k] for k in att}
         self.dense_gemms = {k: curve[k] for k in dense}
         self.moe_gemms = {k: curve[k] for k in moe}
@@ -424,7 +429,7 @@ def build_replica_ops_model(cfg: OpsStepTime, spec: ModelSpec, hw, layout: Layou
     ParallelOpsModel for pipelines, MoE or MLA."""
     from sim.models.ops import build_ops_model, kv_read_scale
     p = spec.profile
-    if layout.pp == 1 and p.moe is None and p.mla is None:
+    if layout.pp == 1 and p.moe is None and p.mla is None and spec.attention_format is None:
         if cfg.tp != layout.tp:
             cfg = cfg.model_copy(update={"tp": layout.tp})
         return build_ops_model(cfg, spec, hw, weight_format, kv_format, allow_extrapolation, stream)

@@ -23,6 +23,9 @@ class ModelSpec:
     expert_format: str | None = None
     """The routed experts' weight format when it is not the rest's (scenario `expert_weight_format`: an NVFP4
     checkpoint that quantizes its experts only); None: every layer matrix in the format each method is given."""
+    attention_format: str | None = None
+    """The attention matrices' weight format when it is not the rest's (scenario `attention_weight_format`: an NVFP4
+    checkpoint that keeps self_attn in BF16); None: the format each method is given."""
 
     # --- per-layer pieces ------------------------------------------------------------------
     @cached_property
@@ -120,6 +123,10 @@ class ModelSpec:
         """Bytes per routed-expert matrix element: `expert_format`'s when set, else `fmt`'s."""
         return weight_bytes_per_element(self.expert_format or fmt)
 
+    def attention_bytes_per_element(self, fmt: str) -> float:
+        """Bytes per attention matrix element: `attention_format`'s when set, else `fmt`'s."""
+        return weight_bytes_per_element(self.attention_format or fmt)
+
     def weight_bytes(self, fmt: str = "bf16") -> int:
         """Bytes of all weights. Float formats (fp32/fp16/bf16) store every tensor at their width;
         quantised formats (fp8, int4, q2_k) apply to layer matrices while embeddings, lm_head and
@@ -146,11 +153,11 @@ class ModelSpec:
 
     def _bytes(self, matrices: int, fmt: str, include_embedding: bool) -> int:
         b = weight_bytes_per_element(fmt)
-        if self.expert_format is not None:  # the routed experts in their own format, the rest in fmt
-            routed = self.routed_expert_params
-            matrix_bytes = (matrices - routed) * b + routed * weight_bytes_per_element(self.expert_format)
-        else:
-            matrix_bytes = matrices * b
+        # the routed experts and the attention matrices each in their own format where the checkpoint says so
+        routed = self.routed_expert_params if self.expert_format is not None else 0
+        att = self.profile.num_layers * self.attention_matrix_params if self.attention_format is not None else 0
+        matrix_bytes = ((matrices - routed - att) * b + routed * self.expert_bytes_per_element(fmt)
+                        + att * self.attention_bytes_per_element(fmt))
         other = b if fmt in ("fp32", "fp16", "bf16") else 2
         vectors = self.vector_params * other
         lm_table = self.lm_head_params * other  # lm_head (== embedding when tied)
@@ -235,4 +242,4 @@ def scenario_spec(scenario, profile: ModelProfile) -> ModelSpec:
     if fmt is not None and profile.moe is None:
         raise ConfigError(f"expert_weight_format: {profile.name} has no routed experts (a dense model); remove the "
                           "field, or set weight_format for every matrix")
-    return ModelSpec(profile, expert_format=fmt)
+    return ModelSpec(profile, expert_format=fmt, attention_format=getattr(scenario, "attention_weight_format", None))

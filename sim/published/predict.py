@@ -55,7 +55,14 @@ EXPERTS_ONLY_FP4 = {
 weight_format bf16 and expert_weight_format nvfp4 (the rest's GEMMs from the BF16 table, the experts' from the NVFP4
 table and fused-MoE kernels, memory counted so). Read in the checkpoints' model cards and quantization configs, not
 fitted; the other fp4 models (dense Llama-3.1-70B, whose checkpoint quantizes every linear layer; DeepSeek-R1 / V3,
-whose FP4 checkpoints quantize attention's output projection too) keep NVFP4 for every GEMM."""
+ATTENTION_BF16_FP4) keep NVFP4 for every GEMM."""
+
+ATTENTION_BF16_FP4: dict[str, str] = {}
+"""Models whose fp4 rows are replayed with attention_weight_format bf16 (their NVFP4 checkpoint keeps the attention
+blocks' matrices in BF16). Empty: NVIDIA's DeepSeek-R1 NVFP4 checkpoints list every layer's self_attn* in
+exclude_modules (the -v2 ones quantize its output projection), but replayed so, DeepSeek's fp4 rows lost on the even
+lines, agg and disaggregated (docs/fidelity.md "DeepSeek's NVFP4 attention in BF16"), so they keep NVFP4 for every
+GEMM."""
 
 KV_CACHE = tuple(KV_CACHE_ROWS)
 """build_case's `kv_cache` (besides `engine`, EngineDefaults.kv_cache): which rows' KV cache is stored in FP8. The file
@@ -322,6 +329,17 @@ def _check_choices(**given: str) -> None:
             raise ConfigError(f"{name}: expected one of {', '.join(allowed[name])}, got {value!r}")
 
 
+def _checkpoint_formats(model: str, fmt: str, spec: ModelSpec) -> tuple[str, ModelSpec]:
+    """The weight format and ModelSpec of the published checkpoint a row of `fmt` ran: an NVFP4 checkpoint that
+    quantizes the routed experts alone (EXPERTS_ONLY_FP4: bf16 with NVFP4 experts) or keeps attention in BF16
+    (ATTENTION_BF16_FP4)."""
+    if fmt == "nvfp4" and model in EXPERTS_ONLY_FP4:
+        return "bf16", ModelSpec(spec.profile, expert_format="nvfp4")
+    if fmt == "nvfp4" and model in ATTENTION_BF16_FP4:
+        return fmt, ModelSpec(spec.profile, attention_format="bf16")
+    return fmt, spec
+
+
 def _card_and_model(row: PublishedRow) -> tuple[str | None, str | None, str | None]:
     """The row's card tables and model profile, or (None, None, why there are none)."""
     hardware, model = SYSTEMS.get(row.system), model_for(row.model_path)
@@ -370,10 +388,7 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds, moe
         return Case(row, skipped=f"precision {row.precision!r}: no operator tables (have bf16, fp8, fp4)")
     if fmt == "nvfp4" and find_table(load_table_set(hardware).folder, "gemm_nvfp4") is None:
         return Case(row, skipped=f"precision 'fp4': the {hardware} tables have no NVFP4 GEMMs (Blackwell cards only)")
-    experts = None
-    if fmt == "nvfp4" and model in EXPERTS_ONLY_FP4:  # the checkpoint quantizes its routed experts alone
-        fmt, experts = "bf16", "nvfp4"
-        spec = ModelSpec(spec.profile, expert_format=experts)
+    fmt, spec = _checkpoint_formats(model, fmt, spec)
     config = engine.config if engine_config == "engine" else engine_config
     # each rank's batch: the users over the ranks, rounded up (a stated concurrency need not divide evenly)
     limits = aic_benchmark_limits(engine, -(-row.concurrency // dp), row.isl) if config == "aic_benchmark" else None
@@ -389,7 +404,8 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds, moe
     users = row.concurrency
     scenario = {
         "name": row.id, "seed": 0, "model": model, "hardware": hardware, "weight_format": fmt,
-        **({"expert_weight_format": experts} if experts else {}),
+        **({"expert_weight_format": spec.expert_format} if spec.expert_format else {}),
+        **({"attention_weight_format": spec.attention_format} if spec.attention_format else {}),
         "kv": {"block_tokens": block_tokens, "format": kv_format, "budget": budget, "admission": engine.kv_admission},
         "scheduler": _scheduler(engine, dp, limits[0] if limits else None, async_scheduling, prefill_batches),
         "step_time": _engine_step_time(engine, row.backend, mixed, moe_kernels, moe_routing, all_reduce,

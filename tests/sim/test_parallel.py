@@ -353,6 +353,14 @@ def test_memory_command_per_gpu_and_smallest_layout(capsys):
     assert mixed.weight_bytes("bf16") > spec.weight_bytes("nvfp4")
     assert main(["memory", "--model", "llama-3.1-8b", "--expert-weight-format", "nvfp4"]) == 2
     assert "--expert-weight-format: llama-3.1-8b has no routed experts" in capsys.readouterr().err
+    # NVIDIA's DeepSeek NVFP4 checkpoints: attention in BF16, the rest NVFP4
+    ds = ["memory", "--model", "deepseek-v3", "--hardware", "b200", "--tp", "4", "--ep", "4", "--json",
+          "--weight-format", "nvfp4"]
+    assert main(ds + ["--attention-weight-format", "bf16"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    kept = ModelSpec(load_model("deepseek-v3"), attention_format="bf16")
+    assert out["attention_weight_format"] == "bf16" and out["weight_bytes"] == kept.weight_bytes("nvfp4")
+    assert out["parallel"]["weights_per_gpu"]["total"] == weights_per_gpu(kept, Layout(tp=4, ep=4), "nvfp4").total
 
 
 def test_smallest_layout_fits_and_nothing_smaller_does():
@@ -546,6 +554,47 @@ def test_experts_only_nvfp4_takes_each_part_from_its_own_table(tmp_path):
         for name in ("experts_gate_up", "experts_down"):
             assert mixed.moe_gemms[name].at(m) == fp4.moe_gemms[name].at(m)
     assert mixed.moe_kernel is not None and mixed.moe_kernel.at(64) == fp4.moe_kernel.at(64)
+
+
+def test_attention_kept_in_bf16_counts_by_hand_and_takes_the_bf16_tables(tmp_path):
+    """An NVFP4 checkpoint that keeps every layer's self_attn in BF16 (NVIDIA's DeepSeek-R1 NVFP4 ones):
+    attention_weight_format bf16 counts the attention matrices at 2 bytes, the rest at NVFP4's 4.5 bits, by hand, per
+    GPU as in all; under kind ops the attention GEMMs come from the BF16 table and the rest from the NVFP4 one; a
+    dense model takes it too."""
+    import math
+    from fractions import Fraction
+    from sim.models.parallel import _attention_per_gpu
+    prof = load_model("deepseek-v3")
+    mixed, fp4 = ModelSpec(prof, attention_format="bf16"), ModelSpec(prof)
+    att = prof.num_layers * mixed.attention_matrix_params
+    nv = Fraction(1, 2) + Fraction(1, 16)
+    assert not prof.tie_word_embeddings
+    by_hand = ((mixed.layer_matrix_params - att) * nv + att * 2
+               + (mixed.vector_params + mixed.lm_head_params + mixed.embedding_params) * 2)
+    assert mixed.weight_bytes("nvfp4") == math.ceil(by_hand) > fp4.weight_bytes("nvfp4")
+    lay = Layout(tp=4)
+    w, w4 = weights_per_gpu(mixed, lay, "nvfp4"), weights_per_gpu(fp4, lay, "nvfp4")
+    att_mat = _attention_per_gpu(mixed, 4)[0]
+    assert (w.attention, w4.attention) == (math.ceil(prof.num_layers * att_mat * 2),
+                                           math.ceil(prof.num_layers * att_mat * nv))
+    assert w.ffn == w4.ffn
+    assert weights_per_gpu(mixed, Layout(), "nvfp4").total == mixed.weight_bytes("nvfp4")
+
+    def model(name, formats, mdl="deepseek-v3", par="parallel: {tp: 8, ep: 8}"):
+        return _run(_scenario(tmp_path, par, model=mdl, hardware="b200", extra=formats, name=name)).step_time
+    from sim.models.ops_tables import MCurve
+    kept = model("k", "weight_format: nvfp4\nattention_weight_format: bf16")
+    nvfp4 = model("f", "weight_format: nvfp4")
+    assert (kept.dtype, kept.attention_dtype, kept.expert_dtype) == ("nvfp4", "bf16", "nvfp4")
+    bf16 = kept.tables.gemm("bf16")
+    for m in (1, 64, 4096):
+        for name in kept.att_gemms:  # the attention's GEMMs read the BF16 table at their own shapes
+            want = MCurve(bf16.ms, bf16.curve(*kept.gemm_shapes[name]), "").at(m)
+            assert kept.att_gemms[name].at(m) == want != nvfp4.att_gemms[name].at(m)
+        for name in kept.moe_gemms:
+            assert kept.moe_gemms[name].at(m) == nvfp4.moe_gemms[name].at(m)
+    dense = model("d", "weight_format: fp8\nattention_weight_format: bf16", mdl="llama-3.1-8b", par="parallel: {tp: 1}")
+    assert dense.attention_dtype == "bf16" and dense.dtype == "fp8"
 
 
 def test_run_names_attention_data_parallelism(tmp_path, capsys):
