@@ -49,37 +49,8 @@ def add_parsers(sub) -> None:
                         "(Dynamo's benchmark utility: max(3 x concurrency, 10) requests, no warm-up); default 10 on "
                         "agg rows (AIConfigurator's N x concurrency), dynamo on disaggregated ones "
                         "(docs/disaggregation.md)")
-    _per_engine(p, "--pool-batch", ["stated", "defaults", "decode"],
-                help="disaggregated rows: how many requests a pool's worker runs at once: the default rule "
-                     "(docs/disaggregation.md), the row's prefill_batch_size / decode_batch_size per attention-DP "
-                     "rank, the engine's launch default, or the stated batch on the decode pool and the launch default on "
-                     "the prefill pool")
-    _per_engine(p, "--frontend-users", ["decode_worker", "none"],
-                help="disaggregated rows: whose users the front end's per-user term counts: each engine's "
-                     "(default: TensorRT-LLM none, the others decode_worker; docs/disaggregation.md), the users of "
-                     "one decode worker, or none (the base time alone)")
-    _per_engine(p, "--async-scheduling", ["on", "off"],
-                help="whether each row's engine plans an iteration while the one before runs, so a request that "
-                     "arrives meanwhile joins one iteration later (scheduler.async_scheduling): each engine's "
-                     "choice (default, docs/fidelity.md), or on / off for every row")
-    _per_engine(p, "--first-token", ["prefill", "decode_admission", "decode_step", "decode_recompute"],
-                help="disaggregated rows: where the client's first token comes from (disaggregation.first_token, "
-                     "docs/disaggregation.md): each engine's (default: vLLM decode_recompute, SGLang "
-                     "decode_admission, TensorRT-LLM decode_step, as their code does), or one for every row")
-    _per_engine(p, "--prefill-response", ["at_once", "wait"],
-                help="disaggregated rows: whether the client's stream also waits for the prefill server's answer, "
-                     "sent between its iterations once the KV has gone (disaggregation.wait_for_prefill_response): "
-                     "each engine's (default: SGLang wait, as its router does; the others at_once), or one for "
-                     "every row")
-    _per_engine(p, "--prefill-batches", ["mixed", "separate"],
-                help="agg rows whose engine schedules chunked prefill: whether an iteration mixes decodes with prefill "
-                     "chunks (scheduler.prefill_batches): each engine's (default, docs/fidelity.md), mixed, or "
-                     "separate (an iteration with prefill work runs it alone, the decodes wait)")
-    _per_engine(p, "--phases", ["even", "random"],
-                help="the steady state's users (--start cold's later waves, staggered): each engine's choice "
-                     "(default; agg rows: vLLM random, the others even; disaggregated rows: TensorRT-LLM and vLLM "
-                     "random; docs/fidelity.md), or first requests spread evenly over one request lifetime, or at "
-                     "random times within it")
+    for flag, values, text in DISAGG_AND_SCHEDULE_FLAGS:
+        _per_engine(p, flag, values, help=text)
     p.add_argument("--seed", type=count(0, 2**32 - 1), default=0,
                    help="every replayed row's scenario seed (default 0); only what is drawn depends on it "
                         "(--phases random)")
@@ -125,6 +96,40 @@ def _step_time_options(p) -> None:
                         "engine's (default: vLLM at most 256 tokens a pass, TensorRT-LLM decode-only passes, SGLang "
                         "off), or off, decode, fused (into the routed kernel, without expert parallelism), or a token "
                         "count for every row (step_time.model.shared_experts_overlap)")
+
+
+DISAGG_AND_SCHEDULE_FLAGS = (
+    ("--pool-batch", ["stated", "defaults", "decode"],
+     "disaggregated rows: how many requests a pool's worker runs at once: the default rule (docs/disaggregation.md), "
+     "the row's prefill_batch_size / decode_batch_size per attention-DP rank, the engine's launch default, or the "
+     "stated batch on the decode pool and the launch default on the prefill pool"),
+    ("--frontend-users", ["decode_worker", "none"],
+     "disaggregated rows: whose users the front end's per-user term counts: each engine's (default: TensorRT-LLM "
+     "none, the others decode_worker; docs/disaggregation.md), the users of one decode worker, or none (the base "
+     "time alone)"),
+    ("--async-scheduling", ["on", "off"],
+     "whether each row's engine plans an iteration while the one before runs, so a request that arrives meanwhile "
+     "joins one iteration later (scheduler.async_scheduling): each engine's choice (default, docs/fidelity.md), or "
+     "on / off for every row"),
+    ("--first-token", ["prefill", "decode_admission", "decode_step", "decode_recompute"],
+     "disaggregated rows: where the client's first token comes from (disaggregation.first_token, "
+     "docs/disaggregation.md): each engine's (default: vLLM decode_recompute, SGLang decode_admission, TensorRT-LLM "
+     "decode_step, as their code does), or one for every row"),
+    ("--prefill-response", ["at_once", "wait"],
+     "disaggregated rows: whether the client's stream also waits for the prefill server's answer, sent between its "
+     "iterations once the KV has gone (disaggregation.wait_for_prefill_response): each engine's (default: SGLang "
+     "wait, as its router does; the others at_once), or one for every row"),
+    ("--prefill-batches", ["mixed", "separate"],
+     "agg rows whose engine schedules chunked prefill: whether an iteration mixes decodes with prefill chunks "
+     "(scheduler.prefill_batches): each engine's (default, docs/fidelity.md), mixed, or separate (an iteration with "
+     "prefill work runs it alone, the decodes wait)"),
+    ("--phases", ["even", "random"],
+     "the steady state's users (--start cold's later waves, staggered): each engine's choice (default; agg rows: "
+     "vLLM random, the others even; disaggregated rows: TensorRT-LLM and vLLM random; docs/fidelity.md), or first "
+     "requests spread evenly over one request lifetime, or at random times within it"),
+)
+"""validate-published's per-engine choices of the disaggregated pools, the schedule and the steady state, in --help's
+order: (flag, values besides `engine`, help)."""
 
 
 def _per_engine(p, flag: str, values: list[str], help: str) -> None:
