@@ -10,6 +10,8 @@ from calibration.logs import FitLogConfig, fit_log
 from calibration.points import read_points
 from sim.io.profiles import load_fitted, load_hardware, load_model
 
+from .same_fit import assert_same_fit
+
 FITTED = Path(__file__).resolve().parents[2] / "profiles" / "fitted"
 WITH_POINTS = [p for p in sorted(FITTED.glob("*.yaml")) if load_fitted(p).provenance.points_csv]
 
@@ -28,6 +30,4 @@ def test_refit_of_the_points_reproduces_the_profile(path, tmp_path):
     assert all(r["status"] in ("ok", "oom") for r in pts.rows)
     res = fit_log(FitLogConfig(log=csv, model=load_model(prof.model), out=tmp_path / "p.yaml", dtype=prof.dtype,
                                hardware=load_hardware(prof.hardware) if prof.hardware else None))
-    assert res.profile.linear == prof.linear
-    assert res.profile.efficiency == prof.efficiency
-    assert res.profile.fit == prof.fit and res.profile.valid_range == prof.valid_range
+    assert_same_fit(res.profile, prof)
