@@ -30,6 +30,7 @@ from sim.core.metrics import Recorder, Timeline
 from sim.core.request import Request
 from sim.core.result import Result, RunFacts, merge_speculation, summarise
 from sim.core.schedulers import SCHEDULERS
+from sim.core.schedulers.ranked import RankedScheduler, split_limits
 from sim.core.schedulers.speculation import Speculator
 from sim.core.sizing import replica_memory
 from sim.core.step_time_builder import build_step_time
@@ -233,10 +234,7 @@ class Simulation:
                 pool.warm(((prefix_stream(wp.name), 0, wp.tokens),), wp.tokens)
             except ValueError as exc:
                 raise ConfigError(f"kv.warm_prefixes: {wp.name}: {exc}") from None
-        _, sched_cls = SCHEDULERS[sc.scheduler.kind]
-        scheduler = sched_cls(sc.scheduler, pool, sc.kv.admission, deadline,
-                              lazy_decode=self.lazy_decode and self.spec_cfg is None,  # rounds differ per request
-                              preemption=sc.kv.preemption)
+        scheduler = self._scheduler(pool, deadline, index, incarnation)
         if self.spec_cfg is not None:
             # one acceptance stream per replica (and per restart), all from the scenario seed
             rng = np.random.default_rng([sc.seed, 5, index, incarnation])
@@ -246,6 +244,24 @@ class Simulation:
         timeline = Timeline(rec, index)
         scheduler.timeline = timeline
         return Replica(index, pool, scheduler, simpy.Store(env), timeline)
+
+    def _scheduler(self, pool, deadline, index: int, incarnation: int):
+        """The replica's scheduler: the scenario's policy, or one per attention-DP rank when the ranks are bound to
+        their requests (parallel.attention_dp_routing; sim.core.schedulers.ranked), its draws from the seed."""
+        sc = self.scenario
+        _, sched_cls = SCHEDULERS[sc.scheduler.kind]
+        make = lambda cfg: sched_cls(cfg, pool, sc.kv.admission, deadline,  # noqa: E731
+                                     lazy_decode=self.lazy_decode and self.spec_cfg is None,  # rounds differ per request
+                                     preemption=sc.kv.preemption)
+        par = getattr(sc, "parallel", None)
+        if par is None or par.attention_dp == 1 or par.attention_dp_routing == "shared_queue":
+            return make(sc.scheduler)
+        if self.spec_cfg is not None:
+            raise ConfigError("parallel.attention_dp_routing: speculative decoding on ranks bound to their requests "
+                              "is not modelled; allowed with scheduler.speculative: shared_queue (or leave it out)")
+        per_rank = split_limits(sc.scheduler, par.attention_dp)
+        return RankedScheduler([make(per_rank) for _ in range(par.attention_dp)], par.attention_dp_routing,
+                               [sc.seed, 9, index, incarnation])
 
     def _deadline_check(self):
         """Admission control's test (None when late requests are not rejected): can `req` still meet

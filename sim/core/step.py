@@ -34,6 +34,10 @@ def leave_hits(groups: dict, req: Request) -> int:
 
 _NO_ADAPTERS = frozenset()
 
+RANK_LOAD_FIELDS = ("prefill_tokens", "prefill_seqs", "prefill_pairs", "prefill_logits", "decode_positions",
+                    "decode_seqs", "decode_kv_tokens", "decode_logits")
+"""A rank's part of an iteration (StepPlan.rank_loads): these fields of the rank's own plan, in this order."""
+
 
 @dataclass(slots=True)
 class StepPlan:
@@ -77,6 +81,9 @@ class StepPlan:
     """Distinct LoRA adapters in the batch (only counted, never iterated)."""
     swap_bytes: float = 0.0
     """KV bytes moved between GPU and host memory before this iteration (swap-out and swap-in)."""
+    rank_loads: tuple | None = None
+    """Attention data-parallel ranks bound to their requests (sim.core.schedulers.ranked): each rank's part of the
+    iteration as RANK_LOAD_FIELDS; None where the ranks share one queue (the step-time model spreads the pass evenly)."""
 
     def add(self, req: Request, n: int, drafts: int = 0) -> None:
         """`req` computes n positions; with `drafts`, a speculative round verifying n = 1 + drafts."""

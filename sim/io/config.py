@@ -437,6 +437,21 @@ class Scenario(StrictModel):
     parallel: ParallelConfig | None = Field(
         None, description="A replica's GPUs: {tp, pp, ep} (default one GPU); see sim.io.parallel_schema")
 
+    @model_validator(mode="after")
+    def _bound_ranks_divide_limits(self):
+        """Ranks bound to their requests (parallel.attention_dp_routing) split the scheduler's limits evenly."""
+        from sim.core.schedulers.ranked import split_limits
+        pools = [("scheduler", self.scheduler, self.parallel)]
+        if self.disaggregation is not None:
+            for name in ("prefill", "decode"):
+                pool = getattr(self.disaggregation, name)
+                where = f"disaggregation.{name}.scheduler" if pool.scheduler is not None else "scheduler"
+                pools.append((where, pool.scheduler or self.scheduler, pool.parallel or self.parallel))
+        for where, sched, par in pools:
+            if par is not None and par.attention_dp > 1 and par.attention_dp_routing != "shared_queue":
+                split_limits(sched, par.attention_dp, where)  # (its ValueError names the field)
+        return self
+
 
 # ---- loading ---------------------------------------------------------------------------------
 

@@ -45,6 +45,15 @@ class ParallelConfig(StrictModel):
                                                 "over all ranks; a sequence runs on one rank and an iteration "
                                                 "waits for the busiest (ceil(n / attention_dp) of its prompts "
                                                 "and of its decodes)")
+    attention_dp_routing: Literal["shared_queue", "random", "round_robin", "least_loaded"] = Field(
+        "shared_queue", description="How attention_dp ranks get their requests: shared_queue (the ranks draw from one "
+                                    "queue, each pass spread evenly over them; the default), or each request bound "
+                                    "to one rank when it arrives and queued there (sim.core.schedulers.ranked): "
+                                    "random (SGLang's disaggregated workers: the rank is the router's random "
+                                    "bootstrap room modulo attention_dp), round_robin (SGLang's aggregated DP "
+                                    "controller) or least_loaded (the rank with the fewest requests waiting or "
+                                    "running). Bound ranks have the scheduler's limits / attention_dp each and an "
+                                    "iteration waits for the busiest rank's actual load")
     routing_skew: NonNegativeFloat = Field(
         0.0, le=8.0, description="Zipf exponent of expert popularity (0 = uniform routing): skewed routing "
                                  "touches fewer distinct experts, so fewer expert weights are read")
@@ -64,6 +73,10 @@ class ParallelConfig(StrictModel):
             raise FieldValueError("ep_communication", "ep_communication all_to_all moves tokens between expert-"
                                   "parallel GPUs, and ep 1 has none; allowed with ep 1: all_reduce (or leave it out), "
                                   "or give ep > 1")
+        if self.attention_dp_routing != "shared_queue" and self.attention_dp == 1:
+            raise FieldValueError("attention_dp_routing", f"attention_dp_routing {self.attention_dp_routing} binds "
+                                  "requests to attention data-parallel ranks, and attention_dp 1 has one; allowed "
+                                  "with attention_dp 1: shared_queue (or leave it out), or give attention_dp > 1")
         if self.micro_batches > 1 and self.pp == 1:
             raise FieldValueError("micro_batches", f"micro_batches ({self.micro_batches}) needs pp > 1 (pipeline "
                                   "stages); allowed: 1")

@@ -384,23 +384,75 @@ class ParallelOpsModel(OpsModel):
             t += self.head_s(rank.logits)
         return t
 
+    def _rank_pass_s(self, tokens: float, rank: RankLoad) -> float:
+        """One pass without pipeline stages as `rank` (the busiest attention data-parallel rank) makes it last."""
+        return self.host_s + self.host_seq_s * (rank.pre_seqs + rank.dec_seqs) + self.stage_s(0, tokens, rank)
+
     def pass_s(self, tokens: int, pre_seqs: int, pre_pairs: int, dec_seqs: int, dec_kv: int, logits: int,
-               dec_tokens: int | None = None) -> float:
-        """One forward pass: host overhead, the stages (pipelined over micro-batches), lm_head."""
+               dec_tokens: int | None = None, ranks: list[RankLoad] | None = None) -> float:
+        """One forward pass: host overhead, the stages (pipelined over micro-batches), lm_head. `ranks`: each
+        attention data-parallel rank's own part where requests are bound to ranks (StepPlan.rank_loads): the pass
+        waits for the one that takes longest; else busiest_rank's even share."""
         if tokens == 0:
             return 0.0
         pp = self.layout.pp
+        busy = [r for r in ranks if r.tokens] if ranks is not None else None
         if pp == 1:
-            rank = self.busiest_rank(tokens, pre_seqs, pre_pairs, dec_seqs, dec_kv, logits, dec_tokens)
-            return self.host_s + self.host_seq_s * (rank.pre_seqs + rank.dec_seqs) + self.stage_s(0, tokens, rank)
+            if busy:
+                return max(self._rank_pass_s(tokens, r) for r in busy)
+            return self._rank_pass_s(tokens, self.busiest_rank(tokens, pre_seqs, pre_pairs, dec_seqs, dec_kv, logits,
+                                                              dec_tokens))
         m = max(1, min(self.layout.micro_batches, pre_seqs + dec_seqs))
         f = 1.0 / m
-        dec_f = None if dec_tokens is None else dec_tokens * f
-        rank = self.busiest_rank(tokens * f, pre_seqs * f, pre_pairs * f, dec_seqs * f, dec_kv * f, logits * f, dec_f)
+        if busy:
+            top = max(busy, key=lambda r: self.stage_s(0, tokens, r))
+            rank = RankLoad(*(v * f for v in top))
+        else:
+            dec_f = None if dec_tokens is None else dec_tokens * f
+            rank = self.busiest_rank(tokens * f, pre_seqs * f, pre_pairs * f, dec_seqs * f, dec_kv * f, logits * f,
+                                     dec_f)
         ts = [self.stage_s(s, tokens * f, rank) for s in range(pp)]
         hop = self._look(self.net.at, "send_recv", 2, tokens * f * self.spec.profile.hidden_size * 2)
         host = self.host_s + self.host_seq_s * (rank.pre_seqs + rank.dec_seqs) * m  # the busiest rank's sequences
         return host + sum(ts) + (m - 1) * max(ts) + (pp - 1) * hop
+
+    # ---- ranks bound to their requests (StepPlan.rank_loads) ------------------------------------
+    @staticmethod
+    def _rank_parts(loads: tuple, part: str) -> list[RankLoad]:
+        """Each rank's load (StepPlan.rank_loads, RANK_LOAD_FIELDS) for the plan's `part`: decode, prefill or
+        pass (both in one)."""
+        out = []
+        for pt, ps, pq, pl, dp_, ds, dkv, dl in loads:
+            if part == "decode":
+                out.append(RankLoad(dp_, 0, 0, ds, dkv, dl))
+            elif part == "prefill":
+                out.append(RankLoad(pt, ps, pq, 0, 0, pl))
+            else:
+                out.append(RankLoad(pt + dp_, ps, pq, ds, dkv, pl + dl))
+        return out
+
+    def decode_part_s(self, plan) -> float:
+        """The decode sequences alone, as their own iteration (each bound rank's own, where the plan has them)."""
+        if plan.rank_loads is None:
+            return super().decode_part_s(plan)
+        return self.pass_s(plan.decode_positions, 0, 0, plan.decode_seqs, plan.decode_kv_tokens, plan.decode_logits,
+                           plan.decode_positions, self._rank_parts(plan.rank_loads, "decode"))
+
+    def prefill_part_s(self, plan) -> float:
+        """The prefill chunks alone, as their own iteration (each bound rank's own, where the plan has them)."""
+        if plan.rank_loads is None:
+            return super().prefill_part_s(plan)
+        return self.pass_s(plan.prefill_tokens, plan.prefill_seqs, plan.prefill_pairs, 0, 0, plan.prefill_logits,
+                           None, self._rank_parts(plan.rank_loads, "prefill"))
+
+    def step_s(self, plan) -> float:
+        """Seconds for the iteration `plan` (OpsModel.step_s), each bound rank's own part where the plan has them."""
+        if plan.rank_loads is None or plan.prefill_seqs == 0 or plan.decode_seqs == 0 or self.mixed == "sum":
+            return super().step_s(plan)
+        one = self.pass_s(plan.decode_positions + plan.prefill_tokens, plan.prefill_seqs, plan.prefill_pairs,
+                          plan.decode_seqs, plan.decode_kv_tokens, plan.decode_logits + plan.prefill_logits,
+                          plan.decode_positions, self._rank_parts(plan.rank_loads, "pass"))
+        return min(one, self.decode_part_s(plan) + self.prefill_part_s(plan))
 
     def breakdown_s(self, tokens: int, pre_seqs: int, pre_pairs: int, dec_seqs: int, dec_kv: int,
                     logits: int, dec_tokens: int | None = None) -> dict[str, float]:

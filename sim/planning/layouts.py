@@ -36,7 +36,7 @@ from sim.planning.sweep import Override
 CLIENT_KEYS = {"first_token", "wait_for_prefill_response"}
 """A disaggregated base scenario's settings every disaggregated candidate keeps beside its pools and link."""
 
-KEPT_PARALLEL = ("expert_imbalance", "routing_skew", "ep_communication", "micro_batches")
+KEPT_PARALLEL = ("expert_imbalance", "routing_skew", "ep_communication", "micro_batches", "attention_dp_routing")
 """A base scenario's `parallel` settings a planned layout keeps (Layout.mapping): all but the degrees."""
 
 
@@ -60,14 +60,17 @@ class Layout:
 
     def mapping(self, stated=None) -> dict:
         """The `parallel` mapping of this layout on a base whose own is `stated` (a ParallelConfig or None): what the
-        base states beside the degrees (expert imbalance, routing skew, the experts' communication, micro-batches)
-        is kept where the layout can take it (all-to-all needs ep > 1, micro-batches pp > 1)."""
+        base states beside the degrees (expert imbalance, routing skew, the experts' communication, micro-batches,
+        the ranks' routing) is kept where the layout can take it (all-to-all needs ep > 1, micro-batches pp > 1,
+        a routing of ranks attention_dp > 1)."""
         kept = {} if stated is None else {k: v for k, v in stated.model_dump(exclude_defaults=True).items()
                                           if k in KEPT_PARALLEL}
         if self.ep == 1:
             kept.pop("ep_communication", None)
         if self.pp == 1:
             kept.pop("micro_batches", None)
+        if self.dp == 1:
+            kept.pop("attention_dp_routing", None)
         return {**self.as_dict(), **kept}
 
     def describe(self) -> str:

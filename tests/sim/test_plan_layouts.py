@@ -328,3 +328,15 @@ def test_a_planned_layout_keeps_what_the_base_states_beside_the_degrees():
     assert piped == {"tp": 4, "pp": 2, "ep": 1, "micro_batches": 4}
     assert "micro_batches" not in Layout(8).mapping(base.scenario([("parallel", {"tp": 4, "pp": 2,
                                                                                  "micro_batches": 4})]).parallel)
+
+
+def test_a_planned_layout_keeps_the_ranks_routing_where_it_has_ranks():
+    """A base's parallel.attention_dp_routing reaches the candidates with attention_dp > 1 and is left out of those
+    with one rank (where the scenario would refuse it)."""
+    from sim.planning.sweep import Base
+    repo = Path(__file__).resolve().parents[2]
+    base = Base.load(repo / "scenarios/parallel/qwen3-235b-a22b-ep8-h200.yaml")
+    stated = base.scenario([("parallel", {"tp": 1, "ep": 8, "attention_dp": 8,
+                                          "attention_dp_routing": "random"})]).parallel
+    assert Layout(1, 1, 8, 8).mapping(stated)["attention_dp_routing"] == "random"
+    assert "attention_dp_routing" not in Layout(8, 1, 8).mapping(stated)
