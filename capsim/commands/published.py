@@ -51,6 +51,9 @@ def add_parsers(sub) -> None:
                         "(docs/disaggregation.md)")
     for flag, values, text in DISAGG_AND_SCHEDULE_FLAGS:
         _per_engine(p, flag, values, help=text)
+    p.add_argument("--attention-dp-pools", choices=["both", "prefill", "decode"], default="both",
+                   help="disaggregated rows: which pools --attention-dp-routing applies to (default both; the others "
+                        "keep one shared queue)")
     p.add_argument("--seed", type=count(0, 2**32 - 1), default=0,
                    help="every replayed row's scenario seed (default 0); only what is drawn depends on it "
                         "(--phases random)")
@@ -107,6 +110,11 @@ DISAGG_AND_SCHEDULE_FLAGS = (
      "disaggregated rows: whose users the front end's per-user term counts: each engine's (default: TensorRT-LLM "
      "none, the others decode_worker; docs/disaggregation.md), the users of one decode worker, or none (the base "
      "time alone)"),
+    ("--attention-dp-routing", ["shared_queue", "random", "round_robin", "least_loaded"],
+     "replicas and pools of attention data parallelism: how the ranks get their requests "
+     "(parallel.attention_dp_routing): each engine's (default, docs/disaggregation.md), one queue spread evenly over "
+     "the ranks every pass, or each request bound at arrival to a random rank, to the ranks in turn, or to the rank "
+     "holding the fewest"),
     ("--async-scheduling", ["on", "off"],
      "whether each row's engine plans an iteration while the one before runs, so a request that arrives meanwhile "
      "joins one iteration later (scheduler.async_scheduling): each engine's choice (default, docs/fidelity.md), or "
@@ -201,7 +209,9 @@ def run(args) -> int:
                                 host_per_sequence_s=None if args.host_per_sequence_ms is None
                                 else args.host_per_sequence_ms / 1e3, kv_cache=args.kv_cache,
                                 prefill_batches=args.prefill_batches, prefill_response=args.prefill_response,
-                                mla_kernels=args.mla_kernels, frontend_users=args.frontend_users)
+                                mla_kernels=args.mla_kernels, frontend_users=args.frontend_users,
+                                attention_dp_routing=args.attention_dp_routing,
+                                attention_dp_pools=args.attention_dp_pools)
     if args.out:  # written whole or not at all
         from sim.io.outputs import staged_output
         with staged_output(args.out, args.force, PUBLISHED_FILES) as stage:

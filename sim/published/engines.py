@@ -9,6 +9,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from sim.io.errors import ConfigError
+from sim.published.rows import PublishedRow
+
 GIB = 1 << 30
 
 # vLLM's CUDA-graph capture sizes (V1, max_cudagraph_capture_size 512): 1, 2, 4, 8..256 by 8, 272..512 by 16
@@ -167,6 +170,12 @@ class EngineDefaults:
     a run with `--frontend-users none` against the default run; docs/disaggregation.md "The front end's users, past
     the fit's range"): TensorRT-LLM `none` (23.7% -> 18.1%; held out on its odd lines 40.2% -> 34.3%), vLLM
     `decode_worker` (39.3% against 39.5%); SGLang's front end has no per-user term."""
+    attention_dp_routing: str = "shared_queue"
+    """Agg rows whose replica runs attention data parallelism: how its ranks get their requests
+    (parallel.attention_dp_routing, sim.core.schedulers.ranked): `shared_queue`, one queue every pass spreads evenly
+    over the ranks, or bound at arrival (`random`, `round_robin`, `least_loaded`)."""
+    disagg_attention_dp_routing: str = "shared_queue"
+    """Disaggregated rows' pools of attention data parallelism: as attention_dp_routing."""
     disagg_pool_batch: str = "defaults"
     """Disaggregated rows: how many requests a pool's worker runs at once (sim.published.disagg.POOL_BATCH): `stated`,
     the row's prefill_batch_size / decode_batch_size per attention-DP rank, or `defaults`, the engine's launch limit.
@@ -186,7 +195,7 @@ class EngineDefaults:
     decode request is sent)."""
 
     kv_cache: str = "bf16"
-    """Which rows' KV cache the replay stores in FP8 (sim.published.predict.KV_CACHE): `bf16` none, `quantized` every
+    """Which rows' KV cache the replay stores in FP8 (KV_CACHE): `bf16` none, `quantized` every
     FP8 and FP4 row's, `checkpoint` the FP4 rows' (NVIDIA's NVFP4 checkpoints ship kv_cache_quant_algo FP8). Chosen
     per engine on the even lines of the silicon sample (agg and disaggregated) by the mean of the median |TTFT error|
     and the median |TPOT error| (`python benchmarks/kv_cache_choice.py`, docs/fidelity.md "The KV cache's format"):
@@ -248,12 +257,34 @@ class EngineDefaults:
                 f"rows); disaggregated rows' first token: {self.disagg_first_token}"
                 + (", after the prefill server's answer" if self.disagg_prefill_response == "wait" else "") +
                 f"; disaggregated workers' batch: {self.disagg_pool_batch}" +
-                f"; KV cache in FP8: "
+                f"; attention-DP ranks' requests: {self.attention_dp_routing} ({self.disagg_attention_dp_routing} on "
+                f"disaggregated rows); KV cache in FP8: "
                 f"{KV_CACHE_ROWS[self.kv_cache]}")
 
 
 KV_CACHE_ROWS = {"bf16": "none", "quantized": "FP8 and FP4 rows", "checkpoint": "FP4 rows"}
 """What each EngineDefaults.kv_cache value stores in FP8, as describe() says it."""
+
+KV_CACHE = tuple(KV_CACHE_ROWS)
+"""build_case's `kv_cache` (besides `engine`, EngineDefaults.kv_cache): which rows' KV cache is stored in FP8. The file
+has no KV column. `bf16`: none (every engine's `auto` on a checkpoint that states no KV format). `quantized`: every
+FP8 and FP4 row's, as AIConfigurator infers for a quantized checkpoint (aiconfigurator-core 0.12.0,
+sdk/models/helpers.py _infer_quant_modes_from_raw_config: fp8, fp8_block and nvfp4 weights -> FP8 KV and FMHA) and
+its generator writes into the launch config (generator/module_bridge.py: kv_cache_dtype). `checkpoint`: the FP4
+rows' only, whose NVIDIA NVFP4 checkpoints ship hf_quant_config kv_cache_quant_algo FP8 (which `auto` follows in
+TensorRT-LLM and, since vllm-project/vllm#29980, vLLM); the FP8 rows' checkpoints (the model makers') state none.
+An FP8 cache halves the bytes per cached token and the bytes decode attention reads (sim.models.ops.KV_READ_SCALE);
+prefill attention keeps its BF16 time."""
+
+
+def kv_format_for(kv_cache: str, row: PublishedRow) -> str:
+    """The scenario's kv.format for `row` under `kv_cache` (KV_CACHE or `engine`), or a ConfigError naming the values."""
+    if kv_cache == "engine":
+        kv_cache = ENGINES[row.backend].kv_cache
+    if kv_cache not in KV_CACHE:
+        raise ConfigError(f"kv_cache: expected one of engine, {', '.join(KV_CACHE)}, got {kv_cache!r}")
+    fp8 = {"bf16": (), "quantized": ("fp8", "fp4"), "checkpoint": ("fp4",)}[kv_cache]
+    return "fp8" if row.precision in fp8 else "bf16"
 
 
 def release_number(version: str) -> tuple[int, ...] | None:

@@ -20,13 +20,15 @@ from pathlib import Path
 import numpy as np
 
 from sim.core.disagg_config import FIRST_TOKEN
+from sim.published.routing import routed_scenario
 from sim.io.errors import ConfigError
 from sim.io.profiles import load_hardware, load_model, profiles_dir
 from sim.models.ops_tables import find_table, load_table_set
 from sim.models.parallel import Layout, kv_bytes_per_token_per_gpu, layout_problems, weights_per_gpu
 from sim.models.spec import ModelSpec
 from sim.published.disagg import FRONTEND_USERS, POOL_BATCH, PREFILL_RESPONSE, build_disagg_case
-from sim.published.engines import ENGINE_CONFIGS, ENGINES, KV_CACHE_ROWS, aic_benchmark_limits, kv_budget_bytes
+from sim.published.engines import (ENGINE_CONFIGS, ENGINES, KV_CACHE, aic_benchmark_limits, kv_budget_bytes,  # noqa: F401
+                                   kv_format_for)  # (KV_CACHE re-exported)
 from sim.published.rows import PublishedRow
 
 SYSTEMS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "b200_sxm": "b200", "a100_sxm": "a100-80g-sxm",
@@ -64,28 +66,6 @@ exclude_modules (the -v2 ones quantize its output projection), but replayed so, 
 lines, agg and disaggregated (docs/fidelity.md "DeepSeek's NVFP4 attention in BF16"), so they keep NVFP4 for every
 GEMM."""
 
-KV_CACHE = tuple(KV_CACHE_ROWS)
-"""build_case's `kv_cache` (besides `engine`, EngineDefaults.kv_cache): which rows' KV cache is stored in FP8. The file
-has no KV column. `bf16`: none (every engine's `auto` on a checkpoint that states no KV format). `quantized`: every
-FP8 and FP4 row's, as AIConfigurator infers for a quantized checkpoint (aiconfigurator-core 0.12.0,
-sdk/models/helpers.py _infer_quant_modes_from_raw_config: fp8, fp8_block and nvfp4 weights -> FP8 KV and FMHA) and
-its generator writes into the launch config (generator/module_bridge.py: kv_cache_dtype). `checkpoint`: the FP4
-rows' only, whose NVIDIA NVFP4 checkpoints ship hf_quant_config kv_cache_quant_algo FP8 (which `auto` follows in
-TensorRT-LLM and, since vllm-project/vllm#29980, vLLM); the FP8 rows' checkpoints (the model makers') state none.
-An FP8 cache halves the bytes per cached token and the bytes decode attention reads (sim.models.ops.KV_READ_SCALE);
-prefill attention keeps its BF16 time."""
-
-
-def kv_format_for(kv_cache: str, row: PublishedRow) -> str:
-    """The scenario's kv.format for `row` under `kv_cache` (KV_CACHE or `engine`), or a ConfigError naming the values."""
-    if kv_cache == "engine":
-        kv_cache = ENGINES[row.backend].kv_cache
-    if kv_cache not in KV_CACHE:
-        raise ConfigError(f"kv_cache: expected one of engine, {', '.join(KV_CACHE)}, got {kv_cache!r}")
-    fp8 = {"bf16": (), "quantized": ("fp8", "fp4"), "checkpoint": ("fp4",)}[kv_cache]
-    return "fp8" if row.precision in fp8 else "bf16"
-
-
 START_MODES = ("cold", "staggered", "burst")
 
 PHASES = ("even", "random")
@@ -121,8 +101,6 @@ def benchmark_rounds(rounds: int | str | None, mode: str, users: int) -> float:
     if isinstance(rounds, str) or rounds < 1:
         raise ConfigError(f"rounds: expected an integer >= 1 or one of {', '.join(ROUND_RULES)}, got {rounds!r}")
     return float(rounds)
-
-
 
 
 def requests_per_user(osl: int) -> int:
@@ -288,7 +266,8 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                first_token: str = "engine", phases: str = "engine", seed: int = 0,
                host_per_sequence_s: float | None = None, kv_cache: str = "engine",
                prefill_batches: str = "engine", prefill_response: str = "engine", mla_kernels: str = "engine",
-               frontend_users: str = "engine") -> Case:
+               frontend_users: str = "engine", attention_dp_routing: str = "engine",
+               attention_dp_pools: str = "both") -> Case:
     """Translate one published row into a closed-loop scenario for one replica, or say why not. `engine` means the
     row's engine's default (sim.published.engines) for each of: `moe_kernels` (or `own`: the row's engine's kernels,
     vllm / sglang / trtllm, composed), `moe_routing` (balanced, power_law_1.2), `all_reduce` (`own`, nccl, vllm,
@@ -307,7 +286,9 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     `kv_cache`: which rows' KV cache is FP8 (KV_CACHE; `engine`: EngineDefaults.kv_cache); `prefill_batches`: whether a
     chunked scheduler mixes decodes with prefill chunks (PREFILL_BATCHES; `engine`: EngineDefaults.prefill_batches);
     `rounds`: the replayed benchmark's requests per user under `start` cold (benchmark_rounds; None: the mode's
-    default)."""
+    default); `attention_dp_routing`: how attention-DP ranks get their requests (parallel.attention_dp_routing;
+    `engine`: EngineDefaults.attention_dp_routing on agg rows, disagg_attention_dp_routing on disaggregated ones) and
+    `attention_dp_pools` which pools of a disaggregated row it applies to (sim.published.routing.DP_ROUTED_POOLS)."""
     if phases not in ("engine", *PHASES):
         raise ConfigError(f"phases: expected one of engine, {', '.join(PHASES)}, got {phases!r}")
     if phases == "engine":
@@ -316,6 +297,8 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     case = _build_case(row, per_user, start, mixed, rounds, moe_kernels, moe_routing, all_reduce, engine_config,
                        host_overhead_s, shared_experts_overlap, frontend, pool_batch, async_scheduling, first_token,
                        host_per_sequence_s, kv_cache, prefill_batches, prefill_response, mla_kernels, frontend_users)
+    routed = routed_scenario(case.scenario, row, attention_dp_routing, attention_dp_pools)
+    case = case if routed is case.scenario else replace(case, scenario=routed)
     if phases == "even" and seed == 0:
         return case
     return replace(case, phases=phases, scenario=None if case.scenario is None else dict(case.scenario, seed=seed))

@@ -387,3 +387,36 @@ def test_mla_kernels_reach_both_pools_step_time():
         assert case.scenario["step_time"]["model"].get("mla_kernels") == want
     vllm = build_case(dataclasses.replace(qwen, concurrency=4), per_user=2, mla_kernels="own").scenario
     assert "mla_kernels" not in vllm["step_time"]["model"]
+
+
+def test_attention_dp_routing_binds_the_chosen_pools_ranks(tmp_path):
+    """`attention_dp_routing` (`--attention-dp-routing`) sets parallel.attention_dp_routing on every pool of more than
+    one attention-DP rank (`attention_dp_pools` both), on the prefill pool alone (`prefill`), and leaves the engine's
+    shared queue by default; the bound pools simulate; bad values are refused by name, and the flags reach the report."""
+    from sim.published.disagg import PoolShape
+    ds, _ = read_published(FIXTURE)
+    row = dataclasses.replace(ds, concurrency=4, prefill=PoolShape(1, 1, 1, 8, 1, 8, 1),
+                              decode=PoolShape(1, 1, 1, 8, 1, 8, 2))
+    routing = lambda case, pool: case.scenario["disaggregation"][pool]["parallel"].get("attention_dp_routing")  # noqa
+    default = build_case(row, per_user=2)
+    assert routing(default, "prefill") is None and routing(default, "decode") is None
+    both = build_case(row, per_user=2, attention_dp_routing="random")
+    assert routing(both, "prefill") == routing(both, "decode") == "random"
+    pre = build_case(row, per_user=2, attention_dp_routing="random", attention_dp_pools="prefill")
+    assert routing(pre, "prefill") == "random" and routing(pre, "decode") is None
+    tp_decode = build_case(dataclasses.replace(row, decode=ds.decode), per_user=2, attention_dp_routing="round_robin")
+    assert "attention_dp" not in tp_decode.scenario["disaggregation"]["decode"]["parallel"]
+    assert routing(tp_decode, "decode") is None  # one rank: nothing to bind
+    out = simulate_case(None, both)
+    assert "skipped" not in out, out.get("skipped")
+    with pytest.raises(ConfigError, match="attention_dp_routing: expected one of engine, shared_queue"):
+        build_case(row, attention_dp_routing="busiest")
+    with pytest.raises(ConfigError, match="attention_dp_pools: expected one of both, prefill, decode"):
+        build_case(row, attention_dp_routing="random", attention_dp_pools="all")
+    from tests.published.test_validate_published import capsim
+    code, _, err = capsim("validate-published", str(FIXTURE), "--system", "h100_sxm", "--attention-dp-routing",
+                          "random", "--attention-dp-pools", "prefill", "--workers", "1", "--no-progress", "--out",
+                          str(tmp_path))
+    import json
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert (report["attention_dp_routing"], report["attention_dp_pools"]) == ("random", "prefill")
