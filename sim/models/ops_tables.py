@@ -15,7 +15,11 @@ Interpolation rules (stated once, used everywhere):
   could (the smaller one can always be padded up), i.e. each point becomes the minimum over the points
   at least as large in every axis;
 - GEMM: piecewise power law in m (log-log between measured m), bilinear in (n, k) (exact for
-  t = a + b n + c k + d n k); n or k beyond the grid splits the GEMM into equal pieces that fit;
+  t = a + b n + c k + d n k); n or k beyond the grid continues the last cell's bilinear form (one kernel: its
+  fixed cost once, then the cost per column and row measured at the grid's edge; never below the grid's corner,
+  and a larger m never costs less). Until 2026-12-06 such a GEMM was split into equal table-sized pieces, each
+  paying the kernel's fixed cost: a composed MoE layer's experts (one grouped GEMM of up to 1.8 million columns
+  when experts are split eight ways) paid it 28 times (docs/ops.md);
   n or k below the grid costs the grid's smallest (an upper bound);
 - attention: log-log bilinear in (batch, length); heads between measured head counts linear in heads;
 - collectives: log-log in message bytes; below the smallest message, the smallest message's time; above the
@@ -209,18 +213,18 @@ class GemmTable:
                           fill_first_axis=True)
 
     def curve(self, n: float, k: float) -> list[float]:
-        """Latency over the m grid for one (n, k): bilinear in n and k, split when beyond the grid."""
-        pieces = max(math.ceil(n / self.ns[-1]), 1) * max(math.ceil(k / self.ks[-1]), 1)
-        n_piece = n / max(math.ceil(n / self.ns[-1]), 1)
-        k_piece = k / max(math.ceil(k / self.ks[-1]), 1)
-        n_piece, k_piece = max(n_piece, self.ns[0]), max(k_piece, self.ks[0])
-        i, wn = self._linear_bracket(self.ns, n_piece)
-        j, wk = self._linear_bracket(self.ks, k_piece)
+        """Latency over the m grid for one (n, k): bilinear in n and k, the last cell's bilinear form continued
+        beyond the grid (never below the grid's corner there)."""
+        n, k = max(n, self.ns[0]), max(k, self.ks[0])
+        i, wn = self._linear_bracket(self.ns, n)
+        j, wk = self._linear_bracket(self.ks, k)
         i1, j1 = min(i + 1, len(self.ns) - 1), min(j + 1, len(self.ks) - 1)
         g = self.grid
         plane = ((1 - wn) * (1 - wk) * g[:, i, j] + wn * (1 - wk) * g[:, i1, j]
                  + (1 - wn) * wk * g[:, i, j1] + wn * wk * g[:, i1, j1])
-        return [float(v) * pieces for v in plane]
+        if wn > 1 or wk > 1:  # each m's own slope: keep the grid's order (a larger m never costs less)
+            plane = np.maximum.accumulate(np.maximum(plane, g[:, i1, j1]))
+        return [float(v) for v in plane]
 
     @staticmethod
     def _linear_bracket(xs: list[float], x: float) -> tuple[int, float]:

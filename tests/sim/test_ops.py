@@ -165,6 +165,22 @@ def test_shipped_engine_all_reduces_beat_nccl_on_a_decode_message():
     assert "all_reduce_<engine>.csv" in load_table_set("b200").source()
 
 
+def test_a_gemm_beyond_the_grid_continues_the_last_cell(tmp_path):
+    """A GEMM wider or deeper than the table is one kernel: its fixed cost once and the last cell's cost per column
+    and row (t = a + b n + c k + d n k continued), not one fixed cost per table-sized piece."""
+    from sim.models.ops_tables import GemmTable
+    us = lambda m, n, k: 4 + n * k / 65536 * (1 if m == 1 else 2)  # noqa: E731  4 us launch, then the work
+    rows = ["m,n,k,latency_us"] + [f"{m},{n},{k},{us(m, n, k):g}" for m in (1, 16) for n in (256, 512)
+                                   for k in (256, 512)]
+    (tmp_path / "gemm_bf16.csv").write_text("\n".join(rows) + "\n")
+    g = GemmTable(tmp_path / "gemm_bf16.csv")
+    for m, n, k in [(1, 2048, 256), (1, 256, 2048), (1, 1024, 1024), (16, 4096, 512)]:
+        assert g.at(m, n, k) * 1e6 == pytest.approx(us(m, n, k), rel=1e-9), (m, n, k)
+    assert g.at(1, 2048, 256) * 1e6 < 4 * us(1, 512, 256)  # four table-sized pieces would pay 4 us four times
+    for n, k in [(2048, 256), (256, 4096), (8192, 8192)]:  # a larger m never costs less, beyond the grid too
+        assert g.at(16, n, k) >= g.at(8, n, k) >= g.at(1, n, k)
+
+
 def test_interpolation_is_monotone_on_the_shipped_tables():
     tables = load_table_set("h100-sxm")
     g = tables.gemm("bf16")
