@@ -8,7 +8,8 @@ Per layer on one GPU (tp GPUs per stage, see sim.models.parallel for what each h
   fused_qkv_a_proj_with_mqa and TensorRT-LLM's fused_a run them) and q_b, kv_b, O (split by heads); one all-reduce of M x hidden BF16 values after O under tp, and one of
   M x 2 FP32 values before RoPE when the q / k norm spans the layer's heads (MiniMax-M2, `qk_norm_span: layer`);
 - dense layers: gate+up and down split tp ways and an all-reduce, as in sim.models.ops;
-- MoE layers: the router (M x hidden x E, replicated); the routed experts from an engine's measured fused-MoE
+- MoE layers: the router (M x hidden x E, replicated; from the BF16 table in every weight format, since checkpoints
+  leave the gate unquantised); the routed experts from an engine's measured fused-MoE
   kernel (profiles/ops/<card>/moe.csv, sim.models.moe_tables: the whole routed step for M tokens entering
   a GPU of E / ep experts split tp / ep ways, balanced routing; `moe_kernels`: vllm by default, sglang,
   trtllm) when the table has the layer's shape, dtype and split and the layout's routing is not skewed (with
@@ -31,7 +32,8 @@ Per layer on one GPU (tp GPUs per stage, see sim.models.parallel for what each h
   (512 + 64) / (2 x 128) = 2.25 times as many (decode attention reads the cache, bandwidth bound; the kernel's
   per-launch time stays, as for an FP8 cache's half bytes, sim.models.ops.KV_READ_SCALE);
 - small element-wise ops as sim.models.ops, over the widths this GPU sees (with a q / k norm model's two norms
-  unless the engine fuses them into RoPE, `qk_norm_kernels`).
+  unless the engine fuses them into RoPE, `qk_norm_kernels`; with MLA's two latent norms, q_a_layernorm over
+  q_lora_rank values a token and kv_a_layernorm over kv_lora_rank, which every engine runs as kernels of their own).
 
 Pipeline (pp > 1): stage s runs its layers (the last adds lm_head); an iteration split into m
 micro-batches takes sum_s t_s(T/m) + (m - 1) max_s t_s(T/m) + (pp - 1) send/recv(T/m x hidden x 2 B),
@@ -187,14 +189,14 @@ class ParallelOpsModel(OpsModel):
         ga = g if self.attention_dtype == dtype else tables.gemm(self.attention_dtype)
         att, dense, moe = self._shapes()
         self.gemm_shapes = {**att, **dense, **moe}
+        lm = tables.gemm("bf16")
         curve = {name: MCurve(t.ms, t.curve(n, k), f"{t.path.name}: {name} GEMM m (tokens)")
                  for name, (n, k) in self.gemm_shapes.items()
-                 for t in [ge if name.startswith("experts_") else ga if name in att else g]}
+                 for t in [ge if name.startswith("experts_") else ga if name in att else lm if name == "router" else g]}
         self.att_gemms = {k: curve[k] for k in att}
         self.dense_gemms = {k: curve[k] for k in dense}
         self.moe_gemms = {k: curve[k] for k in moe}
         self.gemms = {**self.att_gemms, **self.dense_gemms}  # what OpsModel.breakdown_s names
-        lm = tables.gemm("bf16")
         self.lm_head = MCurve(lm.ms, lm.curve(p.vocab_size / self.tp, p.hidden_size),
                               f"{lm.path.name}: lm_head GEMM m (sequences)")
 
@@ -251,6 +253,10 @@ class ParallelOpsModel(OpsModel):
         widths = {"hidden": p.hidden_size, "qk": rope, "intermediate": ffn_width}
         const = sum(c * a for c, a, _, _ in SMALL_OPS.values())
         qk_const, qk_width = qk_norm_ops(self.cfg, p, (self.heads + self.kv_heads) * p.head_dim)
+        if p.mla is not None:  # MLA's own RMSNorms of the compressed q and kv (q_a_layernorm, kv_a_layernorm)
+            _, a, b, _ = SMALL_OPS["rms_norm"]
+            norms = [w for w in (p.mla.q_lora_rank, p.mla.kv_lora_rank) if w]
+            qk_const, qk_width = qk_const + a * len(norms), qk_width + b * sum(norms)
         return (const + qk_const + tokens * (sum(c * b * widths[w] * self._scale for c, _, b, w in SMALL_OPS.values())
                                              + qk_width * self._scale))
 

@@ -512,6 +512,30 @@ def test_a_layer_wide_qk_norm_adds_one_small_all_reduce_per_layer(tmp_path):
     assert q.spec.profile.qk_norm and q._qk_norm_s(16) == 0.0
 
 
+def test_mla_adds_its_two_latent_norms_to_each_layer_by_hand(tmp_path):
+    """An MLA layer runs two RMSNorms a GQA layer has not: q_a_layernorm over the q latent (q_lora_rank values a
+    token) and kv_a_layernorm over the kv latent (kv_lora_rank); each costs SMALL_OPS' rms_norm (its constant, and its
+    per-value slope at the card's bandwidth scale) beside the layer's two hidden-wide norms, RoPE and SiLU."""
+    from sim.models.ops import SMALL_OPS
+    m = _run(_scenario(tmp_path, "parallel: {tp: 8, ep: 8}", model="deepseek-v3", hardware="b200",
+                       extra="weight_format: fp8\n")).step_time
+    p = m.spec.profile
+    assert (p.mla.q_lora_rank, p.mla.kv_lora_rank) == (1536, 512)
+    (n_norm, a_norm, b_norm, _), (_, a_rope, b_rope, _), (_, a_silu, b_silu, _) = (
+        SMALL_OPS["rms_norm"], SMALL_OPS["rope"], SMALL_OPS["silu_and_mul"])
+    for tokens, width in ((1, 2048), (64, 256), (4096, 256)):
+        by_hand = (n_norm * a_norm + a_rope + a_silu + 2 * a_norm
+                   + tokens * m._scale * (n_norm * b_norm * 7168 + b_rope * (16 + 1) * 64 + b_silu * width
+                                          + b_norm * (1536 + 512)))
+        assert m._small_s(tokens, width) == pytest.approx(by_hand, rel=1e-12)
+    # a GQA MoE model (Mixtral: 32 heads, 8 KV heads, no q / k norm) runs none of them
+    g = _run(_scenario(tmp_path, "parallel: {tp: 2, ep: 2}", model="mixtral-8x7b", name="g")).step_time
+    assert g.spec.profile.mla is None and not g.spec.profile.qk_norm
+    assert g._small_s(8, 7168) == pytest.approx(
+        n_norm * a_norm + a_rope + a_silu
+        + 8 * g._scale * (n_norm * b_norm * 4096 + b_rope * (32 // 2 + 8 // 2) * 128 + b_silu * 7168), rel=1e-12)
+
+
 def test_experts_only_nvfp4_counts_by_hand(tmp_path):
     """An NVFP4 checkpoint that quantizes its routed experts only (ModelOpt's nvfp4_experts_only: MiniMax-M2.5,
     Kimi-K2.x): the experts at 4.5 bits, the rest at weight_format's width, by hand; a dense model refuses the field."""
@@ -595,6 +619,26 @@ def test_attention_kept_in_bf16_counts_by_hand_and_takes_the_bf16_tables(tmp_pat
             assert kept.moe_gemms[name].at(m) == nvfp4.moe_gemms[name].at(m)
     dense = model("d", "weight_format: fp8\nattention_weight_format: bf16", mdl="llama-3.1-8b", par="parallel: {tp: 1}")
     assert dense.attention_dtype == "bf16" and dense.dtype == "fp8"
+
+
+def test_the_router_gemm_reads_the_bf16_table_in_every_format(tmp_path):
+    """The MoE gate stays unquantised in FP8 and NVFP4 checkpoints (DeepSeek-V3's block-FP8 one, NVIDIA's NVFP4 ones),
+    so under kind ops its GEMM comes from the BF16 table whatever weight_format says; the experts keep the format's."""
+    from sim.models.ops_tables import MCurve
+
+    def model(name, fmt):
+        return _run(_scenario(tmp_path, "parallel: {tp: 8, ep: 8}", model="deepseek-v3", hardware="b200",
+                              extra=f"weight_format: {fmt}", name=name)).step_time
+    fp8, fp4 = model("f8", "fp8"), model("f4", "nvfp4")
+    bf16 = fp8.tables.gemm("bf16")
+    router = MCurve(bf16.ms, bf16.curve(*fp8.gemm_shapes["router"]), "")
+    quantized = fp4.tables.gemm("nvfp4")
+    for m in (1, 64, 4096):
+        assert fp8.moe_gemms["router"].at(m) == fp4.moe_gemms["router"].at(m) == router.at(m)
+        assert fp4.moe_gemms["experts_down"].at(m) == MCurve(
+            quantized.ms, quantized.curve(*fp4.gemm_shapes["experts_down"]), "").at(m)
+    # at one decode token the NVFP4 table's fixed cost (its activation quantisation) is what the gate no longer pays
+    assert router.at(1) < MCurve(quantized.ms, quantized.curve(*fp4.gemm_shapes["router"]), "").at(1)
 
 
 def test_run_names_attention_data_parallelism(tmp_path, capsys):
