@@ -76,6 +76,16 @@ class OpsStepTime(StrictModel):
                                 "the GPU's q and k heads (vLLM, SGLang), or none beyond RoPE's (`fused_with_rope`: "
                                 "TensorRT-LLM's fused_qk_norm_rope kernel)")
 
+    dp_prefill_gather: Literal["all_gather", "all_reduce"] = Field(
+        "all_gather", description="Attention data parallelism (parallel.attention_dp > 1): how a pass that holds a "
+                                  "prefill gathers the ranks' tokens to the experts and returns their outputs. "
+                                  "`all_gather`: an all-gather there and a reduce-scatter back (costed as two "
+                                  "all-gathers of the gathered bytes; TensorRT-LLM, vLLM, and every decode-only pass); "
+                                  "`all_reduce`: every rank writes its tokens into a zeroed buffer of all the ranks' "
+                                  "tokens and all-reduces it, and the experts' output is all-reduced before each rank "
+                                  "takes its slice (two all-reduces of the gathered bytes: SGLang's SUM_LEN padding, "
+                                  "which it uses for every batch with a prefill)")
+
     @field_validator("shared_experts_overlap", mode="before")
     @classmethod
     def _off(cls, v):

@@ -104,7 +104,8 @@ class ParallelOpsModel(OpsModel):
         self.moe_kernel = self._moe_kernel(tables, self.expert_dtype) if p.moe else None
         self.dp = layout.attention_dp
         self.nccl = tables.nccl() if (tp > 1 or self.dp > 1) else None
-        self.ar = tables.all_reduce(cfg.all_reduce) if (tp > 1 or layout.moe_tp > 1) else None
+        sum_len = self.dp > 1 and cfg.dp_prefill_gather == "all_reduce"  # all-reduces over the expert GPUs (_combine_s)
+        self.ar = tables.all_reduce(cfg.all_reduce) if (tp > 1 or layout.moe_tp > 1 or sum_len) else None
         self.net = None
         if (layout.ep > 1 and layout.ep_communication == "all_to_all") or layout.pp > 1:
             path = find_table(tables.folder, "nccl_parallel")
@@ -235,6 +236,8 @@ class ParallelOpsModel(OpsModel):
             need += [(self.ar, "all_reduce", lay.tp, "parallel.tp"), (self.nccl, "all_gather", lay.tp, "parallel.tp")]
         if self.dp > 1 and lay.ep_communication == "all_reduce":
             need.append((self.nccl, "all_gather", lay.expert_gpus, "parallel.attention_dp"))
+            if self.cfg.dp_prefill_gather == "all_reduce":
+                need.append((self.ar, "all_reduce", lay.expert_gpus, "parallel.attention_dp"))
         if lay.ep > 1 and lay.ep_communication == "all_to_all":
             need.append((self.net, "alltoall", lay.ep, "parallel.ep"))
             if lay.moe_tp > 1:
@@ -305,24 +308,28 @@ class ParallelOpsModel(OpsModel):
             base = (distinct_experts(e.num_experts, e.experts_per_token, tokens, lay.routing_skew) if decode_only
                     else e.experts_per_token)
             grow = (base + s) / base
-            return (t + routed * grow + self._combine_s(tokens)
+            return (t + routed * grow + self._combine_s(tokens, decode_only)
                     + self._small_s(rank, routed_width * (e.experts_per_token + s) / e.experts_per_token))
         t += routed
         if "shared_gate_up" in g:
             shared = self._look(g["shared_gate_up"].at, rank) + self._look(g["shared_down"].at, rank)
             t = max(t, shared) if self._shared_overlaps(rank, decode_only) else t + shared
         width = routed_width + e.num_shared_experts * e.expert_intermediate_size / lay.tp
-        return t + self._combine_s(tokens) + self._small_s(rank, width)
+        return t + self._combine_s(tokens, decode_only) + self._small_s(rank, width)
 
     def _shared_fused(self) -> bool:
         """Whether the shared experts run inside the routed kernel (shared_experts_overlap `fused`, experts not spread
         over GPUs: SGLang turns the fusion off under expert parallelism on NVIDIA cards)."""
         return self.cfg.shared_experts_overlap == "fused" and self.layout.ep == 1
 
-    def _combine_s(self, tokens: float) -> float:
+    def _combine_s(self, tokens: float, decode_only: bool = False) -> float:
         """A MoE layer's communication: the experts' outputs combined over the GPUs (see the module)."""
         lay, e, h = self.layout, self.moe, self.spec.profile.hidden_size
         if self.dp > 1 and lay.ep_communication == "all_reduce":
+            if self.cfg.dp_prefill_gather == "all_reduce" and not decode_only:
+                # SGLang's SUM_LEN gather: a zeroed buffer of every rank's tokens all-reduced in, and the experts'
+                # output all-reduced before each rank copies its slice out
+                return 2 * self._all_reduce(lay.expert_gpus, tokens)
             # every rank's tokens gathered to the expert GPUs and the outputs scattered back (reduce-scatter,
             # costed as an all-gather of the same bytes)
             return 2 * self._look(self.nccl.at, "all_gather", lay.expert_gpus, tokens * h * 2)

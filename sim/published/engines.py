@@ -92,6 +92,13 @@ class EngineDefaults:
     qk_norm_kernels: str = "separate"
     """Qwen3's / MiniMax-M2's q and k RMSNorms (step_time.model.qk_norm_kernels): two kernels of their own in vLLM and
     SGLang (q_norm, k_norm), fused with RoPE in TensorRT-LLM (fused_qk_norm_rope). Read in the engines' source."""
+    dp_prefill_gather: str = "all_gather"
+    """Attention data parallelism, passes with a prefill (step_time.model.dp_prefill_gather): `all_reduce` for SGLang,
+    whose DpPaddingMode.get_dp_padding_mode picks SUM_LEN for every batch with an extend (sgl-project/sglang#10414,
+    of September 2025; the rows ran 0.5.8): its dp_gather all-reduces a zeroed buffer of all the ranks' tokens, and the MoE's output is
+    all-reduced before dp_scatter copies each rank's slice out; `all_gather` (an all-gather and a reduce-scatter)
+    for TensorRT-LLM and vLLM, and for every engine's decode-only passes (SGLang's MAX_LEN). Read in the engines'
+    source, not fitted."""
     config: str = "defaults"
     """Which limits a published row's engine ran with (ENGINE_CONFIGS below): its launch defaults (`scheduler`,
     `graph_sizes` above) or AIConfigurator's benchmark rules. Chosen per engine on the even lines of the
@@ -243,7 +250,7 @@ class EngineDefaults:
             over, f"beside the routed ones in passes of <= {over} tokens")
         return (f"{self.backend} ({self.versions}): {sched}; KV admission {self.kv_admission}; {mem}; {graphs}; "
                 f"after a cold first wave: {self.later_waves} ({self.disagg_later_waves} on disaggregated rows); MoE experts: {moe}; shared experts {shared}; "
-                f"MLA attention: {mla}; "
+                f"MLA attention: {mla}; attention-DP passes with a prefill gather by {self.dp_prefill_gather}; "
                 f"q / k norms {'fused with RoPE' if self.qk_norm_kernels == 'fused_with_rope' else 'as kernels of their own'}; "
                 f"all-reduce: {ar}; async scheduling {'on' if self.async_scheduling else 'off'}; "
                 + (f"prefill batches {self.prefill_batches} (agg rows); " if self.scheduler.get("kind") == "chunked"
@@ -319,7 +326,7 @@ ENGINES: dict[str, EngineDefaults] = {
         ("chunked_prefill_size 8192; mem_fraction_static ~0.88",
          "prefill batches apart from decode batches (no --enable-mixed-chunk, its default)"),
         later_waves="cohort", moe=("sglang", "balanced"), mla_kernels="sglang", all_reduce="sglang",
-        shared_experts_overlap="off",
+        shared_experts_overlap="off", dp_prefill_gather="all_reduce",
         frontend_ms=(100.0, 0.0), disagg_first_token="decode_admission", disagg_prefill_response="wait",
         disagg_pool_batch="stated",
         kv_cache="quantized",

@@ -207,7 +207,8 @@ def _scheduler(engine, dp: int, per_rank: dict | None = None, async_scheduling: 
 def step_time_for(mixed: str = "one_pass", moe_kernels: str = "vllm", moe_routing: str = "balanced",
                   all_reduce: str = "nccl", host_overhead_s: float | None = None,
                   shared_experts_overlap: str | int = 256, qk_norm_kernels: str = "separate",
-                  host_per_sequence_s: float = 0.0, mla_kernels: str = "composed") -> dict:
+                  host_per_sequence_s: float = 0.0, mla_kernels: str = "composed",
+                  dp_prefill_gather: str = "all_gather") -> dict:
     """The scenario's step_time mapping: operator-table composition (the layout is the scenario's `parallel`);
     `mixed` says how a chunked iteration (decodes + prefill chunks) is costed, `moe_kernels` whose measured
     fused-MoE kernels MoE layers use (vllm, sglang, trtllm) or `composed` from GEMMs, `moe_routing` which
@@ -215,7 +216,9 @@ def step_time_for(mixed: str = "one_pass", moe_kernels: str = "vllm", moe_routin
     parallelism (nccl, vllm, sglang, trtllm), `shared_experts_overlap` when shared experts run beside the routed
     ones (off, decode, or a token count), `qk_norm_kernels` whether q / k norms are kernels of their own,
     `host_per_sequence_s` the host time per sequence of every pass (set only when above 0), `mla_kernels` whose
-    measured MLA attention kernels MLA models use (sglang, trtllm) or `composed` (set only when not composed)."""
+    measured MLA attention kernels MLA models use (sglang, trtllm) or `composed` (set only when not composed),
+    `dp_prefill_gather` how attention-DP ranks gather tokens for the experts in passes with a prefill (set only when
+    not all_gather)."""
     model = {"kind": "ops", "mixed": mixed, "moe_kernels": moe_kernels, "moe_routing": moe_routing,
              "all_reduce": all_reduce, "shared_experts_overlap": shared_experts_overlap,
              "qk_norm_kernels": qk_norm_kernels}
@@ -225,6 +228,8 @@ def step_time_for(mixed: str = "one_pass", moe_kernels: str = "vllm", moe_routin
         model["host_per_sequence_s"] = host_per_sequence_s
     if mla_kernels != "composed":
         model["mla_kernels"] = mla_kernels
+    if dp_prefill_gather != "all_gather":
+        model["dp_prefill_gather"] = dp_prefill_gather
     return {"model": model}
 
 
@@ -238,7 +243,8 @@ def _engine_step_time(engine, backend: str, mixed: str, moe_kernels: str, moe_ro
                          engine.host_overhead_s if host_overhead_s is None else host_overhead_s,
                          engine.shared_experts_overlap if shared_experts_overlap == "engine" else shared_experts_overlap,
                          engine.qk_norm_kernels, host_per_sequence_s,
-                         {"engine": engine.mla_kernels, "own": _own_mla(backend)}.get(mla_kernels, mla_kernels))
+                         {"engine": engine.mla_kernels, "own": _own_mla(backend)}.get(mla_kernels, mla_kernels),
+                         engine.dp_prefill_gather)
 
 
 def _own_mla(backend: str) -> str:

@@ -346,7 +346,7 @@ def test_concurrency_is_the_stated_silicon_concurrency(tmp_path):
 
 
 def test_shared_experts_overlap_follows_each_engine_unless_asked(capsys):
-    """Each engine's rule for shared experts and q / k norms (sim.published.engines) reaches the replayed scenario; the flag overrides it and refuses
+    """Each engine's rule for shared experts, q / k norms and the attention-DP prefill gather (sim.published.engines) reaches the replayed scenario; the flag overrides it and refuses
     anything but engine, off, decode, fused or a positive token count."""
     from sim.published.predict import build_case
     from sim.published.rows import read_published
@@ -360,6 +360,9 @@ def test_shared_experts_overlap_follows_each_engine_unless_asked(capsys):
             assert case.scenario["step_time"]["model"]["shared_experts_overlap"] == want[backend]
             assert case.scenario["step_time"]["model"]["qk_norm_kernels"] == (
                 "fused_with_rope" if backend == "trtllm" else "separate")
+            # SGLang's attention-DP prefill passes gather by all-reduce (SUM_LEN); the others keep the default
+            assert case.scenario["step_time"]["model"].get("dp_prefill_gather", "all_gather") == (
+                "all_reduce" if backend == "sglang" else "all_gather")
             asked = build_case(row, per_user=3, shared_experts_overlap=64)
             assert asked.scenario["step_time"]["model"]["shared_experts_overlap"] == 64
     with pytest.raises(SystemExit) as stop:

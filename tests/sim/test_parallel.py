@@ -474,6 +474,31 @@ def test_attention_data_parallel_step(tmp_path):
     assert stage == pytest.approx(94 * per_layer + m.head_s(8))
 
 
+def test_sglang_sum_len_gather_all_reduces_in_passes_with_a_prefill(tmp_path):
+    """dp_prefill_gather all_reduce (SGLang's SUM_LEN padding, chosen for every batch with a prefill): a MoE layer's
+    gather and combine are two all-reduces of T x hidden x 2 B over the expert GPUs in a pass with a prefill, and
+    stay two all-gathers in a decode-only pass; the default (all_gather) is the same in both."""
+    step = "{kind: ops, dp_prefill_gather: all_reduce}"
+    m = _run(_scenario(tmp_path, "parallel: {tp: 1, ep: 8, attention_dp: 8}", model="qwen3-235b-a22b",
+                       extra="weight_format: fp8\n", step=step)).step_time
+    nbytes = 4096 * 4096 * 2
+    reduce, gather = m.ar.at("all_reduce", 8, nbytes), m.nccl.at("all_gather", 8, nbytes)
+    assert reduce > gather
+    assert m._combine_s(4096) == pytest.approx(2 * reduce)
+    assert m._combine_s(4096, decode_only=True) == pytest.approx(2 * gather)
+    assert m.layer_linear_s(4096, True) - m.layer_linear_s(4096, True, True) == pytest.approx(2 * reduce - 2 * gather)
+    base_dir = tmp_path / "default"
+    base_dir.mkdir()
+    base = _run(_scenario(base_dir, "parallel: {tp: 1, ep: 8, attention_dp: 8}", model="qwen3-235b-a22b",
+                          extra="weight_format: fp8\n")).step_time
+    assert base._combine_s(4096) == base._combine_s(4096, decode_only=True) == pytest.approx(2 * gather)
+    # a whole prefill pass: 94 MoE layers, each two all-reduces where the default has two all-gathers
+    pre = (4096, 8, 8 * 512 * 513 // 2, 0, 0, 8)
+    assert m.pass_s(*pre) - base.pass_s(*pre) == pytest.approx(94 * 2 * (reduce - gather))
+    dec = (64, 0, 0, 64, 64 * 1024, 64)
+    assert m.pass_s(*dec) == pytest.approx(base.pass_s(*dec))
+
+
 def test_attention_data_parallel_waits_for_its_busiest_rank(tmp_path):
     """A sequence runs on one rank: one 4,096-token prompt on dp8 is one rank's whole prompt (its attention and
     GEMMs on all 4,096 tokens, not an eighth of them), while the routed experts still see the pass's tokens;
