@@ -19,6 +19,11 @@ layouts, and a row that leaves a pool's worker count empty is left out) and prin
 - With `--report` (`capsim validate-published ... --out DIR`'s report.json, several allowed): capsim's signed
   TTFT and TPOT error on every row of a repeated configuration, beside the row's date, so a miss can be set
   against how far the data disagree.
+- With `--across-versions`, a fourth: the same run (everything above but the engine's version) measured under two
+  versions of the engine. Per engine, card, model, precision, ISL and pair of versions: the configurations both
+  measured, the median TTFT and TPOT of the later version over the earlier one and the median TTFT difference; with
+  `--report`, capsim's signed median TTFT / TPOT error on each version's rows of those configurations. capsim's
+  kernel tables are of one version per engine, so what the version alone moves is beyond it.
 
 Nothing is fitted or changed; docs/fidelity.md, "How well the data agree with themselves".
 """
@@ -38,6 +43,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from sim.io.errors import ConfigError  # noqa: E402
+from sim.published.engines import release_number  # noqa: E402
 from sim.published.rows import read_published  # noqa: E402
 
 MEASURED = re.compile(r"measured=(\d{4}-\d\d-\d\d)")
@@ -61,6 +67,18 @@ def run_key(r) -> tuple:
     numbers are repeats."""
     return (r.mode, r.backend, r.backend_version, r.system, r.model_path, r.precision, r.gemm_quant_mode, r.isl,
             r.osl, r.concurrency, r.tp, r.pp, r.attention_dp, r.moe_tp, r.moe_ep, r.prefill, r.decode)
+
+
+def version_key(r) -> tuple:
+    """run_key without the engine's version: the same run under another version of the engine."""
+    return tuple(v for i, v in enumerate(run_key(r)) if i != 2)
+
+
+def version_order(version: str) -> tuple:
+    """Releases in numeric order (a release's suffixes, rc6.post2 before rc6.post3, by name), then what is not a
+    release number (a nightly build) by name."""
+    number = release_number(version)
+    return (0, number, version) if number is not None else (1, (), version)
 
 
 def same_numbers(a, b, tol: float = 1e-3) -> bool:
@@ -88,6 +106,28 @@ def repeats(rows: list) -> dict[tuple, list]:
         groups[run_key(r)].append(r)
     out = {k: [c[0] for c in _distinct(v)] for k, v in groups.items()}
     return {k: v for k, v in out.items() if len(v) > 1}
+
+
+def across_versions(rows: list) -> dict[tuple, dict[tuple[str, str], list[tuple[list, list]]]]:
+    """Runs measured under more than one version of their engine. Keyed by (engine, card, model, precision, ISL,
+    OSL), then by a pair of versions (earlier, later): per configuration both measured, the earlier version's
+    distinct measurements and the later one's. One measurement filed under two version names (the same numbers)
+    is not a second version's run and is left out."""
+    groups: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    for r in rows:
+        groups[version_key(r)][r.backend_version].append(r)
+    out: dict[tuple, dict] = defaultdict(lambda: defaultdict(list))
+    for by_version in groups.values():
+        versions = sorted(by_version, key=version_order)
+        for i, a in enumerate(versions):
+            for b in versions[i + 1:]:
+                early, later = [c[0] for c in _distinct(by_version[a])], [c[0] for c in _distinct(by_version[b])]
+                if all(same_numbers(x, y) for x in early for y in later):
+                    continue
+                r0 = early[0]
+                key = (r0.backend, r0.system, r0.model_path, r0.precision, r0.isl, r0.osl)
+                out[key][(a, b)].append((early, later))
+    return out
 
 
 def relabelled(rows: list) -> list[list]:
@@ -194,6 +234,48 @@ def print_relabelled(sets: list[list], dates: dict[int, str]) -> None:
               f"{r0.ttft_ms:.1f} / {r0.tpot_ms:.2f} | {cells} |")
 
 
+def _median(values: list[float]) -> float:
+    return float(np.median(values)) if values else float("nan")
+
+
+def _signed(rows: list, errs: dict, which: int) -> str:
+    found = [errs[r.line][which] for r in rows if r.line in errs]
+    return _pct(_median(found)) if found else "-"
+
+
+def print_versions(pairs: dict, errs: dict) -> None:
+    """The same runs under two versions of their engine (across_versions), one line per card, model, lengths and
+    pair of versions, then the medians over every configuration measured under two versions."""
+    print("\n| engine | card | model | precision | ISL / OSL | versions (earlier -> later) | configurations | "
+          "TTFT later / earlier | TTFT later - earlier | TPOT later / earlier |"
+          + (" capsim TTFT / TPOT, earlier | capsim TTFT / TPOT, later |" if errs else ""))
+    print("|---|---|---|---|---|---|---:|---:|---:|---:|" + ("---|---|" if errs else ""))
+    all_ttft, all_tpot = [], []
+    for key in sorted(pairs, key=lambda k: tuple(map(str, k))):
+        for (a, b), configs in sorted(pairs[key].items(), key=lambda kv: (version_order(kv[0][0]),
+                                                                          version_order(kv[0][1]))):
+            mean = lambda rs, f: _median([f(r) for r in rs])  # noqa: E731 - one measurement per version and run
+            ttft = [mean(later, lambda r: r.ttft_ms) / mean(early, lambda r: r.ttft_ms) for early, later in configs]
+            diff = [mean(later, lambda r: r.ttft_ms) - mean(early, lambda r: r.ttft_ms) for early, later in configs]
+            tpot = [mean(later, lambda r: r.tpot_ms) / mean(early, lambda r: r.tpot_ms) for early, later in configs]
+            all_ttft += ttft
+            all_tpot += tpot
+            engine, card, model, precision, isl, osl = key
+            line = (f"| {engine} | {card} | {model.split('/')[-1]} | {precision} | {isl} / {osl} | {a} -> {b} | "
+                    f"{len(configs)} | {_median(ttft):.2f} | {_median(diff):+.1f} ms | {_median(tpot):.2f} |")
+            if errs:
+                early = [r for e, _ in configs for r in e]
+                later = [r for _, lt in configs for r in lt]
+                line += (f" {_signed(early, errs, 0)} / {_signed(early, errs, 1)} |"
+                         f" {_signed(later, errs, 0)} / {_signed(later, errs, 1)} |")
+            print(line)
+    if all_ttft:
+        dev = lambda xs: _median([abs(x - 1) for x in xs])  # noqa: E731
+        print(f"\n{len(all_ttft)} runs measured under two versions of their engine (one line per pair of versions): "
+              f"the version alone moves TTFT by {dev(all_ttft) * 100:.1f}% and TPOT by {dev(all_tpot) * 100:.1f}% "
+              "(median |later / earlier - 1|)")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("file", type=Path, help="CSV in the schema of aiconfigurator's silicon_sample.csv")
@@ -202,6 +284,8 @@ def main(argv=None) -> int:
     ap.add_argument("--system", action="append", default=[], help="only rows of this card (repeatable)")
     ap.add_argument("--report", action="append", default=[], type=Path,
                     help="a validate-published report.json whose errors to show beside the repeats (repeatable)")
+    ap.add_argument("--across-versions", action="store_true",
+                    help="also list the runs measured under two versions of their engine (the same run otherwise)")
     args = ap.parse_args(argv)
     try:
         published = read_published(args.file)
@@ -216,6 +300,8 @@ def main(argv=None) -> int:
     print_repeats(groups, dates, errors_by_line(args.report))
     print_summary(groups)
     print_relabelled(relabelled(rows), dates)
+    if args.across_versions:
+        print_versions(across_versions(rows), errors_by_line(args.report))
     return 0
 
 

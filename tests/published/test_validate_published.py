@@ -638,6 +638,47 @@ def test_published_repeats_finds_repeated_runs_and_relabelled_measurements(tmp_p
            "6: 2026-03-27, 4 users, tp4 ep16 |" in out
 
 
+def test_published_repeats_across_versions_sets_one_run_under_two_engine_versions(tmp_path, capsys):
+    """--across-versions: the same run measured under two versions of its engine is one configuration of the pair
+    (earlier -> later in release order, a nightly last), its later / earlier ratios and TTFT difference printed with
+    capsim's signed error on each version's rows; one measurement filed under two version names is left out."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "published_repeats", Path(__file__).parents[2] / "benchmarks" / "published_repeats.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    header = (Path(__file__).parent / "silicon_sample_10rows.csv").read_text().splitlines()[0]
+    cols = header.split(",")
+
+    def row(i, version, tp, ttft, tpot, model="org/M"):
+        values = {"id": f"r{i}", "silicon_data_source": "x; silicon_concurrency=4; measured=2026-04-03T00:00:00Z",
+                  "backend": "vllm", "backend_version": version, "model_path": model, "system": "b200_sxm",
+                  "precision": "fp8", "mode": "agg", "isl": "1024", "osl": "1024", "batch_size": "4",
+                  "tp_size": str(tp), "pp_size": "1", "moe_tp_size": "1", "moe_ep_size": "1",
+                  "silicon_ttft_ms": str(ttft), "silicon_tpot_ms": str(tpot)}
+        return ",".join(values.get(c, "") for c in cols)
+
+    csv_path = tmp_path / "sample.csv"
+    csv_path.write_text("\n".join([header,
+                                   row(1, "0.19.0", 2, 80.0, 9.0),              # line 2
+                                   row(2, "0.17.0", 2, 120.0, 10.0),            # line 3: line 2's run, earlier
+                                   row(3, "0.19.0", 4, 60.0, 8.0),              # line 4
+                                   row(4, "nightly-5b8c30d", 4, 90.0, 8.0),     # line 5: line 4's run, a nightly
+                                   row(5, "0.19.0", 2, 70.0, 7.0, "org/N"),     # line 6
+                                   row(6, "0.19.1", 2, 70.0, 7.0, "org/N"),     # line 7: line 6 filed twice
+                                   ]) + "\n")
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"rows": [{"line": 3, "predicted": {"ttft_ms": 90.0, "tpot_ms": 9.0},
+                                            "measured": {"ttft_ms": 120.0, "tpot_ms": 10.0}}]}))
+    assert mod.main([str(csv_path), "--across-versions", "--report", str(report)]) == 0
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("| vllm |") or "two versions" in ln]
+    assert lines == [
+        "| vllm | b200_sxm | M | fp8 | 1024 / 1024 | 0.17.0 -> 0.19.0 | 1 | 0.67 | -40.0 ms | 0.90 | -25% / -10% | - / - |",
+        "| vllm | b200_sxm | M | fp8 | 1024 / 1024 | 0.19.0 -> nightly-5b8c30d | 1 | 1.50 | +30.0 ms | 1.00 | - / - | - / - |",
+        "2 runs measured under two versions of their engine (one line per pair of versions): the version alone moves "
+        "TTFT by 41.7% and TPOT by 5.0% (median |later / earlier - 1|)"]
+
+
 def test_published_repeats_of_disaggregated_rows_need_their_pools_workers(tmp_path, capsys):
     """--mode disagg: a run is also its pools; rows with the same pools and other numbers are a repeat, a row that
     leaves a pool's worker count empty says too little to be one."""
