@@ -594,15 +594,21 @@ def test_phase_draws_compares_each_draw_with_the_mean_of_draws(tmp_path, capsys)
         mod.main([report("e", 0, [("x", 2, 1.0)], phases="even"), paths[2]])
 
 
-def test_published_repeats_finds_repeated_runs_and_relabelled_measurements(tmp_path, capsys):
-    """benchmarks/published_repeats.py: rows describing the same run with different numbers are one repeated
-    configuration (a copy with the same numbers counts once), its spread is max / min - 1; the same numbers
-    under two layouts are listed as one measurement filed twice; a report's errors appear beside each row."""
+def _published_repeats():
+    """benchmarks/published_repeats.py as a module (a script, not a package)."""
     import importlib.util
     spec = importlib.util.spec_from_file_location(
         "published_repeats", Path(__file__).parents[2] / "benchmarks" / "published_repeats.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
+    return mod
+
+
+def test_published_repeats_finds_repeated_runs_and_relabelled_measurements(tmp_path, capsys):
+    """benchmarks/published_repeats.py: rows describing the same run with different numbers are one repeated
+    configuration (a copy with the same numbers counts once), its spread is max / min - 1; the same numbers
+    under two layouts are listed as one measurement filed twice; a report's errors appear beside each row."""
+    mod = _published_repeats()
     header = (Path(__file__).parent / "silicon_sample_10rows.csv").read_text().splitlines()[0]
     cols = header.split(",")
 
@@ -642,11 +648,7 @@ def test_published_repeats_across_versions_sets_one_run_under_two_engine_version
     """--across-versions: the same run measured under two versions of its engine is one configuration of the pair
     (earlier -> later in release order, a nightly last), its later / earlier ratios and TTFT difference printed with
     capsim's signed error on each version's rows; one measurement filed under two version names is left out."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "published_repeats", Path(__file__).parents[2] / "benchmarks" / "published_repeats.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _published_repeats()
     header = (Path(__file__).parent / "silicon_sample_10rows.csv").read_text().splitlines()[0]
     cols = header.split(",")
 
@@ -682,11 +684,7 @@ def test_published_repeats_across_versions_sets_one_run_under_two_engine_version
 def test_published_repeats_of_disaggregated_rows_need_their_pools_workers(tmp_path, capsys):
     """--mode disagg: a run is also its pools; rows with the same pools and other numbers are a repeat, a row that
     leaves a pool's worker count empty says too little to be one."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location(
-        "published_repeats", Path(__file__).parents[2] / "benchmarks" / "published_repeats.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _published_repeats()
     lines = (Path(__file__).parent / "silicon_sample_disagg_3rows.csv").read_text().splitlines()
     first = lines[1]
     again = first.replace("dsr1_b200_sglang_fp8_disagg_8192x1024_c64_cfg453", "again").replace(
