@@ -246,6 +246,9 @@ def _signed(rows: list, errs: dict, which: int) -> str:
 def print_versions(pairs: dict, errs: dict) -> None:
     """The same runs under two versions of their engine (across_versions), one line per card, model, lengths and
     pair of versions, then the medians over every configuration measured under two versions."""
+    if not pairs:
+        print("\nno run measured under two versions of its engine")
+        return
     print("\n| engine | card | model | precision | ISL / OSL | versions (earlier -> later) | configurations | "
           "TTFT later / earlier | TTFT later - earlier | TPOT later / earlier |"
           + (" capsim TTFT / TPOT, earlier | capsim TTFT / TPOT, later |" if errs else ""))

@@ -693,8 +693,9 @@ def test_published_repeats_of_disaggregated_rows_need_their_pools_workers(tmp_pa
     cells[0], cells[19] = "no_workers", ""   # prefill_num_workers empty: two such rows with other numbers
     other = ",".join(cells).replace("9717.870258232142,13.04694102878905", "5000.0,20.0").replace("no_workers", "nw2")
     (tmp_path / "d.csv").write_text("\n".join([lines[0], first, again, ",".join(cells), other]) + "\n")
-    assert mod.main([str(tmp_path / "d.csv"), "--mode", "disagg"]) == 0
+    assert mod.main([str(tmp_path / "d.csv"), "--mode", "disagg", "--across-versions"]) == 0
     out = capsys.readouterr().out
+    assert out.rstrip().endswith("no run measured under two versions of its engine")
     assert "1 configurations measured more than once (2 distinct measurements)" in out
     assert "| sglang 0.5.8.post1 disagg | b200_sxm | DeepSeek-V3 | fp8 | 8192 / 1024 | 64 | 1 x tp8 ep8 : 4 x tp8 ep8 |" in out
     assert "4: " not in out and "5: " not in out  # the rows without a worker count are left out
