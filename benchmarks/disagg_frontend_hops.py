@@ -15,6 +15,12 @@ before 2026-12-06), that rule (`twice_sequential`) and `twice` (every engine), o
 would be made), the odd ones and per engine. Nothing is fitted. TensorRT-LLM's published rows ran Dynamo's images
 (one front end, the workers called inside Dynamo's runtime), so validate-published now counts vLLM's twice and the
 others' once (EngineDefaults.disagg_frontend_hops).
+
+    python benchmarks/disagg_frontend_hops.py vp/report.json --host-scale 2.75 [--cards gb200,gb300]
+
+scores instead the front end, as the replay counted it, multiplied by K on the rows of CARDS (Grace hosts: a PyTorch
+call's CPU time is 2.75x an H100 DGX's on GB200, NVIDIA/TransformerEngine#2053), per engine on its even and odd lines,
+with the rows within 20% (docs/disaggregation.md, "The Grace host's front end").
 """
 
 from __future__ import annotations
@@ -54,10 +60,42 @@ def hops_table(report: str) -> list[dict]:
     return out
 
 
+def host_scale_table(report: str, factor: float, cards: tuple[str, ...]) -> list[dict]:
+    """Per engine and half (even / odd lines), then all rows: rows, median |TTFT error| and rows within 20%, with the
+    front end the replay counted (`frontend_ms`, every hop) as it is (x1) and multiplied by `factor` on the rows of
+    `cards`."""
+    rows = [r for r in json.loads(Path(report).read_text())["rows"] if "predicted" in r and r["mode"] == "disagg"]
+    parts = [(backend, half, [r for r in rows if r["backend"] == backend and r["line"] % 2 == parity])
+             for backend in sorted({r["backend"] for r in rows}) for half, parity in (("even", 0), ("odd", 1))]
+    out = []
+    for backend, half, part in parts + [("all", "both", rows)]:
+        if part:
+            for scale in (1.0, factor):
+                errs = np.array([abs((r["predicted"]["ttft_ms"] + (scale - 1) * r.get("frontend_ms", 0.0)
+                                      * (r["system"] in cards)) / r["measured"]["ttft_ms"] - 1) for r in part])
+                out.append({"engine": backend, "half": half, "scale": scale, "n": len(errs),
+                            "median": float(np.median(errs)), "within_20": int((errs <= 0.2).sum())})
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("report", help="capsim validate-published --mode disagg --out DIR: DIR/report.json")
+    ap.add_argument("--host-scale", type=float, metavar="K",
+                    help="score the front end multiplied by K on the rows of --cards instead of the hop rules")
+    ap.add_argument("--cards", default="gb200,gb300", help="the rows' systems --host-scale applies to (default: %(default)s)")
     args = ap.parse_args(argv)
+    if args.host_scale is not None:
+        if args.host_scale <= 0:
+            ap.error(f"--host-scale: expected a factor > 0, got {args.host_scale}")
+        scaled = host_scale_table(args.report, args.host_scale, tuple(args.cards.split(",")))
+        if not scaled:
+            print(f"{args.report}: no predicted disaggregated row", file=sys.stderr)
+            return 1
+        print("| engine | half | front end x | rows | median TTFT error | within 20% |\n|---|---|---:|---:|---:|---:|")
+        for r in scaled:
+            print(f"| {r['engine']} | {r['half']} | {r['scale']:g} | {r['n']} | {r['median']:.1%} | {r['within_20']} |")
+        return 0
     table = hops_table(args.report)
     if not table:
         print(f"{args.report}: no predicted disaggregated row", file=sys.stderr)

@@ -175,6 +175,39 @@ def test_frontend_hops_counts_the_front_end_per_engine_rule(tmp_path):
     assert out[("none", "vllm")] == (1, pytest.approx(100 / 600))
 
 
+def test_disagg_frontend_hops_host_scale_multiplies_the_front_end_on_the_named_cards_only(tmp_path):
+    """benchmarks/disagg_frontend_hops.py --host-scale: the front end a row's replay counted, times K on the rows of
+    the named cards (a GB200 row 100 ms short of its measurement with 50 ms of front end is exact at K = 3), the other
+    cards' rows as they are; per engine and half, then all rows, each with its rows within 20%."""
+    import importlib.util
+    import json
+    spec = importlib.util.spec_from_file_location(
+        "disagg_frontend_hops", Path(__file__).parents[2] / "benchmarks" / "disagg_frontend_hops.py")
+    hops = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hops)
+    rows = [{"line": 2, "mode": "disagg", "backend": "sglang", "system": "gb200", "frontend_ms": 50.0,
+             "predicted": {"ttft_ms": 400.0}, "measured": {"ttft_ms": 500.0}},
+            {"line": 4, "mode": "disagg", "backend": "sglang", "system": "b200_sxm", "frontend_ms": 50.0,
+             "predicted": {"ttft_ms": 500.0}, "measured": {"ttft_ms": 500.0}},
+            {"line": 3, "mode": "agg", "backend": "sglang", "system": "gb200", "frontend_ms": 50.0,
+             "predicted": {"ttft_ms": 1.0}, "measured": {"ttft_ms": 9.0}}]
+    (tmp_path / "report.json").write_text(json.dumps({"rows": rows}))
+    out = {(r["engine"], r["half"], r["scale"]): (r["n"], r["median"], r["within_20"])
+           for r in hops.host_scale_table(str(tmp_path / "report.json"), 3.0, ("gb200",))}
+    assert out[("sglang", "even", 1.0)] == (2, pytest.approx(0.1), 2)
+    assert out[("sglang", "even", 3.0)] == (2, 0.0, 2)
+    assert out[("all", "both", 3.0)] == (2, 0.0, 2)
+    assert not any(half == "odd" for _, half, _ in out)
+    rows[0]["predicted"]["ttft_ms"] = 200.0  # 60% short: out of 20% as it is, 40% short at K = 3
+    (tmp_path / "report.json").write_text(json.dumps({"rows": rows}))
+    out = {(r["engine"], r["scale"]): r["within_20"]
+           for r in hops.host_scale_table(str(tmp_path / "report.json"), 3.0, ("gb200",)) if r["half"] == "even"}
+    assert out[("sglang", 1.0)] == 1 and out[("sglang", 3.0)] == 1
+    assert hops.main([str(tmp_path / "report.json"), "--host-scale", "3"]) == 0
+    with pytest.raises(SystemExit):
+        hops.main([str(tmp_path / "report.json"), "--host-scale", "0"])
+
+
 def test_first_token_follows_each_engines_code_unless_asked():
     """`--first-token engine`: where the client's first token comes from is the row's engine's (vLLM decode_recompute,
     SGLang decode_admission, TensorRT-LLM decode_step); one value for every row when given; others refused by name."""
