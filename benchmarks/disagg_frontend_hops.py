@@ -49,6 +49,8 @@ def one_hop(row: dict) -> float:
 def hops_table(report: str) -> list[dict]:
     """Per rule and part (even lines, odd lines, each engine): rows and median |TTFT error|."""
     rows = [r for r in json.loads(Path(report).read_text())["rows"] if "predicted" in r and r["mode"] == "disagg"]
+    if not rows:
+        return []
     parts = [("even lines", lambda r: r["line"] % 2 == 0), ("odd lines", lambda r: r["line"] % 2 == 1)]
     parts += [(b, lambda r, b=b: r["backend"] == b) for b in sorted({r["backend"] for r in rows})]
     out = []
@@ -78,6 +80,26 @@ def host_scale_table(report: str, factor: float, cards: tuple[str, ...]) -> list
     return out
 
 
+COLUMNS = {"hops": ("rule", "part", "n", "median"), "host_scale": ("engine", "half", "scale", "n", "median", "within_20")}
+"""The columns each table prints, in order."""
+
+HEADINGS = {"rule": "rule", "part": "part", "engine": "engine", "half": "half", "scale": "front end x", "n": "rows",
+            "median": "median TTFT error", "within_20": "within 20%"}
+FORMATS = {"scale": "{:g}", "median": "{:.1%}"}
+
+
+def print_table(report: str, table: list[dict], columns: tuple[str, ...]) -> int:
+    """`table` as a Markdown table of `columns` (exit status 0), or a line on stderr when it is empty (1)."""
+    if not table:
+        print(f"{report}: no predicted disaggregated row", file=sys.stderr)
+        return 1
+    print("| " + " | ".join(HEADINGS[c] for c in columns) + " |")
+    print("|" + "|".join("---:" if c in ("n", "median", "within_20", "scale") else "---" for c in columns) + "|")
+    for r in table:
+        print("| " + " | ".join(FORMATS.get(c, "{}").format(r[c]) for c in columns) + " |")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("report", help="capsim validate-published --mode disagg --out DIR: DIR/report.json")
@@ -85,26 +107,12 @@ def main(argv=None) -> int:
                     help="score the front end multiplied by K on the rows of --cards instead of the hop rules")
     ap.add_argument("--cards", default="gb200,gb300", help="the rows' systems --host-scale applies to (default: %(default)s)")
     args = ap.parse_args(argv)
-    if args.host_scale is not None:
-        if args.host_scale <= 0:
-            ap.error(f"--host-scale: expected a factor > 0, got {args.host_scale}")
-        scaled = host_scale_table(args.report, args.host_scale, tuple(args.cards.split(",")))
-        if not scaled:
-            print(f"{args.report}: no predicted disaggregated row", file=sys.stderr)
-            return 1
-        print("| engine | half | front end x | rows | median TTFT error | within 20% |\n|---|---|---:|---:|---:|---:|")
-        for r in scaled:
-            print(f"| {r['engine']} | {r['half']} | {r['scale']:g} | {r['n']} | {r['median']:.1%} | {r['within_20']} |")
-        return 0
-    table = hops_table(args.report)
-    if not table:
-        print(f"{args.report}: no predicted disaggregated row", file=sys.stderr)
-        return 1
-    print("| rule | part | rows | median TTFT error |\n|---|---|---:|---:|")
-    for r in table:
-        print(f"| {r['rule']} | {r['part']} | {r['n']} | {r['median']:.1%} |")
-    return 0
-
+    if args.host_scale is None:
+        return print_table(args.report, hops_table(args.report), COLUMNS["hops"])
+    if args.host_scale <= 0:
+        ap.error(f"--host-scale: expected a factor > 0, got {args.host_scale}")
+    scaled = host_scale_table(args.report, args.host_scale, tuple(args.cards.split(",")))
+    return print_table(args.report, scaled, COLUMNS["host_scale"])
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -173,6 +173,8 @@ def test_frontend_hops_counts_the_front_end_per_engine_rule(tmp_path):
     assert out[("once", "even lines")] == (1, pytest.approx(1 / 6))
     assert out[("twice_sequential", "vllm")] == (1, 0.0) and out[("once", "vllm")] == (1, pytest.approx(50 / 600))
     assert out[("none", "vllm")] == (1, pytest.approx(100 / 600))
+    (tmp_path / "agg.json").write_text(json.dumps({"rows": [rows[2]]}))  # no disaggregated row: said, exit status 1
+    assert hops.hops_table(str(tmp_path / "agg.json")) == [] and hops.main([str(tmp_path / "agg.json")]) == 1
 
 
 def test_disagg_frontend_hops_host_scale_multiplies_the_front_end_on_the_named_cards_only(tmp_path):
