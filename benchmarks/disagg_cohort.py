@@ -121,7 +121,7 @@ def waves(lines: list[int], sample: Path, per_user: int) -> None:
         if line not in rows:
             raise SystemExit(f"{sample}: no row on line {line}")
         row = rows[line]
-        case = build_case(row, per_user=per_user, start="burst")
+        case = build_case(row, per_user=per_user, start="burst", client="fixed")  # fixed lengths: the cohort kept
         if case.scenario is None:
             print(f"line {line}: skipped: {case.skipped}")
             continue

@@ -36,9 +36,10 @@ DEFAULTS = {"requests_per_user": "1 + ceil(16384 / osl), 3 to 6", "start": "cold
             "host_per_sequence_s": "engine", "prefill_batches": "engine"}
 """The settings a report must have been run with (validate-published's defaults)."""
 
-DISAGG_DEFAULTS = {"disagg_rounds": "dynamo", "prefill_response": "engine", "frontend_users": "engine"}
+DISAGG_DEFAULTS = {"disagg_rounds": "dynamo", "prefill_response": "engine", "frontend_users": "engine",
+                   "client": {"agg": "fixed", "disagg": "sa_bench"}}
 """The settings a report with disaggregated rows must have been run with besides DEFAULTS (an agg-only report from
-before 2026-12-06 does not state them; they do not touch its rows)."""
+before 2026-12-06 does not state them, nor one from before 2026-12-07 its client; they do not touch its rows)."""
 
 
 def read_reports(paths: list[Path]) -> tuple[list[dict], list[str]]:
@@ -111,8 +112,9 @@ def main(argv=None) -> int:
             sys.exit("published_check: not in a git checkout; give --commit (the capsim commit of the reports)")
         commit = head.stdout.strip()
     doc = {"source": (f"capsim validate-published {', '.join(files)} with its default settings (cold start, "
-                      "N = 10 on agg rows, Dynamo's max(3 x concurrency, 10) requests on disaggregated ones, each "
-                      "engine's defaults and front end; docs/fidelity.md); real TTFT / TPOT of "
+                      "N = 10 on agg rows; disaggregated ones as their recorded client, InferenceX's SA-Bench: 10 "
+                      "requests per user of drawn lengths, round-robin over the workers; each engine's defaults and "
+                      "front end; docs/fidelity.md, docs/disaggregation.md); real TTFT / TPOT of "
                       "published vLLM, SGLang and TensorRT-LLM runs (../shared/data/SOURCES.md)"),
            "commit": commit, "date": args.date or _dt.datetime.now(_dt.timezone.utc).date().isoformat(),
            "cards": check_groups(rows)}

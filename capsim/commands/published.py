@@ -39,16 +39,23 @@ def add_parsers(sub) -> None:
                         "TTFT: each engine's, fitted on half the silicon sample (default: vLLM 25 ms + 0.4 ms per "
                         "user, SGLang 100 ms, TensorRT-LLM 90 ms + 1.5 ms per user; docs/fidelity.md), off, or "
                         "BASE_MS[+PER_USER_MS] for every row")
+    p.add_argument("--client", choices=["auto", "sa_bench", "fixed"], default="auto",
+                   help="the benchmark client a row is replayed as: sa_bench (InferenceX's SA-Bench, the disaggregated "
+                        "rows' recorded client: every user at once, 10 requests each, lengths uniform on "
+                        "[0.8 x L, L], round-robin over each pool's workers), fixed (fixed lengths, shaped by --start, "
+                        "--rounds and --requests-per-user), or auto (default: sa_bench for disaggregated rows, fixed "
+                        "for agg rows; docs/disaggregation.md)")
     p.add_argument("--start", choices=["cold", "staggered", "burst"], default="cold",
-                   help="cold (default): the benchmark as run, --rounds requests per user, the first wave sent at "
-                        "once to an idle engine, the later ones as the engine leaves them (docs/fidelity.md); "
+                   help="the fixed client: cold (default): the benchmark as run, --rounds requests per user, the "
+                        "first wave sent at once to an idle engine, the later ones as the engine leaves them "
+                        "(docs/fidelity.md); "
                         "staggered: the steady state alone (first requests spread over one request lifetime, not "
                         "counted); burst: all users start together, every request counts, lock-step")
     p.add_argument("--rounds", default=None,
                    help="--start cold: requests per user in the replayed benchmark, an integer or `dynamo` "
                         "(Dynamo's benchmark utility: max(3 x concurrency, 10) requests, no warm-up); default 10 on "
-                        "agg rows (AIConfigurator's N x concurrency), dynamo on disaggregated ones "
-                        "(docs/disaggregation.md)")
+                        "agg rows (AIConfigurator's N x concurrency), dynamo on disaggregated ones under --client "
+                        "fixed (docs/disaggregation.md)")
     for flag, values, text in DISAGG_AND_SCHEDULE_FLAGS:
         _per_engine(p, flag, values, help=text)
     p.add_argument("--attention-dp-pools", choices=["both", "prefill", "decode"], default="both",
@@ -211,7 +218,7 @@ def run(args) -> int:
                                 prefill_batches=args.prefill_batches, prefill_response=args.prefill_response,
                                 mla_kernels=args.mla_kernels, frontend_users=args.frontend_users,
                                 attention_dp_routing=args.attention_dp_routing,
-                                attention_dp_pools=args.attention_dp_pools)
+                                attention_dp_pools=args.attention_dp_pools, client=args.client)
     if args.out:  # written whole or not at all
         from sim.io.outputs import staged_output
         with staged_output(args.out, args.force, PUBLISHED_FILES) as stage:

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.core.disagg_config import FIRST_TOKEN
+from sim.published.client import as_sa_bench, client_for
 from sim.published.routing import routed_scenario
 from sim.io.errors import ConfigError
 from sim.io.profiles import load_hardware, load_model, profiles_dir
@@ -77,10 +78,11 @@ benchmarks as N x concurrency requests with N = 10 (aiconfigurator 0.12.0, sdk/i
 TTFT correction of its disaggregated search). Stated, not fitted."""
 
 DISAGG_ROUNDS = "dynamo"
-"""Requests per user of the benchmark a disaggregated row is replayed as (`--rounds` unset). `dynamo`: Dynamo's
-benchmark utility (ai-dynamo/dynamo benchmarks/utils/aiperf.py, `run_aiperf`) sends max(3 x concurrency, 10)
-requests without a warm-up, N = max(3, 10 / concurrency). The rows do not record their client (TensorRT-LLM's ran
-Dynamo's runtime image, SGLang's and vLLM's the engines' own images). Chosen on the even disaggregated lines among
+"""Requests per user of the benchmark a disaggregated row is replayed as under the fixed client (`--client fixed`,
+`--rounds` unset; by default these rows replay as SA-Bench, their recorded client: sim.published.client).
+`dynamo`: Dynamo's benchmark utility (ai-dynamo/dynamo benchmarks/utils/aiperf.py, `run_aiperf`) sends
+max(3 x concurrency, 10) requests without a warm-up, N = max(3, 10 / concurrency). Chosen, before the rows' client was
+read from their provenance, on the even disaggregated lines among
 N = 10 (ROUNDS), this rule, and AIConfigurator's generated benchmark (generator bench_run.sh.j2: 50 x concurrency
 requests after 2 x concurrency warm-up ones, the steady state alone), reported on the odd ones
 (docs/disaggregation.md, "The benchmark's length")."""
@@ -273,7 +275,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                host_per_sequence_s: float | None = None, kv_cache: str = "engine",
                prefill_batches: str = "engine", prefill_response: str = "engine", mla_kernels: str = "engine",
                frontend_users: str = "engine", attention_dp_routing: str = "engine",
-               attention_dp_pools: str = "both") -> Case:
+               attention_dp_pools: str = "both", client: str = "auto") -> Case:
     """Translate one published row into a closed-loop scenario for one replica, or say why not. `engine` means the
     row's engine's default (sim.published.engines) for each of: `moe_kernels` (or `own`: the row's engine's kernels,
     vllm / sglang / trtllm, composed), `moe_routing` (balanced, power_law_1.2), `all_reduce` (`own`, nccl, vllm,
@@ -294,7 +296,10 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     `rounds`: the replayed benchmark's requests per user under `start` cold (benchmark_rounds; None: the mode's
     default); `attention_dp_routing`: how attention-DP ranks get their requests (parallel.attention_dp_routing;
     `engine`: EngineDefaults.attention_dp_routing on agg rows, disagg_attention_dp_routing on disaggregated ones) and
-    `attention_dp_pools` which pools of a disaggregated row it applies to (sim.published.routing.DP_ROUTED_POOLS)."""
+    `attention_dp_pools` which pools of a disaggregated row it applies to (sim.published.routing.DP_ROUTED_POOLS);
+    `client`: the benchmark client the row is replayed as (sim.published.client: `sa_bench`, `fixed`, or `auto`, the
+    mode's default)."""
+    client = client_for(row.mode, client)
     if phases not in ("engine", *PHASES):
         raise ConfigError(f"phases: expected one of engine, {', '.join(PHASES)}, got {phases!r}")
     if phases == "engine":
@@ -305,9 +310,9 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                        host_per_sequence_s, kv_cache, prefill_batches, prefill_response, mla_kernels, frontend_users)
     routed = routed_scenario(case.scenario, row, attention_dp_routing, attention_dp_pools)
     case = case if routed is case.scenario else replace(case, scenario=routed)
-    if phases == "even" and seed == 0:
-        return case
-    return replace(case, phases=phases, scenario=None if case.scenario is None else dict(case.scenario, seed=seed))
+    if phases != "even" or seed != 0:
+        case = replace(case, phases=phases, scenario=None if case.scenario is None else dict(case.scenario, seed=seed))
+    return as_sa_bench(case) if client == "sa_bench" else case
 
 
 def _check_choices(**given: str) -> None:

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from sim.io.errors import ConfigError
+from sim.published.client import client_for
 from sim.published.engines import ENGINES
 from sim.published.predict import DISAGG_ROUNDS, ROUNDS, build_case, error_summary, simulate_case
 from sim.published.rows import BACKENDS, read_published
@@ -106,24 +107,26 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
                        kv_cache: str = "engine", prefill_batches: str = "engine",
                        prefill_response: str = "engine", mla_kernels: str = "engine",
                        frontend_users: str = "engine", attention_dp_routing: str = "engine",
-                       attention_dp_pools: str = "both") -> dict:
+                       attention_dp_pools: str = "both", client: str = "auto") -> dict:
     """Simulate the selected rows (fanned out over Dask workers when workers > 1) and build the report.
     A file with a `total_output_tokens_per_s` column is TensorRT-LLM's max-throughput table."""
     from sim.published.throughput import is_throughput_file
     if is_throughput_file(_header(path)):
         return _validate_throughput(path, backend, system, mode, workers, progress, stream)
     rows = select_rows(read_published(path), backend, system, mode)
+    _check_client_shape(rows, client, per_user, start, rounds)
     cases = [build_case(r, per_user, start, mixed, rounds, moe_kernels, moe_routing, all_reduce, engine_config,
                         host_overhead_s, shared_experts_overlap, frontend, pool_batch, async_scheduling, first_token,
                         phases, seed, host_per_sequence_s, kv_cache, prefill_batches, prefill_response, mla_kernels,
-                        frontend_users, attention_dp_routing, attention_dp_pools)
+                        frontend_users, attention_dp_routing, attention_dp_pools, client)
              for r in rows]
     results = _fan_out(simulate_case, [c if c.scenario is not None else None for c in cases], workers, progress,
                        stream)
     records = [_record(r, results[i] if cases[i].scenario is not None else {"skipped": cases[i].skipped})
                for i, r in enumerate(rows)]
     used = sorted({r.backend for r in rows})
-    return {"file": str(path), "requests_per_user": per_user or "1 + ceil(16384 / osl), 3 to 6", "start": start,
+    return {"file": str(path), "client": {m: client_for(m, client) for m in ("agg", "disagg")},
+            "requests_per_user": per_user or "1 + ceil(16384 / osl), 3 to 6", "start": start,
             "rounds": (rounds or ROUNDS) if start == "cold" else None,
             "disagg_rounds": (rounds or DISAGG_ROUNDS) if start == "cold" else None, "mixed": mixed,
             "moe_kernels": moe_kernels, "moe_routing": moe_routing, "mla_kernels": mla_kernels, "all_reduce": all_reduce,
@@ -139,6 +142,18 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
             "engines": {b: ENGINES[b].describe(_described_config(engine_config, [r for r in rows if r.backend == b]))
                         for b in used},
             "derived": {"e2e_ms": E2E_RULE}, "rows": records, "summary": error_summary(records)}
+
+
+def _check_client_shape(rows, client: str, per_user, start: str, rounds) -> None:
+    """The options that shape the fixed client (start, rounds, requests per user) are refused where a selected row
+    replays as SA-Bench, which fixes all three, rather than silently ignored there."""
+    shaped = [name for name, given in (("start", start != "cold"), ("rounds", rounds is not None),
+                                       ("requests per user", per_user is not None)) if given]
+    kinds = sorted({r.mode for r in rows if client_for(r.mode, client) == "sa_bench"})
+    if shaped and kinds:
+        raise ConfigError(f"{', '.join(shaped)}: these shape the fixed client, but the selected {' and '.join(kinds)} "
+                          f"rows replay as sa_bench (client {client}), which sends 10 requests per user, all users at "
+                          "once: choose client fixed, or select other rows")
 
 
 def _described_config(engine_config: str, rows) -> str | None:

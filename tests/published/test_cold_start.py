@@ -60,7 +60,7 @@ def test_cold_is_between_steady_and_first_wave_and_keeps_its_parts():
 
 def test_rounds_flag():
     args = ("validate-published", str(FIXTURE), "--json", "--workers", "1", "--no-progress", "--backend", "vllm",
-            "--requests-per-user", "3")
+            "--requests-per-user", "3", "--client", "fixed")
     one = json.loads(capsim(*args, "--rounds", "1")[1])["rows"][0]
     many = json.loads(capsim(*args, "--rounds", "40")[1])["rows"][0]
     assert one["predicted"]["ttft_ms"] == pytest.approx(one["components"]["first_wave"]["ttft_ms"]
@@ -256,7 +256,7 @@ def test_a_fractional_benchmark_is_the_mean_over_its_requests():
 
 def test_rounds_dynamo_flag_and_the_report_says_both_lengths(tmp_path):
     args = ("validate-published", str(FIXTURE), "--workers", "1", "--no-progress", "--backend", "vllm",
-            "--requests-per-user", "3")
+            "--requests-per-user", "3", "--client", "fixed")
     assert capsim(*args, "--out", str(tmp_path / "a"))[0] == 0
     report = json.loads((tmp_path / "a" / "report.json").read_text())
     assert (report["rounds"], report["disagg_rounds"]) == (10, "dynamo")

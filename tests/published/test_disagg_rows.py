@@ -277,21 +277,22 @@ def test_a_disaggregated_rows_steady_state_takes_its_engines_disagg_phases(monke
     assert seen and all(w.get("ramp_phases", "even") == phases for w in seen)
 
 
-def test_a_disaggregated_row_is_replayed_as_dynamos_benchmark_with_its_cohort_broken_up():
-    """DISAGG_ROUNDS (Dynamo's max(3c, 10) requests) and EngineDefaults.disagg_later_waves (`spread` for every engine,
-    SGLang too, whose agg rows keep a cohort): the cold first wave weighs 1 / 3 at 4 users."""
+def test_a_disaggregated_row_under_the_fixed_client_is_replayed_as_dynamos_benchmark_with_its_cohort_broken_up():
+    """The fixed client (sim.published.client) on a disaggregated row: DISAGG_ROUNDS (Dynamo's max(3c, 10)
+    requests) and EngineDefaults.disagg_later_waves (`spread` for every engine, SGLang too, whose agg rows keep a
+    cohort): the cold first wave weighs 1 / 3 at 4 users."""
     from sim.published.engines import ENGINES
     from sim.published.predict import combine_cold
     _, qwen = read_published(FIXTURE)
     row = dataclasses.replace(qwen, concurrency=4, backend="sglang")
     assert ENGINES["sglang"].later_waves == "cohort" and ENGINES["sglang"].disagg_later_waves == "spread"
-    case = build_case(row, per_user=3)
+    case = build_case(row, per_user=3, client="fixed")
     assert case.rounds == 3
     out = simulate_case(None, case)
     first, steady = out["components"]["first_wave"], out["components"]["steady"]
     assert out["ttft_ms"] == pytest.approx((first["ttft_ms"] + 2 * steady["ttft_ms"]) / 3 + out["frontend_ms"])
     assert out["tpot_ms"] == pytest.approx(combine_cold(first, steady, 3, "spread")["tpot_ms"])
-    assert build_case(row, per_user=3, rounds=10).rounds == 10
+    assert build_case(row, per_user=3, rounds=10, client="fixed").rounds == 10
 
 
 def test_a_layouts_collectives_are_checked_in_the_tables_the_step_time_uses():
@@ -353,7 +354,8 @@ def test_tensorrt_llms_disaggregated_front_end_has_no_per_user_term_unless_asked
     with pytest.raises(ConfigError, match="frontend_users: expected one of engine, decode_worker, none"):
         build_case(dataclasses.replace(qwen, backend="trtllm"), frontend_users="all")
     assert "no per-user term on disaggregated rows" in ENGINES["trtllm"].describe()
-    report = validate_published(FIXTURE, mode="disagg", per_user=2, frontend_users="none", backend="sglang")
+    report = validate_published(FIXTURE, mode="disagg", per_user=2, frontend_users="none", backend="sglang",
+                                client="fixed")
     assert report["frontend_users"] == "none"
 
 
@@ -372,7 +374,7 @@ def test_only_sglangs_client_waits_for_the_prefill_servers_answer_unless_asked(t
             assert sc["disaggregation"].get("wait_for_prefill_response", False) is want
     with pytest.raises(ConfigError, match="prefill_response: expected one of engine, at_once, wait, got 'router'"):
         build_case(ds, prefill_response="router")
-    report = validate_published(FIXTURE, mode="disagg", per_user=2, prefill_response="at_once")
+    report = validate_published(FIXTURE, mode="disagg", per_user=2, prefill_response="at_once", client="fixed")
     assert report["prefill_response"] == "at_once"
 
 
