@@ -63,7 +63,7 @@ def add_parsers(sub) -> None:
                         "keep one shared queue)")
     p.add_argument("--seed", type=count(0, 2**32 - 1), default=0,
                    help="every replayed row's scenario seed (default 0); only what is drawn depends on it "
-                        "(--phases random)")
+                        "(SA-Bench's prompt and output lengths, --phases random)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar on stderr")
     p.set_defaults(func=run)
 
@@ -114,9 +114,9 @@ DISAGG_AND_SCHEDULE_FLAGS = (
      "the row's prefill_batch_size / decode_batch_size per attention-DP rank, the engine's launch default, or the "
      "stated batch on the decode pool and the launch default on the prefill pool"),
     ("--frontend-users", ["decode_worker", "none"],
-     "disaggregated rows: whose users the front end's per-user term counts: each engine's (default: TensorRT-LLM "
-     "none, the others decode_worker; docs/disaggregation.md), the users of one decode worker, or none (the base "
-     "time alone)"),
+     "disaggregated rows: whose users the front end's per-user term counts: each engine's (default: "
+     "decode_worker for every engine since the rows replay as their recorded client; docs/disaggregation.md), the "
+     "users of one decode worker, or none (the base time alone)"),
     ("--attention-dp-routing", ["shared_queue", "random", "round_robin", "least_loaded"],
      "replicas and pools of attention data parallelism: how the ranks get their requests "
      "(parallel.attention_dp_routing): each engine's (default, docs/disaggregation.md), one queue spread evenly over "

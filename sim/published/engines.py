@@ -176,7 +176,11 @@ class EngineDefaults:
     Chosen per engine on the even disaggregated lines by median |TTFT error| (`python benchmarks/disagg_compare.py` on
     a run with `--frontend-users none` against the default run; docs/disaggregation.md "The front end's users, past
     the fit's range"): TensorRT-LLM `none` (23.7% -> 18.1%; held out on its odd lines 40.2% -> 34.3%), vLLM
-    `decode_worker` (39.3% against 39.5%); SGLang's front end has no per-user term."""
+    `decode_worker` (39.3% against 39.5%); SGLang's front end has no per-user term. Chosen again once the rows replay
+    as their recorded client (SA-Bench, sim.published.client; 2026-12-07, `--backend trtllm --frontend-users
+    decode_worker` against the default run): TensorRT-LLM's even lines 36.3% -> 29.2% (odd 41.6% -> 29.2%), so every
+    engine now counts a decode worker's users (docs/disaggregation.md "The rows' client, read from their
+    provenance")."""
     attention_dp_routing: str = "shared_queue"
     """Agg rows whose replica runs attention data parallelism: how its ranks get their requests
     (parallel.attention_dp_routing, sim.core.schedulers.ranked): `shared_queue`, one queue every pass spreads evenly
@@ -339,7 +343,7 @@ ENGINES: dict[str, EngineDefaults] = {
          "prompt + all outputs at admission)", "kv_cache free_gpu_memory_fraction 0.9 of the memory left after weights"),
         config="aic_benchmark", all_reduce="trtllm", host_overhead_s=0.4654e-3, shared_experts_overlap="decode",
         qk_norm_kernels="fused_with_rope", frontend_ms=(90.0, 1.5), disagg_steady_phases="random",
-        disagg_first_token="decode_step", disagg_frontend_users="none", kv_cache="quantized"),
+        disagg_first_token="decode_step", kv_cache="quantized"),
 }
 
 

@@ -334,18 +334,20 @@ def test_a_disaggregated_rows_front_end_counts_the_users_of_one_decode_worker():
     assert build_case(row, per_user=3).frontend_s == build_case(row, per_user=3, frontend_users="decode_worker").frontend_s
 
 
-def test_tensorrt_llms_disaggregated_front_end_has_no_per_user_term_unless_asked(tmp_path):
-    """EngineDefaults.disagg_frontend_users: TensorRT-LLM `none` (its per-user term, fitted on agg rows of <= 384 users,
-    is not stretched to a decode worker's thousands), so its front end is the base time alone at any concurrency;
-    agg rows keep the term; `frontend_users` reaches report.json and other values are refused by name."""
+def test_tensorrt_llms_disaggregated_front_end_counts_a_decode_workers_users_unless_asked(tmp_path):
+    """EngineDefaults.disagg_frontend_users: TensorRT-LLM `decode_worker` since the rows replay as their recorded
+    client (it had been `none` under the earlier one): its per-user term counts one decode worker's users, `none`
+    leaves the base time alone at any concurrency; agg rows keep the term over all their users; `frontend_users`
+    reaches report.json and other values are refused by name."""
     from sim.published.engines import ENGINES
     from sim.published.report import validate_published
     _, qwen = read_published(FIXTURE)
     base, per_user = ENGINES["trtllm"].frontend_ms
-    assert ENGINES["trtllm"].disagg_frontend_users == "none" and per_user > 0
+    assert ENGINES["trtllm"].disagg_frontend_users == "decode_worker" and per_user > 0
     for users in (4, 4096):
         row = dataclasses.replace(qwen, concurrency=users, backend="trtllm")
-        assert build_case(row, per_user=3).frontend_s == pytest.approx(base / 1e3)
+        per_worker = users / row.decode.workers
+        assert build_case(row, per_user=3).frontend_s == pytest.approx((base + per_user * per_worker) / 1e3)
         assert build_case(row, per_user=3, frontend_users="none").frontend_s == pytest.approx(base / 1e3)
     d = qwen.decode
     agg = dataclasses.replace(qwen, mode="agg", concurrency=64, backend="trtllm", tp=d.tp, pp=d.pp,
@@ -353,7 +355,7 @@ def test_tensorrt_llms_disaggregated_front_end_has_no_per_user_term_unless_asked
     assert build_case(agg, per_user=3).frontend_s == pytest.approx((base + per_user * 64) / 1e3)
     with pytest.raises(ConfigError, match="frontend_users: expected one of engine, decode_worker, none"):
         build_case(dataclasses.replace(qwen, backend="trtllm"), frontend_users="all")
-    assert "no per-user term on disaggregated rows" in ENGINES["trtllm"].describe()
+    assert "no per-user term on disaggregated rows" not in ENGINES["trtllm"].describe()
     report = validate_published(FIXTURE, mode="disagg", per_user=2, frontend_users="none", backend="sglang",
                                 client="fixed")
     assert report["frontend_users"] == "none"
