@@ -8,6 +8,13 @@ import sys
 from pathlib import Path
 
 from capsim.argtypes import count
+from sim.published.client import CLIENTS
+
+CLIENT_HELP = ("the benchmark client a row is replayed as (sim.published.client): sa_bench (InferenceX's SA-Bench, "
+               "the disaggregated rows' recorded client: every user at once, 10 requests each, lengths uniform on "
+               "[0.8 x L, L], round-robin over each pool's workers), fixed (fixed lengths, shaped by --start, --rounds "
+               "and --requests-per-user), or auto (default: sa_bench for disaggregated rows, fixed for agg rows; "
+               "docs/disaggregation.md)")
 
 PUBLISHED_FILES = ("report.json", "rows.csv", "summary.csv")
 
@@ -39,12 +46,7 @@ def add_parsers(sub) -> None:
                         "TTFT: each engine's, fitted on half the silicon sample (default: vLLM 25 ms + 0.4 ms per "
                         "user, SGLang 100 ms, TensorRT-LLM 90 ms + 1.5 ms per user; docs/fidelity.md), off, or "
                         "BASE_MS[+PER_USER_MS] for every row")
-    p.add_argument("--client", choices=["auto", "sa_bench", "fixed"], default="auto",
-                   help="the benchmark client a row is replayed as: sa_bench (InferenceX's SA-Bench, the disaggregated "
-                        "rows' recorded client: every user at once, 10 requests each, lengths uniform on "
-                        "[0.8 x L, L], round-robin over each pool's workers), fixed (fixed lengths, shaped by --start, "
-                        "--rounds and --requests-per-user), or auto (default: sa_bench for disaggregated rows, fixed "
-                        "for agg rows; docs/disaggregation.md)")
+    p.add_argument("--client", choices=["auto", *CLIENTS], default="auto", help=CLIENT_HELP)
     p.add_argument("--start", choices=["cold", "staggered", "burst"], default="cold",
                    help="the fixed client: cold (default): the benchmark as run, --rounds requests per user, the "
                         "first wave sent at once to an idle engine, the later ones as the engine leaves them "
