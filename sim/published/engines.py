@@ -190,12 +190,15 @@ class EngineDefaults:
     disagg_pool_batch: str = "defaults"
     """Disaggregated rows: how many requests a pool's worker runs at once (sim.published.disagg.POOL_BATCH): `stated`,
     the row's prefill_batch_size / decode_batch_size per attention-DP rank, or `defaults`, the engine's launch limit.
-    One value for every engine until 2026-12-06 (`defaults`: a tie on the even lines then); chosen again per engine on
-    the even disaggregated lines by the mean of the median |TTFT| and |TPOT| error (`python
-    benchmarks/disagg_compare.py` on a run with `--pool-batch stated` against the default run; docs/disaggregation.md
-    "Each worker's batch, chosen again"): SGLang `stated` (TTFT 26.9% -> 25.5%, TPOT 11.8% -> 12.1%; odd lines 24.0% ->
-    22.4%, 9.9% both), vLLM `stated` (50.8% -> 43.0%, TPOT 18.3% both; its odd lines 28.4% -> 32.9%), TensorRT-LLM
-    `defaults` (TTFT 23.7% both, TPOT 10.6% against 11.3%)."""
+    `defaults` for every engine (2026-12-07): the stated sizes are not the engines' limits. On every replayed row
+    decode_batch_size x decode workers x attention-DP ranks is the row's concurrency exactly and prefill_batch_size
+    is 1 (`python benchmarks/disagg_stated_batch.py`; 239 of the 246 disaggregated rows that state a decode batch),
+    one deployment's sweep of concurrencies states a different "limit" at each, and the recipes the rows ran set
+    other ones (srt-slurm: vLLM's Kimi 1p4d decode max-num-seqs 1,024 swept at 4-256 users; SGLang's B200 max-tpt
+    decode max-running-requests 512-2,048; TensorRT-LLM's ctx servers max_batch_size 1 or 16; docs/disaggregation.md
+    "The stated batch is the concurrency, divided"). SGLang and vLLM had taken `stated` by the even lines (2026-12-06,
+    and kept under SA-Bench: vLLM 14.5%, SGLang 31.8% on its even lines), a fit to a column that describes the sweep,
+    not the engine; with their launch limits their even lines read 57.5% and 40.8%."""
     disagg_prefill_response: str = "at_once"
     """Disaggregated rows: whether the client's stream also waits for the prefill server's answer
     (disaggregation.wait_for_prefill_response): `wait` for SGLang, whose router sends a request to both servers at once
@@ -321,7 +324,7 @@ ENGINES: dict[str, EngineDefaults] = {
          "gpu_memory_utilization 0.9, 16-token blocks, prefix caching on (random prompts: no hits)"),
         moe=("vllm", "power_law_1.2"), config="aic_benchmark", all_reduce="vllm", frontend_ms=(25.0, 0.4),
         disagg_first_token="decode_recompute", steady_phases="random", disagg_steady_phases="random",
-        disagg_pool_batch="stated", disagg_frontend_hops=2, mla_kernels="sglang",
+        disagg_frontend_hops=2, mla_kernels="sglang",
         async_since="0.14", sync_host_per_sequence_s=60e-6, kv_cache="checkpoint"),
     "sglang": EngineDefaults(
         "sglang", "0.5.x: `sglang.launch_server` on an 80 GB-class card",
@@ -332,7 +335,6 @@ ENGINES: dict[str, EngineDefaults] = {
         later_waves="cohort", moe=("sglang", "balanced"), mla_kernels="sglang", all_reduce="sglang",
         shared_experts_overlap="off", dp_prefill_gather="all_reduce",
         frontend_ms=(100.0, 0.0), disagg_first_token="decode_admission", disagg_prefill_response="wait",
-        disagg_pool_batch="stated",
         kv_cache="quantized",
         prefill_batches="separate"),
     "trtllm": EngineDefaults(

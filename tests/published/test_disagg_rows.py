@@ -15,6 +15,7 @@ import pytest
 
 from sim.io.errors import ConfigError
 from sim.published.disagg import concurrency_from_source
+from sim.published.engines import ENGINES
 from sim.published.predict import build_case, simulate_case
 from sim.published.rows import read_published
 
@@ -75,7 +76,6 @@ def test_an_expressible_row_runs_as_two_pools():
 def test_the_pools_mix_prefill_batches_unless_asked(monkeypatch):
     """An engine that keeps prefill batches apart on agg rows (scheduler.prefill_batches: separate) does not in its
     disaggregated pools (a prefill pool runs no decodes, a decode pool no prompts) unless asked."""
-    from sim.published.engines import ENGINES
     _, qwen = read_published(FIXTURE)
     row = dataclasses.replace(qwen, concurrency=4)
     monkeypatch.setitem(ENGINES, row.backend, dataclasses.replace(ENGINES[row.backend], prefill_batches="separate"))
@@ -264,7 +264,6 @@ def test_a_disaggregated_rows_steady_state_takes_its_engines_disagg_phases(monke
     """EngineDefaults.disagg_steady_phases (chosen on the disaggregated rows' even lines) reaches every
     steady-state run of the two pools; --phases overrides it."""
     from sim.published import predict
-    from sim.published.engines import ENGINES
     _, qwen = read_published(FIXTURE)
     row = dataclasses.replace(qwen, concurrency=4, backend=backend)
     assert ENGINES[backend].disagg_steady_phases == phases
@@ -380,21 +379,20 @@ def test_only_sglangs_client_waits_for_the_prefill_servers_answer_unless_asked(t
     assert report["prefill_response"] == "at_once"
 
 
-def test_each_engines_workers_take_its_own_batch_rule_unless_asked():
-    """EngineDefaults.disagg_pool_batch (chosen per engine on the even disaggregated lines): SGLang and vLLM cap each
-    worker at the row's stated batch sizes, TensorRT-LLM keeps its launch limit; `pool_batch` overrides it."""
+def test_every_engines_workers_keep_their_launch_limits_unless_asked():
+    """EngineDefaults.disagg_pool_batch: every engine's pools keep its launch limits (a row's stated batch sizes are
+    its concurrency divided over the decode slots, not the engine's limit); `pool_batch` overrides it."""
     ds, _ = read_published(FIXTURE)
     stated = build_case(ds, per_user=2, pool_batch="stated").scenario["disaggregation"]
     defaults = build_case(ds, per_user=2, pool_batch="defaults").scenario["disaggregation"]
     assert stated["decode"]["scheduler"] != defaults["decode"]["scheduler"]
-    for backend, want in (("sglang", stated), ("vllm", stated), ("trtllm", defaults)):
+    limit = lambda d: (d["prefill"]["scheduler"]["max_num_seqs"], d["decode"]["scheduler"]["max_num_seqs"])  # noqa: E731
+    for backend in ("sglang", "vllm", "trtllm"):
+        assert ENGINES[backend].disagg_pool_batch == "defaults"
         row = dataclasses.replace(ds, backend=backend)
-        got = build_case(row, per_user=2).scenario["disaggregation"]
-        other = build_case(row, per_user=2, pool_batch="stated" if want is defaults else "defaults")
-        limit = lambda d: (d["prefill"]["scheduler"]["max_num_seqs"], d["decode"]["scheduler"]["max_num_seqs"])  # noqa: E731
-        assert (limit(got) == limit(build_case(row, per_user=2, pool_batch="stated" if want is stated else
-                                                "defaults").scenario["disaggregation"]))
-        assert limit(got) != limit(other.scenario["disaggregation"])
+        got = limit(build_case(row, per_user=2).scenario["disaggregation"])
+        assert got == limit(build_case(row, per_user=2, pool_batch="defaults").scenario["disaggregation"])
+        assert got != limit(build_case(row, per_user=2, pool_batch="stated").scenario["disaggregation"])
 
 
 def test_vllms_disaggregated_front_end_counts_twice_and_the_report_says_so():
