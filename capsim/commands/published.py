@@ -112,9 +112,10 @@ def _step_time_options(p) -> None:
 
 DISAGG_AND_SCHEDULE_FLAGS = (
     ("--pool-batch", ["stated", "defaults", "decode"],
-     "disaggregated rows: how many requests a pool's worker runs at once: the default rule (docs/disaggregation.md), "
-     "the row's prefill_batch_size / decode_batch_size per attention-DP rank, the engine's launch default, or the "
-     "stated batch on the decode pool and the launch default on the prefill pool"),
+     "disaggregated rows: how many requests a pool's worker runs at once: each engine's (default: its launch "
+     "limits; a row's stated batch sizes are its concurrency divided, docs/disaggregation.md), the row's "
+     "prefill_batch_size / decode_batch_size per attention-DP rank, the engine's launch default, or the stated batch "
+     "on the decode pool and the launch default on the prefill pool"),
     ("--frontend-users", ["decode_worker", "none"],
      "disaggregated rows: whose users the front end's per-user term counts: each engine's (default: "
      "decode_worker for every engine since the rows replay as their recorded client; docs/disaggregation.md), the "
