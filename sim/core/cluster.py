@@ -142,12 +142,21 @@ class Replica:
         self.retired: list[Replica] = []  # earlier incarnations (before a fault), for their stats
         self.idle_get = None  # the inbox.get an idle loop waits on: its request is in neither inbox nor scheduler
         self.busy_until = 0.0  # when the iteration running (or the last one) ends (sim.core.engine.replica_loop)
+        self.waiters: list | None = None
+        """Callbacks `taken(now_s)` of requests announced to this replica before they arrive (a disaggregated decode
+        replica that pre-allocates: sim.core.handoff), each called at the first pass that takes arrivals (engine.
+        RecvGate); None where nothing is announced."""
+        self.gated_inbox = True
+        """Whether the inbox waits for a pass that takes arrivals (False where what lands there was announced before:
+        a pre-allocating decode replica takes transferred requests at every pass)."""
+        self.reserved = 0
+        """Requests announced here (pre-allocated) and not yet in its inbox (counted as outstanding)."""
 
     @property
     def outstanding(self) -> int:
         """Requests routed here and not done: queued at the door, waiting or running."""
         s = self.scheduler
-        return len(self.inbox.items) + len(s.waiting) + len(s.running)
+        return len(self.inbox.items) + len(s.waiting) + len(s.running) + self.reserved
 
     def requests(self) -> list:
         """Everything this replica holds (for a fault): inbox, running (admission order), waiting, and a

@@ -62,6 +62,11 @@ class DisaggregationConfig(StrictModel):
         "into its batch: SGLang), decode_step (the decode replica's first response, after its first iteration with "
         "the request: TensorRT-LLM), decode_recompute (the decode replica computes the last prompt token again and "
         "samples the first token itself: vLLM's NIXL connector)")
+    decode_preallocation: bool = Field(
+        False, description="The decode replica is chosen when the request arrives and must take it (pre-allocate its "
+        "KV slots, at a pass of its engine loop that takes arrivals: scheduler.recv_interval) before the prefill pool "
+        "may start it; the KV then goes to that replica (SGLang's bootstrap: the prefill server waits for the decode "
+        "server's KV indices; docs/disaggregation.md)")
     wait_for_prefill_response: bool = Field(
         False, description="The client's stream starts only once the prefill replica has answered too, which it does "
         "between its iterations once the KV has been sent: a first token ready sooner waits for the end of the "

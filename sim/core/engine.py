@@ -168,6 +168,65 @@ class ArrivalFeed:
             self.release()
 
 
+class RecvGate:
+    """When an engine takes what has arrived (scheduler.recv_interval, SGLang's --scheduler-recv-interval): every
+    pass counts, a pass after a decode-only iteration 1 and any other pass `every` (SGLang's recv skipper weighs a
+    decode forward 1 and an extend 1000), and the pass whose count reaches `every` takes the arrivals and starts
+    counting again. An engine coming out of idle takes them at once (its idle passes are cheap)."""
+
+    __slots__ = ("every", "count")
+
+    def __init__(self, every: int):
+        self.every = every
+        self.count = 0
+
+    def passed(self, decode_only: bool) -> bool:
+        """A pass after an iteration: True when it takes the arrivals."""
+        self.count += 1 if decode_only else self.every
+        if self.count >= self.every:
+            self.count = 0
+            return True
+        return False
+
+    @staticmethod
+    def of(replica) -> tuple[RecvGate | None, bool, bool]:
+        """(the gate of `replica`'s scheduler, None at an interval of 1; whether every pass takes arrivals and nothing
+        is announced to it; whether its inbox waits for the gate)."""
+        every = replica.scheduler.config.recv_interval
+        gate = RecvGate(every) if every > 1 else None
+        return gate, gate is None and replica.waiters is None, replica.gated_inbox
+
+    def opened(self) -> bool:
+        """A pass out of idle (or the first): it takes the arrivals."""
+        self.count = 0
+        return True
+
+
+def _take_arrivals(replica, gate: RecvGate | None, stepped: bool, plan, now: float) -> bool:
+    """Whether this pass takes the requests that arrived (its gate's rule), serving the replica's waiters then
+    (callbacks of requests a disaggregated front end has announced: Replica.waiters)."""
+    take = gate is None or (gate.passed(plan.prefill_tokens == 0) if stepped else gate.opened())
+    if take and replica.waiters:
+        waiters = replica.waiters[:]
+        replica.waiters.clear()
+        for taken in waiters:
+            taken(now)
+    return take
+
+
+def _take_held(replica, gate: RecvGate | None, admit, now: float) -> bool:
+    """An engine about to go idle takes at once the arrivals its gate held and the requests announced to it: True
+    when there were any."""
+    arrived = replica.inbox.items
+    if not (arrived or replica.waiters):
+        return False
+    _take_arrivals(replica, gate, False, None, now)
+    for req in arrived:
+        admit(req, now)
+    arrived.clear()
+    return True
+
+
 def _cancel_at(env: simpy.Environment, req: Request, cancel):
     if req.cancel_at_s > env.now:
         yield env.timeout(req.cancel_at_s - env.now)
@@ -191,31 +250,32 @@ def _delay_to(now_s: float, t_s: float) -> float:
 
 def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_outcome, on_dropped,
                  feed: ArrivalFeed | None = None):
-    """One replica: admit arrivals, plan a step, let it pass, commit. Policy lives in the scheduler.
-
-    Idle, it waits for the next arrival; the run ends when no process has anything left to do. A fault interrupts it
-    (simpy.Interrupt): it stops where it is, the in-flight iteration lost.
-    With `feed` (the run's only other process would have been `arrivals`) it releases the arrivals itself: nothing
-    else is scheduled, so the next event of the run is the feed's next group. replica.busy_until: its iteration's end.
-    """
+    """One replica: admit arrivals (when its RecvGate lets it), plan a step, let it pass, commit. Policy lives in the
+    scheduler. Idle, it waits for the next arrival; the run ends when no process has anything left to do. A fault
+    interrupts it (simpy.Interrupt): it stops where it is, the in-flight iteration lost. With `feed` (the run's only
+    other process would have been `arrivals`) it releases the arrivals itself: nothing else is scheduled, so the next
+    event of the run is the feed's next group. replica.busy_until: its iteration's end."""
     inbox, scheduler, timeline = replica.inbox, replica.scheduler, replica.timeline
     arrived, pool, dropped = inbox.items, scheduler.pool, scheduler.dropped  # (lists the others fill and drain in place)
     admit, plan_next, commit = scheduler.admit, scheduler.plan, scheduler.commit  # (bound once: called every pass)
     on_iteration, on_tokens = timeline.on_iteration, timeline.on_tokens
-    # a modelled step: skip steady decode stretches (a replay's executor runs every iteration)
-    fast_forward = scheduler.fast_forward if getattr(executor, "fast_forward", False) else None
+    gate, plain, gated = RecvGate.of(replica)
+    # a modelled step without a gate (which counts every pass): skip steady decode stretches (a replay runs each one)
+    fast_forward = scheduler.fast_forward if getattr(executor, "fast_forward", False) and gate is None else None
     steady_step = executor.step_time.step_s if fast_forward is not None else None  # (the model's, without shapes)
     ahead = scheduler.config.async_scheduling  # the next iteration was planned while the last one ran
     # the model's own executor: its begin and committed do nothing and execute is the model's step_s (no frames)
     modelled = type(executor) is ModelledExecutor and executor.shapes is None
     model_step = executor.step_time.step_s if modelled else None
-    stepped = False
+    stepped, plan = False, None
     try:
         while True:
             now = env._now  # (env.now without the property's call: this loop sets _now itself below)
             if not modelled:
                 executor.begin(now)
-            if ahead and stepped and arrived:
+            if not (plain or _take_arrivals(replica, gate, stepped, plan, now) or not gated):
+                plan = plan_next(now)  # the gate holds the arrivals
+            elif ahead and stepped and arrived:
                 plan = _plan_ahead(scheduler, arrived, now)
             else:
                 for req in arrived:
@@ -226,7 +286,7 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
             if dropped:
                 on_dropped(now)
             if plan is None:
-                if not scheduler.has_work:
+                if not scheduler.has_work and (plain or not _take_held(replica, gate, admit, now)):
                     if feed is not None and feed.next_fire != math.inf:  # idle until the next group arrives
                         feed.release()
                         continue
@@ -245,9 +305,8 @@ def replica_loop(env: simpy.Environment, replica, executor: StepExecutor, on_out
                 index, end = scheduler.iteration, start + step
             replica.busy_until = end
             if fast_forward is not None and end < horizon:
-                # nothing else is scheduled before the step ends: pass the time without an event, to
-                # exactly start + step (the same callbacks and event order as yielding a timeout, fewer
-                # events; and exact where a timeout from `now` may land one unit in the last place off)
+                # nothing else is scheduled before the step ends: pass the time without an event, to exactly start
+                # + step (a timeout's callbacks and event order, fewer events; exact where a timeout may be 1 ulp off)
                 env._now = now = end
             else:
                 delay = step if start == now else _delay_to(now, end)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import simpy
@@ -70,6 +71,13 @@ class Handoff:
     transfer_start_s: float = math.nan
     transfer_end_s: float = math.nan
     decode_admitted_s: float = math.nan
+    decode_replica: object = None
+    """The decode replica chosen at arrival (DisaggregationConfig.decode_preallocation), None where it is chosen
+    after the transfer."""
+    announced_s: float = math.nan
+    """When that replica took the request (pre-allocated), letting the prefill start."""
+    reserved: bool = False
+    """Counted in that replica's `reserved` (until the request is in its inbox, or leaves)."""
     prefill_response_s: float = math.nan
     """When the prefill replica answered (DisaggregationConfig.wait_for_prefill_response): the end of its iteration
     running when the transfer ended, or the transfer's end if it was idle."""
@@ -90,6 +98,10 @@ class DisaggFrontend(Frontend):
         self._first_decode = decode_replicas[0].index if decode_replicas else 0
         self.first_token = scenario.disaggregation.first_token
         self.wait_for_prefill_response = scenario.disaggregation.wait_for_prefill_response
+        self.preallocate = scenario.disaggregation.decode_preallocation
+        if self.preallocate:
+            for r in decode_replicas:
+                r.waiters, r.gated_inbox = [], False
         self.handoffs: dict[int, Handoff] = {}   # rid -> the latest attempt's way through the pools
 
     # ---- into the prefill pool -------------------------------------------------------------
@@ -100,8 +112,34 @@ class DisaggFrontend(Frontend):
                       segments=req.segments, shareable_tokens=req.shareable_tokens, adapter=req.adapter)
         leg.hash_all = True  # a holder takes its cached prompt blocks by reference (_hold_kv): the block
         # manager must hash them all, not treat its private ones as nobody else's (sim.core.kv)
-        self.handoffs[req.rid] = Handoff(req, leg)
-        super().route(leg)
+        h = self.handoffs[req.rid] = Handoff(req, leg)
+        if not self.preallocate:
+            super().route(leg)
+            return
+        replica = self.decode_router.choose(req, [r for r in self.decode_replicas if r.marked_up])
+        h.decode_replica, h.reserved = replica, True
+        replica.reserved += 1
+        if replica.idle_get is not None:  # its loop waits for work: it takes the request at once
+            self._announced(h, self.env.now)
+        else:
+            replica.waiters.append(partial(self._announced, h))
+
+    def _announced(self, h: Handoff, now_s: float) -> None:
+        """The decode replica has taken the request (pre-allocated): its leg may enter the prefill pool."""
+        h.announced_s = now_s
+        if h.original.status is Status.CANCELLED:  # the client gave up meanwhile
+            h.leg.status = Status.CANCELLED
+            h.leg.finish_s = now_s
+            self.leave(h.leg, now_s)
+            return
+        super().route(h.leg)
+
+    @staticmethod
+    def _unreserve(h: Handoff) -> None:
+        """The announced request is in its decode replica's inbox now, or will never be: no longer reserved there."""
+        if h.reserved:
+            h.decode_replica.reserved -= 1
+            h.reserved = False
 
     def _handoff_of_leg(self, req: Request) -> Handoff | None:
         h = self.handoffs.get(req.rid)
@@ -130,6 +168,7 @@ class DisaggFrontend(Frontend):
         leaves with its prefill admission as `admitted_s` (the decode pool's is kept apart)."""
         h = self._handoff_of_leg(req)
         if h is not None:
+            self._unreserve(h)
             o = h.original
             o.status, o.reject_reason, o.finish_s = req.status, req.reject_reason, req.finish_s
             o.admitted_s, o.first_token_s, o.replica = req.admitted_s, req.first_token_s, req.replica
@@ -154,6 +193,8 @@ class DisaggFrontend(Frontend):
         o.first_token_s = o.last_token_s = leg.first_token_s
         o.cached_tokens, o.preemptions, o.recomputed_tokens = leg.cached_tokens, leg.preemptions, leg.recomputed_tokens
         o.kv_waited, o.max_itl_s, o.last_iteration = leg.kv_waited, 0.0, None
+        if o.done or o.status is Status.CANCELLED:  # it will not reach the decode pool
+            self._unreserve(h)
         if o.done:  # one-token outputs never reach the decode pool
             o.status, o.finish_s, o.replica, o.admitted_s = Status.FINISHED, now_s, leg.replica, leg.admitted_s
             super()._judge(o, now_s)
@@ -190,13 +231,14 @@ class DisaggFrontend(Frontend):
         yield self.env.timeout(h.transfer_end_s - self.env.now)
         pool, holder = held
         pool.free(holder, self.env.now)  # sent: the prefill replica's blocks are free again
+        self._unreserve(h)
         if self.wait_for_prefill_response:  # it answers between its iterations
             h.prefill_response_s = max(self.env.now, self.replicas[h.leg.replica].busy_until)
         if o.status is Status.CANCELLED:  # cancelled in flight: nothing to decode
             o.finish_s = self.env.now
             super().leave(o, self.env.now)
             return
-        replica = self.decode_router.choose(o, [r for r in self.decode_replicas if r.marked_up])
+        replica = h.decode_replica or self.decode_router.choose(o, [r for r in self.decode_replicas if r.marked_up])
         o.replica = replica.index
         replica.inbox.put(o)
 

@@ -49,6 +49,9 @@ class SchedulerConfig(StrictModel):
     max_num_seqs: PositiveInt = Field(256, description="Most requests running at once")
     async_scheduling: bool = Field(False, description="Plan the next iteration while this one runs (async / overlap "
                                    "scheduling): a request arriving mid-iteration joins one later; idle, at once")
+    recv_interval: PositiveInt = Field(1, description="Take newly arrived requests only every Nth pass while decoding "
+                                       "(SGLang's --scheduler-recv-interval): a pass after a decode-only iteration "
+                                       "counts 1, after any other iteration N; idle, at once")
 
 
 class Scheduler:
