@@ -91,3 +91,23 @@ def test_preallocation_is_deterministic_and_keeps_every_request():
     plain = Simulation(sc.model_copy(update={"disaggregation": cfg.model_copy(
         update={"decode_preallocation": False})}), ".").run()
     assert (a.requests["prefill_done_s"] >= plain.requests["prefill_done_s"] - 1e-9).mean() > 0.9
+
+
+def test_a_pass_that_takes_transferred_requests_lets_the_next_pass_take_arrivals():
+    """SGLang's prebuilt batch counts like an extend: A decodes on a replica that takes new requests every 10th pass;
+    C's KV lands during A's decodes and is taken at a pass; B, announced while C was in flight, is taken at the pass
+    after that one, not at the 10th."""
+    cfg = {**disagg(latency_s=0.001), "decode_preallocation": True}
+    cfg["decode"] = {"replicas": 1, "scheduler": {"kind": "continuous", "max_num_seqs": 32,
+                                                  "max_num_batched_tokens": 8192, "recv_interval": 10}}
+    one = run(scenario(workload=requests((0.0, 800, 60)), disaggregation=cfg))
+    arrive_b = float(one.requests.loc[0, "decode_admitted_s"]) + 0.005
+    res = run(scenario(workload=requests((0.0, 800, 60), (0.001, 800, 60), (arrive_b, 300, 5)), disaggregation=cfg))
+    a, c, b = (res.requests.iloc[i] for i in range(3))
+    assert a["decode_admitted_s"] < arrive_b < c["decode_admitted_s"]
+    dec = res.iterations[res.iterations["replica"] == 1].reset_index(drop=True)
+    with_c = dec[dec["start_s"] == c["decode_admitted_s"]].index[0]  # the first iteration C is in
+    taken = float(dec.loc[with_c, "start_s"] + dec.loc[with_c, "duration_s"])
+    tenth = float(dec.loc[9, "start_s"] + dec.loc[9, "duration_s"])
+    pre = res.iterations[res.iterations["replica"] == 0].reset_index(drop=True)
+    assert pre.loc[2, "start_s"] == taken < tenth
