@@ -137,6 +137,11 @@ DISAGG_AND_SCHEDULE_FLAGS = (
      "disaggregated rows: whether the client's stream also waits for the prefill server's answer, sent between its "
      "iterations once the KV has gone (disaggregation.wait_for_prefill_response): each engine's (default: SGLang "
      "wait, as its router does; the others at_once), or one for every row"),
+    ("--handshake", ["none", "preallocate", "recipes"],
+     "disaggregated rows: whether the prefill waits for the decode server to take the request (pre-allocate its KV) "
+     "and how often the engines take new requests (disaggregation.decode_preallocation, scheduler.recv_interval): "
+     "each engine's (default: SGLang recipes, its bootstrap with its recipes' --scheduler-recv-interval; the others "
+     "none), none, preallocate (every pass takes new requests), or recipes (docs/disaggregation.md)"),
     ("--prefill-batches", ["mixed", "separate"],
      "agg rows whose engine schedules chunked prefill: whether an iteration mixes decodes with prefill chunks "
      "(scheduler.prefill_batches): each engine's (default, docs/fidelity.md), mixed, or separate (an iteration with "
@@ -221,7 +226,8 @@ def run(args) -> int:
                                 prefill_batches=args.prefill_batches, prefill_response=args.prefill_response,
                                 mla_kernels=args.mla_kernels, frontend_users=args.frontend_users,
                                 attention_dp_routing=args.attention_dp_routing,
-                                attention_dp_pools=args.attention_dp_pools, client=args.client)
+                                attention_dp_pools=args.attention_dp_pools, client=args.client,
+                                handshake=args.handshake)
     if args.out:  # written whole or not at all
         from sim.io.outputs import staged_output
         with staged_output(args.out, args.force, PUBLISHED_FILES) as stage:

@@ -208,6 +208,12 @@ class EngineDefaults:
     the first token does not wait for it (TensorRT-LLM's and vLLM's paths take the prefill response before the
     decode request is sent)."""
 
+    disagg_handshake: str = "none"
+    """Disaggregated rows: whether the prefill waits for the decode server to take the request first, and how often
+    the engines take new requests (sim.published.handshake.HANDSHAKES): `none` for TensorRT-LLM and vLLM, whose
+    paths send the request to the prefill side first; set for SGLang, whose prefill server waits for the decode
+    server's pre-allocation (docs/disaggregation.md "The decode server's pre-allocation")."""
+
     kv_cache: str = "bf16"
     """Which rows' KV cache the replay stores in FP8 (KV_CACHE): `bf16` none, `quantized` every
     FP8 and FP4 row's, `checkpoint` the FP4 rows' (NVIDIA's NVFP4 checkpoints ship kv_cache_quant_algo FP8). Chosen
@@ -270,7 +276,7 @@ class EngineDefaults:
                 f"steady-state users' phases: {self.steady_phases} ({self.disagg_steady_phases} on disaggregated "
                 f"rows); disaggregated rows' first token: {self.disagg_first_token}"
                 + (", after the prefill server's answer" if self.disagg_prefill_response == "wait" else "") +
-                f"; disaggregated workers' batch: {self.disagg_pool_batch}" +
+                f"; disaggregated workers' batch: {self.disagg_pool_batch}; decode handshake: {self.disagg_handshake}" +
                 f"; attention-DP ranks' requests: {self.attention_dp_routing} ({self.disagg_attention_dp_routing} on "
                 f"disaggregated rows); KV cache in FP8: "
                 f"{KV_CACHE_ROWS[self.kv_cache]}")
@@ -335,6 +341,7 @@ ENGINES: dict[str, EngineDefaults] = {
         later_waves="cohort", moe=("sglang", "balanced"), mla_kernels="sglang", all_reduce="sglang",
         shared_experts_overlap="off", dp_prefill_gather="all_reduce",
         frontend_ms=(100.0, 0.0), disagg_first_token="decode_admission", disagg_prefill_response="wait",
+        disagg_handshake="recipes",
         kv_cache="quantized",
         prefill_batches="separate"),
     "trtllm": EngineDefaults(

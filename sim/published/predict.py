@@ -28,6 +28,7 @@ from sim.models.ops_tables import find_table, load_table_set
 from sim.models.parallel import Layout, kv_bytes_per_token_per_gpu, layout_problems, weights_per_gpu
 from sim.models.spec import ModelSpec
 from sim.published.disagg import FRONTEND_USERS, POOL_BATCH, PREFILL_RESPONSE, build_disagg_case
+from sim.published.handshake import handshake_scenario
 from sim.published.engines import (ENGINE_CONFIGS, ENGINES, KV_CACHE, aic_benchmark_limits, kv_budget_bytes,  # noqa: F401
                                    kv_format_for)  # (KV_CACHE re-exported)
 from sim.published.rows import PublishedRow
@@ -275,7 +276,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                host_per_sequence_s: float | None = None, kv_cache: str = "engine",
                prefill_batches: str = "engine", prefill_response: str = "engine", mla_kernels: str = "engine",
                frontend_users: str = "engine", attention_dp_routing: str = "engine",
-               attention_dp_pools: str = "both", client: str = "auto") -> Case:
+               attention_dp_pools: str = "both", client: str = "auto", handshake: str = "engine") -> Case:
     """Translate one published row into a closed-loop scenario for one replica, or say why not. `engine` means the
     row's engine's default (sim.published.engines) for each of: `moe_kernels` (or `own`: the row's engine's kernels,
     vllm / sglang / trtllm, composed), `moe_routing` (balanced, power_law_1.2), `all_reduce` (`own`, nccl, vllm,
@@ -298,7 +299,8 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
     `engine`: EngineDefaults.attention_dp_routing on agg rows, disagg_attention_dp_routing on disaggregated ones) and
     `attention_dp_pools` which pools of a disaggregated row it applies to (sim.published.routing.DP_ROUTED_POOLS);
     `client`: the benchmark client the row is replayed as (sim.published.client: `sa_bench`, `fixed`, or `auto`, the
-    mode's default)."""
+    mode's default); `handshake`: a disaggregated row's decode pre-allocation (sim.published.handshake.HANDSHAKES;
+    `engine`: EngineDefaults.disagg_handshake)."""
     client = client_for(row.mode, client)
     if phases not in ("engine", *PHASES):
         raise ConfigError(f"phases: expected one of engine, {', '.join(PHASES)}, got {phases!r}")
@@ -309,6 +311,7 @@ def build_case(row: PublishedRow, per_user: int | None = None, start: str = "col
                        host_overhead_s, shared_experts_overlap, frontend, pool_batch, async_scheduling, first_token,
                        host_per_sequence_s, kv_cache, prefill_batches, prefill_response, mla_kernels, frontend_users)
     routed = routed_scenario(case.scenario, row, attention_dp_routing, attention_dp_pools)
+    routed = handshake_scenario(routed, row, handshake, ENGINES[row.backend].disagg_handshake)
     case = case if routed is case.scenario else replace(case, scenario=routed)
     if phases != "even" or seed != 0:
         case = replace(case, phases=phases, scenario=None if case.scenario is None else dict(case.scenario, seed=seed))

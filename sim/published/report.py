@@ -107,7 +107,7 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
                        kv_cache: str = "engine", prefill_batches: str = "engine",
                        prefill_response: str = "engine", mla_kernels: str = "engine",
                        frontend_users: str = "engine", attention_dp_routing: str = "engine",
-                       attention_dp_pools: str = "both", client: str = "auto") -> dict:
+                       attention_dp_pools: str = "both", client: str = "auto", handshake: str = "engine") -> dict:
     """Simulate the selected rows (fanned out over Dask workers when workers > 1) and build the report.
     A file with a `total_output_tokens_per_s` column is TensorRT-LLM's max-throughput table."""
     from sim.published.throughput import is_throughput_file
@@ -118,7 +118,7 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
     cases = [build_case(r, per_user, start, mixed, rounds, moe_kernels, moe_routing, all_reduce, engine_config,
                         host_overhead_s, shared_experts_overlap, frontend, pool_batch, async_scheduling, first_token,
                         phases, seed, host_per_sequence_s, kv_cache, prefill_batches, prefill_response, mla_kernels,
-                        frontend_users, attention_dp_routing, attention_dp_pools, client)
+                        frontend_users, attention_dp_routing, attention_dp_pools, client, handshake)
              for r in rows]
     results = _fan_out(simulate_case, [c if c.scenario is not None else None for c in cases], workers, progress,
                        stream)
@@ -136,7 +136,7 @@ def validate_published(path: str | Path, backend: str | None = None, system: str
             "shared_experts_overlap": shared_experts_overlap,
             "frontend_ms": frontend if isinstance(frontend, str) else list(frontend), "pool_batch": pool_batch,
             "frontend_users": frontend_users, "attention_dp_routing": attention_dp_routing,
-            "attention_dp_pools": attention_dp_pools,
+            "attention_dp_pools": attention_dp_pools, "handshake": handshake,
             "async_scheduling": async_scheduling, "first_token": first_token, "prefill_response": prefill_response,
             "phases": phases, "seed": seed,
             "engines": {b: ENGINES[b].describe(_described_config(engine_config, [r for r in rows if r.backend == b]))
