@@ -127,12 +127,8 @@ class DisaggFrontend(Frontend):
     def _announced(self, h: Handoff, now_s: float) -> None:
         """The decode replica has taken the request (pre-allocated): its leg may enter the prefill pool."""
         h.announced_s = now_s
-        if h.original.status is Status.CANCELLED:  # the client gave up meanwhile
-            h.leg.status = Status.CANCELLED
-            h.leg.finish_s = now_s
-            self.leave(h.leg, now_s)
-            return
-        super().route(h.leg)
+        if h.leg.status is not Status.CANCELLED:  # (a request cancelled meanwhile has left: cancel)
+            super().route(h.leg)
 
     @staticmethod
     def _unreserve(h: Handoff) -> None:
@@ -243,11 +239,15 @@ class DisaggFrontend(Frontend):
         replica.inbox.put(o)
 
     def cancel(self, req: Request) -> None:
-        """The client gave up: on the prefill leg, in transfer (dropped when it lands), or in decode."""
+        """The client gave up: before its decode replica took it (it leaves at once), on the prefill leg, in transfer
+        (dropped when it lands), or in decode."""
         h = self.handoffs.get(req.rid)
         if h is None or h.original is not req or req.status in (Status.FINISHED, Status.REJECTED, Status.FAILED):
             return
-        if math.isnan(h.prefill_done_s):  # still the leg's
+        if h.reserved and math.isnan(h.announced_s):  # not yet taken by its decode replica: it leaves now
+            h.leg.status, h.leg.finish_s = Status.CANCELLED, self.env.now
+            self.leave(h.leg, self.env.now)
+        elif math.isnan(h.prefill_done_s):  # still the leg's
             if h.leg.replica is not None and self.replicas[h.leg.replica].up:
                 self.replicas[h.leg.replica].scheduler.cancel(h.leg, self.env.now)
             else:

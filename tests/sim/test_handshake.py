@@ -111,3 +111,22 @@ def test_a_pass_that_takes_transferred_requests_lets_the_next_pass_take_arrivals
     tenth = float(dec.loc[9, "start_s"] + dec.loc[9, "duration_s"])
     pre = res.iterations[res.iterations["replica"] == 0].reset_index(drop=True)
     assert pre.loc[2, "start_s"] == taken < tenth
+
+
+def test_a_request_cancelled_before_its_decode_replica_takes_it_leaves_at_once():
+    """B waits for the busy decode replica (interval 10) and is cancelled meanwhile: it leaves then, never
+    prefilled."""
+    cfg = {**disagg(latency_s=0.001), "decode_preallocation": True}
+    cfg["decode"] = {"replicas": 1, "scheduler": {"kind": "continuous", "max_num_seqs": 32,
+                                                  "max_num_batched_tokens": 8192, "recv_interval": 10}}
+    one = run(scenario(workload=requests((0.0, 800, 60)), disaggregation=cfg))
+    arrive_b = float(one.requests.loc[0, "decode_admitted_s"]) + 0.005
+    wl = {"kind": "requests", "requests": [
+        {"arrival_s": 0.0, "prompt_tokens": 800, "output_tokens": 60},
+        {"arrival_s": arrive_b, "prompt_tokens": 300, "output_tokens": 5, "cancel_at_s": arrive_b + 0.01}]}
+    res = run(scenario(workload=wl, disaggregation=cfg))
+    b = res.requests.iloc[1]
+    assert b["status"] == "cancelled" and b["finish_s"] == pytest.approx(arrive_b + 0.01)
+    assert b["output_tokens"] == 0 and b["prefill_done_s"] != b["prefill_done_s"]  # (NaN: never prefilled)
+    assert len(res.iterations[res.iterations["replica"] == 0]) == 1  # the prefill replica ran A's prompt only
+    assert res.requests.iloc[0]["status"] == "finished"
