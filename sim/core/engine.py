@@ -173,19 +173,18 @@ class RecvGate:
     pass counts, a pass after a decode-only iteration 1 and any other pass `every` (SGLang's recv skipper weighs a
     decode forward 1 and an extend 1000), and the pass whose count reaches `every` takes the arrivals and starts
     counting again. An engine coming out of idle takes them at once (its idle passes are cheap). A pre-allocating
-    decode replica that takes transferred requests in a pass (SGLang's prebuilt batch, which counts 1000 too) takes
-    arrivals in the next."""
+    decode replica that takes transferred requests in a pass takes arrivals in it too: SGLang 0.5.x runs them as a
+    prebuilt batch, a pass without a forward that counts 1000, so the pass right after it receives."""
 
-    __slots__ = ("every", "count", "prebuilt")
+    __slots__ = ("every", "count")
 
     def __init__(self, every: int):
         self.every = every
         self.count = 0
-        self.prebuilt = False
 
     def passed(self, decode_only: bool) -> bool:
         """A pass after an iteration: True when it takes the arrivals."""
-        self.count += 1 if decode_only and not self.prebuilt else self.every
+        self.count += 1 if decode_only else self.every
         if self.count >= self.every:
             self.count = 0
             return True
@@ -208,9 +207,12 @@ class RecvGate:
 def _take_arrivals(replica, gate: RecvGate | None, stepped: bool, plan, now: float) -> bool:
     """Whether this pass takes the requests that arrived (its gate's rule), serving the replica's waiters then
     (callbacks of requests a disaggregated front end has announced: Replica.waiters)."""
-    take = gate is None or (gate.passed(plan.prefill_tokens == 0) if stepped else gate.opened())
-    if gate is not None:  # transferred requests taken in this pass: SGLang's prebuilt batch
-        gate.prebuilt = not replica.gated_inbox and bool(replica.inbox.items)
+    if gate is None:
+        take = True
+    elif not stepped or (not replica.gated_inbox and replica.inbox.items):  # out of idle, or transfers: at once
+        take = gate.opened()
+    else:
+        take = gate.passed(plan.prefill_tokens == 0)
     if take and replica.waiters:
         waiters = replica.waiters[:]
         replica.waiters.clear()
