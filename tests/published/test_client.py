@@ -74,3 +74,45 @@ def test_options_of_the_fixed_client_are_refused_where_a_row_replays_as_sa_bench
     report = json.loads((tmp_path / "a" / "report.json").read_text())
     assert report["client"] == {"agg": "fixed", "disagg": "sa_bench"}
     assert "components" not in report["rows"][0]
+
+
+def test_agg_client_compare_groups_rows_by_collection_and_scores_both_replays(tmp_path):
+    """benchmarks/agg_client_compare.py: the rows both replays predicted, grouped by the collection read from each
+    row's silicon_data_source (InferenceX's database and its CSV exports against the others); single-GPU rows only
+    with --all; disaggregated rows and rows one replay skipped take no part."""
+    import csv
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "agg_client_compare", Path(__file__).parents[2] / "benchmarks" / "agg_client_compare.py")
+    cc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cc)
+    sources = {"a": "db-dump/2026-04-27; config_id=1", "b": "source_file=2026-03-25.csv; model=X",
+               "c": "source_file=/x/aic-auto-gap-analysis/data/h100/vllm.csv", "d": "db-dump/2026-04-27; config_id=2",
+               "e": "db-dump/2026-04-27; config_id=3", "f": "db-dump/2026-04-27; config_id=4"}
+    tp = {"a": 2, "b": 4, "c": 8, "d": 1, "e": 2, "f": 2}
+    with open(tmp_path / "sample.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=["id", "silicon_data_source", "tp_size", "pp_size", "moe_ep_size"])
+        w.writeheader()
+        w.writerows({"id": i, "silicon_data_source": s, "tp_size": tp[i], "pp_size": 1, "moe_ep_size": ""}
+                    for i, s in sources.items())
+
+    def row(i, line, ttft, mode="agg"):
+        return {"id": i, "line": line, "mode": mode, "backend": "vllm",
+                "predicted": {"ttft_ms": ttft, "tpot_ms": 10.0}, "measured": {"ttft_ms": 100.0, "tpot_ms": 10.0},
+                "error": {"ttft_ms": ttft / 100 - 1, "tpot_ms": 0.0}}
+    before = [row("a", 2, 90.0), row("b", 3, 70.0), row("c", 4, 150.0), row("d", 5, 100.0), row("e", 6, 50.0, "disagg"),
+              row("f", 7, 100.0)]
+    after = [row("a", 2, 110.0), row("b", 3, 95.0), row("c", 4, 75.0), row("d", 5, 50.0), row("e", 6, 50.0, "disagg")]
+    for name, rows in (("before", before), ("after", after)):
+        (tmp_path / f"{name}.json").write_text(json.dumps({"rows": rows}))
+    table = {g["group"]: g for g in cc.compare(str(tmp_path / "before.json"), str(tmp_path / "after.json"),
+                                               str(tmp_path / "sample.csv"))}
+    assert table["all"]["n"] == 3  # d is single-GPU, e disaggregated, f skipped by AFTER
+    assert table["InferenceX"]["n"] == 2 and table["other collections"]["n"] == 1
+    assert table["InferenceX"]["before_ttft"] == (pytest.approx(0.2), pytest.approx(-0.2), 1)  # -10%, -30%
+    assert table["InferenceX"]["after_ttft"] == (pytest.approx(0.075), pytest.approx(0.025), 2)  # +10%, -5%
+    assert table["gap-analysis vllm"]["before_ttft"][2] == 0 and table["gap-analysis vllm"]["after_ttft"][2] == 0
+    everything = {g["group"]: g for g in cc.compare(str(tmp_path / "before.json"), str(tmp_path / "after.json"),
+                                                    str(tmp_path / "sample.csv"), every_row=True)}
+    assert everything["all"]["n"] == 4 and everything["db-dump vllm"]["after_ttft"][0] == pytest.approx(0.3)
