@@ -116,3 +116,31 @@ def test_agg_client_compare_groups_rows_by_collection_and_scores_both_replays(tm
     everything = {g["group"]: g for g in cc.compare(str(tmp_path / "before.json"), str(tmp_path / "after.json"),
                                                     str(tmp_path / "sample.csv"), every_row=True)}
     assert everything["all"]["n"] == 4 and everything["db-dump vllm"]["after_ttft"][0] == pytest.approx(0.3)
+
+
+def test_sglang_launch_flags_reads_inferencex_limits_and_summarises_complete_rows(tmp_path):
+    """benchmarks/sglang_launch_flags.py: InferenceX's SGLang DeepSeek limits by precision, TP and users, and a summary
+    that scores each way only on rows every way finished (a row one way skipped counts in none)."""
+    import csv
+    import importlib.util
+    from pathlib import Path
+    spec = importlib.util.spec_from_file_location(
+        "sglang_launch_flags", Path(__file__).parents[2] / "benchmarks" / "sglang_launch_flags.py")
+    fl = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(fl)
+    assert fl.launch_flags("fp8", 8, 16) == {"running": 128, "chunk": 32768, "fraction": 0.82, "recv": 30}
+    assert fl.launch_flags("fp8", 8, 8)["recv"] == 10 and fl.launch_flags("fp8", 4, 64)["recv"] == 10
+    assert fl.launch_flags("fp4", 8, 4) == {"running": 256, "chunk": 16384, "fraction": 0.85, "recv": 10}
+    with open(tmp_path / "sample.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=["id", "silicon_ttft_ms", "silicon_tpot_ms"])
+        w.writeheader()
+        w.writerows({"id": i, "silicon_ttft_ms": 100.0, "silicon_tpot_ms": 10.0} for i in range(3))  # lines 2-4
+    out = [[2, w, t, 10.0, None] for w, t in zip(fl.WAYS, (100.0, 50.0, 90.0, 130.0))]
+    out += [[3, w, t, 11.0, None] for w, t in zip(fl.WAYS, (110.0, 60.0, 70.0, 100.0))]
+    out += [[4, w, 100.0, 10.0, "skipped" if w == "sa_bench" else None] for w in fl.WAYS]
+    (tmp_path / "out.jsonl").write_text("\n".join(json.dumps(x) for x in out) + "\n")
+    got = {s["way"]: s for s in fl.summary(str(tmp_path / "out.jsonl"), str(tmp_path / "sample.csv"))}
+    assert got["fixed"]["rows"] == 2 and got["sa_bench"]["rows"] == 2  # line 4 is every way's but counts in none
+    assert got["sa_bench"]["ttft"] == pytest.approx(0.45) and got["sa_bench"]["within_20"] == 0
+    assert got["sa_bench+flags"]["ttft"] == pytest.approx(0.15) and got["sa_bench+flags"]["within_20"] == 1
+    assert got["fixed"]["tpot"] == pytest.approx(0.05)
