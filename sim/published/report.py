@@ -216,8 +216,8 @@ def print_report(report: dict, file=None) -> None:
             print(f"  {n:>5}  {why}", file=file)
     noted = sum(1 for r in report["rows"] if "note" in r)
     if noted:
-        print(f"\n{noted} row(s) disagree with themselves on the client's concurrency; silicon_concurrency was "
-              "used (each row's `note` in --json / report.json)", file=file)
+        print(f"\n{noted} row(s) disagree with themselves (the client's concurrency, or a tp_size beyond one node); "
+              "each row's `note` in --json / report.json says what was read", file=file)
     print("\nengine settings simulated (each choice and fit: docs/fidelity.md):", file=file)
     for text in report["engines"].values():
         print(f"  {text}", file=file)

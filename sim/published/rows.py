@@ -21,6 +21,10 @@ REQUIRED = ("id", "backend", "model_path", "system", "mode", "isl", "osl", "batc
 
 BACKENDS = ("vllm", "sglang", "trtllm")
 
+NODE_GPUS = {"h100_sxm": 8, "h200_sxm": 8, "b200_sxm": 8, "b300_sxm": 8}
+"""GPUs of one node of the sample's HGX systems, where an agg row's replica is one node (InferenceX's runs on them
+are single-node)."""
+
 
 @dataclass(frozen=True)
 class PublishedRow:
@@ -54,7 +58,8 @@ class PublishedRow:
     """Disaggregated rows: the prefill pool (prefill_* columns); None for aggregated rows."""
     decode: PoolShape | None = None
     note: str = ""
-    """Where the row's own columns disagree about what was run (its batch_size against its silicon_concurrency)."""
+    """Where the row's own columns disagree about what was run (its batch_size against its silicon_concurrency; a
+    tp_size beyond its node, _node_layout), and what was read."""
 
 
 def _text(row: dict, col: str) -> str:
@@ -118,6 +123,7 @@ def parse_row(row: dict, where: str, line: int) -> PublishedRow:
             note = (f"client concurrency {stated} from silicon_concurrency; batch_size x attention_dp_size = "
                     f"{ints['batch_size']} x {ints['attention_dp_size']} = {by_batch} disagrees")
         ints["batch_size"] = stated or by_batch
+        note = "; ".join(n for n in (note, _node_layout(_text(row, "system").lower(), ints)) if n)
     return PublishedRow(
         line=line, id=_text(row, "id"), backend=backend, backend_version=_text(row, "backend_version"),
         model_path=_text(row, "model_path"), system=_text(row, "system").lower(),
@@ -126,6 +132,23 @@ def parse_row(row: dict, where: str, line: int) -> PublishedRow:
         pp=ints["pp_size"], attention_dp=ints["attention_dp_size"], moe_tp=ints["moe_tp_size"],
         moe_ep=ints["moe_ep_size"], ttft_ms=positive_field(where, "silicon_ttft_ms", _text(row, "silicon_ttft_ms")),
         tpot_ms=positive_field(where, "silicon_tpot_ms", _text(row, "silicon_tpot_ms")), note=note, **pools)
+
+
+def _node_layout(system: str, ints: dict) -> str:
+    """Read an HGX agg row whose tp_size is its experts' moe_tp x moe_ep, more GPUs than its one node holds, as the
+    node it ran on: tp_size / moe_tp GPUs of tensor parallelism, the experts split moe_ep ways (moe_tp 1). The sample
+    states 193 agg rows so, all B200 and B300 DeepSeek on SGLang and TensorRT-LLM: 106 at tp 64 (moe_tp 8 x moe_ep 8)
+    and 87 at tp 16 (4 x 4). The 63 of them whose numbers another row of the file repeats exactly are stated there as
+    tp 8, moe_tp 1, moe_ep 8 and tp 4, moe_tp 1, moe_ep 4. Changes `ints` in place; returns the row's note ("" when it
+    reads as stated)."""
+    node = NODE_GPUS.get(system)
+    tp, moe_tp, moe_ep = ints["tp_size"], ints["moe_tp_size"], ints["moe_ep_size"]
+    if node is None or tp <= node or ints["attention_dp_size"] > 1 or min(moe_tp, moe_ep) < 2 or moe_tp * moe_ep != tp \
+            or tp // moe_tp > node:
+        return ""
+    ints["tp_size"], ints["moe_tp_size"] = tp // moe_tp, 1
+    return (f"tp_size {tp} = moe_tp {moe_tp} x moe_ep {moe_ep} exceeds one {node}-GPU node; read as tp "
+            f"{ints['tp_size']}, moe_tp 1, moe_ep {moe_ep}, as the same runs' rows elsewhere in the file state it")
 
 
 def read_published(path: str | Path) -> list[PublishedRow]:

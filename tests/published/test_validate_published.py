@@ -890,3 +890,30 @@ def test_prefill_batches_choice_applies_the_stated_rule(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "-> mixed; odd lines (held out): mixed 10.00%, separate 0.00%" in out
     assert "| h100_sxm Qwen3-32B bf16 | 2 |" in out
+
+
+def test_an_hgx_row_whose_tp_size_is_its_experts_product_reads_as_its_node():
+    """A B200 / B300 / H100 agg row stating tp_size = moe_tp x moe_ep beyond its 8-GPU node (the sample's 193 DeepSeek
+    rows at tp 64 = 8 x 8 and tp 16 = 4 x 4, whose repeats elsewhere in the file say tp 8 / 4, moe_tp 1) is read as
+    that node: tp_size / moe_tp, moe_tp 1, with a note. Rows that fit their node, GB200 racks and rows with attention DP
+    read as stated."""
+    from sim.published.rows import parse_row
+
+    def row(**kw):
+        base = {"id": "x", "backend": "sglang", "model_path": "deepseek-ai/DeepSeek-R1", "system": "b200_sxm",
+                "mode": "agg", "isl": "1024", "osl": "1024", "batch_size": "16", "tp_size": "64", "moe_tp_size": "8",
+                "moe_ep_size": "8", "attention_dp_size": "1", "silicon_ttft_ms": "200", "silicon_tpot_ms": "10",
+                "silicon_data_source": "db-dump/2026-04-27; config_id=201; silicon_concurrency=16"}
+        r = parse_row(dict(base, **kw), "f.csv, line 2", 2)
+        return r.tp, r.moe_tp, r.moe_ep, r.note
+    tp, moe_tp, moe_ep, note = row()
+    assert (tp, moe_tp, moe_ep) == (8, 1, 8)
+    assert note == ("tp_size 64 = moe_tp 8 x moe_ep 8 exceeds one 8-GPU node; read as tp 8, moe_tp 1, moe_ep 8, as the "
+                    "same runs' rows elsewhere in the file state it")
+    assert row(tp_size="16", moe_tp_size="4", moe_ep_size="4", system="h100_sxm")[:3] == (4, 1, 4)
+    assert row(system="gb200")[:3] == (64, 8, 8)                                        # a rack, not one node
+    assert row(tp_size="8", moe_tp_size="1", moe_ep_size="8") == (8, 1, 8, "")           # fits its node
+    assert row(attention_dp_size="8")[:3] == (64, 8, 8)                                   # not the pattern
+    assert row(tp_size="64", moe_tp_size="64", moe_ep_size="1")[:3] == (64, 64, 1)        # experts not split both ways
+    both = row(batch_size="4")[3]                                                        # two notes, both kept
+    assert both.startswith("client concurrency 16 from silicon_concurrency") and "exceeds one 8-GPU node" in both
