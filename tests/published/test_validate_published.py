@@ -893,8 +893,8 @@ def test_prefill_batches_choice_applies_the_stated_rule(tmp_path, capsys):
 
 
 def test_an_hgx_row_whose_tp_size_is_its_experts_product_reads_as_its_node():
-    """A B200 / B300 / H100 agg row stating tp_size = moe_tp x moe_ep beyond its 8-GPU node (the sample's 193 DeepSeek
-    rows at tp 64 = 8 x 8 and tp 16 = 4 x 4, whose repeats elsewhere in the file say tp 8 / 4, moe_tp 1) is read as
+    """A B200 / B300 / H100 agg row stating tp_size = moe_tp x moe_ep beyond its 8-GPU node (the sample's 193 MoE rows
+    at tp 64 = 8 x 8 and tp 16 = 4 x 4, whose repeats elsewhere in the file say tp 8 / 4, moe_tp 1) is read as
     that node: tp_size / moe_tp, moe_tp 1, with a note. Rows that fit their node, GB200 racks and rows with attention DP
     read as stated."""
     from sim.published.rows import parse_row
