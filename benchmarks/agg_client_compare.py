@@ -69,7 +69,8 @@ def compare(before: str, after: str, sample: str, every_row: bool = False) -> li
     engine = {i: runs[0][i]["backend"] for i in ids}
     groups = [(f"{c} {e}", lambda i, c=c, e=e: (coll[i], engine[i]) == (c, e))
               for c, e in sorted({(coll[i], engine[i]) for i in ids})]
-    groups += [("InferenceX", lambda i: coll[i] in INFERENCEX), ("other collections", lambda i: coll[i] not in INFERENCEX)]
+    groups += [("InferenceX", lambda i: coll[i] in INFERENCEX),
+               ("other collections", lambda i: coll[i] not in INFERENCEX)]
     groups += [("even lines", lambda i: runs[0][i]["line"] % 2 == 0), ("odd lines", lambda i: runs[0][i]["line"] % 2),
                ("all", lambda i: True)]
     table = []

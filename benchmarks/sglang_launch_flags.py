@@ -56,7 +56,8 @@ def _with_flags(row, scenario: dict, card_bytes: float, every: bool) -> dict:
     if every:
         sched.update(max_num_seqs=f["running"], max_num_batched_tokens=f["chunk"], chunk_tokens=f["chunk"])
         gpus = sc["parallel"]["tp"] * sc["parallel"].get("pp", 1)
-        sc["kv"] = dict(sc["kv"], budget=int(sc["kv"]["budget"] + (f["fraction"] - MEMORY_FRACTION) * card_bytes * gpus))
+        more = (f["fraction"] - MEMORY_FRACTION) * card_bytes * gpus  # the scripts' memory fraction, not the replay's
+        sc["kv"] = dict(sc["kv"], budget=int(sc["kv"]["budget"] + more))
         sc["step_time"] = dict(sc["step_time"], allow_extrapolation=True)
     sc["scheduler"] = sched
     return sc

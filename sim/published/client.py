@@ -32,12 +32,12 @@ CLIENTS = ("sa_bench", "fixed")
 
 DEFAULT_CLIENT = {"disagg": "sa_bench", "agg": "fixed"}
 """The client each mode's rows are replayed as under `auto`. Disaggregated rows: `sa_bench`, read from their provenance
-(above). Aggregated rows keep `fixed`, though 1,053 of the 1,656 on several GPUs scored on 2026-12-07 are InferenceX runs, whose client is
-SA-Bench's too (the other 603 are NVIDIA's gap-analysis runs). Replayed as SA-Bench they read worse on every engine
-(vLLM 13.6% -> 17.5%, SGLang 29.5% -> 75.5% median |TTFT error|), with front ends chosen again as well: the
-simulator's closed loop spreads the users where the real runs stay crowded, and the fixed client's regimes
-(later_waves, steady_phases), chosen under it, stand in for that (docs/fidelity.md, "The agg rows' provenance, read
-again")."""
+(above). Aggregated rows keep `fixed`, though 1,053 of the 1,656 on several GPUs scored on 2026-12-07 are InferenceX
+runs, whose client is SA-Bench's too (the other 603 are NVIDIA's gap-analysis runs). Replayed as SA-Bench they read
+worse on every engine (vLLM 13.6% -> 17.5%, SGLang 29.5% -> 75.5% median |TTFT error|), with front ends chosen again
+as well: the simulator's closed loop spreads the users where the real runs stay crowded, and the fixed client's
+regimes (later_waves, steady_phases), chosen under it, stand in for that (docs/fidelity.md, "The agg rows'
+provenance, read again")."""
 
 SA_BENCH_REQUESTS_PER_USER = 10
 """SA-Bench's measured requests per user (`num_prompts = concurrency x 10`)."""

@@ -138,9 +138,9 @@ def _node_layout(system: str, ints: dict) -> str:
     """Read an HGX agg row whose tp_size is its experts' moe_tp x moe_ep, more GPUs than its one node holds, as the
     node it ran on: tp_size / moe_tp GPUs of tensor parallelism, the experts split moe_ep ways (moe_tp 1). The sample
     states 193 agg rows so, on B200 and B300 under SGLang and TensorRT-LLM (165 DeepSeek-R1 / V3, 28 Qwen3.5): 106 at
-    tp 64 (moe_tp 8 x moe_ep 8) and 87 at tp 16 (4 x 4). The 63 of them whose numbers another row of the file repeats exactly are stated there as
-    tp 8, moe_tp 1, moe_ep 8 and tp 4, moe_tp 1, moe_ep 4. Changes `ints` in place; returns the row's note ("" when it
-    reads as stated)."""
+    tp 64 (moe_tp 8 x moe_ep 8) and 87 at tp 16 (4 x 4). The 63 of them whose numbers another row of the file repeats
+    exactly are stated there as tp 8, moe_tp 1, moe_ep 8 and tp 4, moe_tp 1, moe_ep 4. Changes `ints` in place;
+    returns the row's note ("" when it reads as stated)."""
     node = NODE_GPUS.get(system)
     tp, moe_tp, moe_ep = ints["tp_size"], ints["moe_tp_size"], ints["moe_ep_size"]
     if node is None or tp <= node or ints["attention_dp_size"] > 1 or min(moe_tp, moe_ep) < 2 or moe_tp * moe_ep != tp \
