@@ -22,14 +22,15 @@ def _add_memory(sub) -> argparse.ArgumentParser:
     p.add_argument("--shared-prefix", type=_count(0), default=0, help="leading prompt tokens identical across requests")
     p.add_argument("--kv-format", default="bf16", choices=["fp32", "bf16", "fp16", "fp8", "q8_0", "q4_0"],
                    help="bf16 | fp16 | fp8 | q8_0 | q4_0 | fp32")
-    p.add_argument("--weight-format", default="bf16", choices=["fp32", "bf16", "fp16", "fp8", "int4", "nvfp4", "q2_k"],
-                   help="bf16 | fp8 | int4 | nvfp4 (4.5 bits) | q2_k | fp16 | fp32")
+    p.add_argument("--weight-format", default="bf16",
+                   choices=["fp32", "bf16", "fp16", "fp8", "int4", "nvfp4", "mxfp4", "q2_k"],
+                   help="bf16 | fp8 | int4 | nvfp4 (4.5 bits) | mxfp4 (4.25 bits) | q2_k | fp16 | fp32")
     p.add_argument("--expert-weight-format", default=None,
-                   choices=["fp32", "bf16", "fp16", "fp8", "int4", "nvfp4", "q2_k"],
+                   choices=["fp32", "bf16", "fp16", "fp8", "int4", "nvfp4", "mxfp4", "q2_k"],
                    help="MoE models: the routed experts' format when not --weight-format's (an experts-only NVFP4 "
                         "checkpoint: --weight-format bf16 --expert-weight-format nvfp4)")
     p.add_argument("--attention-weight-format", default=None,
-                   choices=["fp32", "bf16", "fp16", "fp8", "int4", "nvfp4", "q2_k"],
+                   choices=["fp32", "bf16", "fp16", "fp8", "int4", "nvfp4", "mxfp4", "q2_k"],
                    help="the attention matrices' format when not --weight-format's (NVIDIA's DeepSeek NVFP4 "
                         "checkpoints: --weight-format nvfp4 --attention-weight-format bf16)")
     p.add_argument("--block-size", type=_count(1, 65536), default=16, help="tokens per KV block")

@@ -411,13 +411,13 @@ class Scenario(StrictModel):
     seed: NonNegativeInt = 0
     model: str = Field(description="Model profile name (profiles/models) or YAML path")
     hardware: str = Field(description="Hardware profile name (profiles/hardware) or YAML path")
-    weight_format: Literal["fp32", "bf16", "fp16", "fp8", "int4", "nvfp4", "q2_k"] = "bf16"
-    expert_weight_format: Literal["fp32", "bf16", "fp16", "fp8", "int4", "nvfp4", "q2_k"] | None = Field(
+    weight_format: Literal["fp32", "bf16", "fp16", "fp8", "int4", "nvfp4", "mxfp4", "q2_k"] = "bf16"
+    expert_weight_format: Literal["fp32", "bf16", "fp16", "fp8", "int4", "nvfp4", "mxfp4", "q2_k"] | None = Field(
         None, description="MoE models: the routed experts' weight format when it is not the rest's (an NVFP4 "
                           "checkpoint that quantizes its experts only, e.g. ModelOpt's nvfp4_experts_only: "
                           "weight_format bf16, expert_weight_format nvfp4); weight_format then holds for attention, "
                           "shared experts, dense layers and routers. Default: weight_format for every matrix")
-    attention_weight_format: Literal["fp32", "bf16", "fp16", "fp8", "int4", "nvfp4", "q2_k"] | None = Field(
+    attention_weight_format: Literal["fp32", "bf16", "fp16", "fp8", "int4", "nvfp4", "mxfp4", "q2_k"] | None = Field(
         None, description="The attention blocks' matrices' weight format when it is not the rest's (NVIDIA's "
                           "DeepSeek NVFP4 checkpoints keep every layer's self_attn in BF16: weight_format nvfp4, "
                           "attention_weight_format bf16). Default: weight_format")

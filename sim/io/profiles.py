@@ -159,7 +159,8 @@ class ModelProfile(StrictModel):
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]*$", description="Equals the file stem")
     hf_id: str
-    family: Literal["llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "minimax_m2"]
+    family: Literal["llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "minimax_m2",
+                    "gpt_oss"]
     num_layers: PositiveInt
     hidden_size: PositiveInt
     intermediate_size: PositiveInt = Field(description="Dense FFN width (gated: gate, up, down)")
@@ -175,6 +176,12 @@ class ModelProfile(StrictModel):
                             "qk_norm_type per_layer), whose mean square under tensor parallelism needs one all-reduce "
                             "per layer of 2 FP32 values a token (vLLM's MiniMaxText01RMSNormTP.forward_qk)")
     max_position_embeddings: PositiveInt
+    sliding_window: PositiveInt | None = Field(
+        None, description="Tokens each query of a windowed layer attends to (its own and the ones before it); "
+                          "None: every layer attends to the whole context")
+    sliding_window_layers: NonNegativeInt = Field(
+        0, description="How many layers attend within sliding_window (gpt-oss: every other one); the rest attend "
+                       "to the whole context")
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     source: str = Field(min_length=1, description="Where the architecture numbers come from")
@@ -184,6 +191,14 @@ class ModelProfile(StrictModel):
         if self.mla is None and self.num_attention_heads % self.num_kv_heads:
             raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                              f"num_kv_heads ({self.num_kv_heads})")
+        if (self.sliding_window is None) != (self.sliding_window_layers == 0):
+            raise ValueError("sliding_window and sliding_window_layers go together: give both (the window in tokens "
+                             "and how many layers use it) or neither")
+        if self.sliding_window_layers > self.num_layers:
+            raise ValueError(f"sliding_window_layers ({self.sliding_window_layers}) exceeds num_layers "
+                             f"({self.num_layers})")
+        if self.sliding_window_layers and self.mla is not None:
+            raise ValueError("sliding_window_layers: windowed MLA layers are not modelled (allowed: 0 with mla)")
         return self
 
 

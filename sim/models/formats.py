@@ -17,7 +17,8 @@ KV_FORMATS: dict[str, Fraction] = {
 
 # Weight formats: bytes per matrix element. int4 is group-quantised (4-bit codes plus one
 # 16-bit scale per group of 128); nvfp4 (NVIDIA's FP4, E2M1) stores one FP8 (E4M3) scale per block of 16
-# values (4.5 bits/value; the per-tensor FP32 scale is not counted); GGML Q2_K stores 256 values in 84 B
+# values (4.5 bits/value; the per-tensor FP32 scale is not counted); mxfp4 (the OCP microscaling FP4 of
+# gpt-oss's experts) one 8-bit power-of-two scale per 32 (4.25 bits/value); GGML Q2_K stores 256 values in 84 B
 # (2.625 bits/value).
 WEIGHT_FORMATS: dict[str, Fraction] = {
     "fp32": Fraction(4),
@@ -26,6 +27,7 @@ WEIGHT_FORMATS: dict[str, Fraction] = {
     "fp8": Fraction(1),
     "int4": Fraction(1, 2) + Fraction(2, 128),
     "nvfp4": Fraction(1, 2) + Fraction(1, 16),  # NVIDIA FP4: 4-bit values plus one FP8 scale per 16
+    "mxfp4": Fraction(1, 2) + Fraction(1, 32),  # OCP MX FP4: 4-bit values plus one E8M0 scale per 32 (gpt-oss)
     "q2_k": Fraction(84, 256),
 }
 

@@ -186,17 +186,37 @@ class OpsModel:
         return t
 
     def context_attention_s(self, seqs: int, pairs: int) -> float:
-        """One layer's prefill attention for `seqs` chunks holding `pairs` causal pairs in all."""
+        """One layer's prefill attention for `seqs` chunks holding `pairs` causal pairs in all; with sliding-window
+        layers, the mean over the model's layers (window_share)."""
         if seqs == 0:
             return 0.0
         s = (math.sqrt(1.0 + 8.0 * pairs / seqs) - 1.0) / 2.0
-        return self._look(self.context.at, seqs, max(s, 1.0))
+        full = self._look(self.context.at, seqs, max(s, 1.0))
+        w = self.spec.profile.sliding_window
+        if not w or s <= w:
+            return full
+        # a windowed layer's query attends to at most w keys: a chunk of s tokens holds s w - w (w - 1) / 2 pairs,
+        # timed as the measured kernel at length w over as many sequences as hold that many pairs
+        windows = seqs * (s * w - w * (w - 1) / 2) / (w * (w + 1) / 2)
+        return (1 - self.window_share) * full + self.window_share * self._look(self.context.at, windows, float(w))
 
     def generation_attention_s(self, seqs: int, kv_tokens: int) -> float:
-        """One layer's decode attention for `seqs` sequences holding `kv_tokens` cached tokens in all."""
+        """One layer's decode attention for `seqs` sequences holding `kv_tokens` cached tokens in all; with
+        sliding-window layers, the mean over the model's layers, a windowed one reading at most its window."""
         if seqs == 0:
             return 0.0
-        return self._look(self.generation.at, seqs, max(kv_tokens * self.kv_read_scale / seqs, 1.0))
+        per_seq = max(kv_tokens * self.kv_read_scale / seqs, 1.0)
+        full = self._look(self.generation.at, seqs, per_seq)
+        w = self.spec.profile.sliding_window
+        if not w or per_seq <= w * self.kv_read_scale:
+            return full
+        return ((1 - self.window_share) * full
+                + self.window_share * self._look(self.generation.at, seqs, w * self.kv_read_scale))
+
+    @property
+    def window_share(self) -> float:
+        """The share of the model's layers that attend within a sliding window (0 for most models)."""
+        return self.spec.profile.sliding_window_layers / self.spec.profile.num_layers
 
     def head_s(self, logits: int) -> float:
         """lm_head over the sampled positions (plus the logits' all-gather under tp)."""

@@ -269,7 +269,8 @@ def kv_bytes_per_token_per_gpu(spec: ModelSpec, layout: Layout, fmt: str = "bf16
     if layout.trivial:
         return spec.kv_bytes_per_token(fmt)
     p = spec.profile
-    layers = len(stage_layers(p.num_layers, layout.pp)[0])
+    # the stage holding the most full-attention layers (sliding-window layers: ModelSpec.kv_elements_per_token)
+    layers = max(sum(not spec.windowed_layer(i) for i in r) for r in stage_layers(p.num_layers, layout.pp))
     if p.mla is not None:
         per_layer = p.mla.kv_lora_rank + p.mla.qk_rope_head_dim
     else:

@@ -56,9 +56,24 @@ from sim.models.ops_tables import MCurve, NcclTable, TableSet, _cached, find_tab
 from sim.models.parallel import Layout, distinct_experts, expert_probabilities, stage_layers
 from sim.models.spec import ModelSpec
 
-MOE_DTYPES = {"bf16": ("bfloat16",), "fp8": ("fp8_block", "fp8"), "nvfp4": ("nvfp4",)}
+MOE_DTYPES = {"bf16": ("bfloat16",), "fp8": ("fp8_block", "fp8"), "nvfp4": ("nvfp4",), "mxfp4": ("w4a16_mxfp4",)}
 """GEMM dtype -> the fused-MoE table's dtypes to look for, in order (released FP8 MoE checkpoints are
-block-quantised: DeepSeek-V3, Qwen3-235B-A22B-FP8, MiniMax-M2.5)."""
+block-quantised: DeepSeek-V3, Qwen3-235B-A22B-FP8, MiniMax-M2.5; gpt-oss's MXFP4 experts run with BF16
+activations, the checkpoint's own format and AIConfigurator's reading of it, `w4a16_mxfp4`)."""
+
+
+def expert_ops_dtype(cfg: OpsStepTime, expert_format: str) -> str:
+    """The routed experts' dtype: ops_dtype's, or mxfp4 (no GEMM table of its own: _expert_gemm_dtype)."""
+    return "mxfp4" if expert_format == "mxfp4" and cfg.dtype is None else ops_dtype(cfg, expert_format,
+                                                                                   "expert_weight_format")
+
+
+def _expert_gemm_dtype(tables: TableSet, dtype: str) -> str:
+    """The GEMM table that times experts composed from GEMMs: their own, or for MXFP4 experts (no table measures
+    them) the card's NVFP4 one where it has one (4-bit weights, Blackwell), else BF16 (the weights dequantized)."""
+    if dtype != "mxfp4":
+        return dtype
+    return "nvfp4" if find_table(tables.folder, "gemm_nvfp4") is not None else "bf16"
 MLA_CONTEXT_SCALE = (192 + 128) / 256
 """MLA prefill per head: QK over 192 dims and PV over 128, against the 128 + 128 of the measured MHA kernel."""
 MLA_GENERATION_SCALE = (512 + 64) / (2 * 128)
@@ -95,8 +110,7 @@ class ParallelOpsModel(OpsModel):
         self._probs = expert_probabilities(p.moe.num_experts, layout.routing_skew) if p.moe else None
         self._attention_tables(tables)
         # the routed experts' GEMMs in their own format when the checkpoint quantizes them alone (ModelSpec.expert_format)
-        self.expert_dtype = dtype if spec.expert_format is None else ops_dtype(cfg, spec.expert_format,
-                                                                               "expert_weight_format")
+        self.expert_dtype = dtype if spec.expert_format is None else expert_ops_dtype(cfg, spec.expert_format)
         # and the attention's when the checkpoint keeps them apart (ModelSpec.attention_format)
         self.attention_dtype = dtype if spec.attention_format is None else ops_dtype(cfg, spec.attention_format,
                                                                                      "attention_weight_format")
@@ -186,7 +200,7 @@ class ParallelOpsModel(OpsModel):
     def _build_curves(self, tables: TableSet, dtype: str) -> None:
         p = self.spec.profile
         g = tables.gemm(dtype)
-        ge = g if self.expert_dtype == dtype else tables.gemm(self.expert_dtype)
+        ge = g if self.expert_dtype == dtype else tables.gemm(_expert_gemm_dtype(tables, self.expert_dtype))
         ga = g if self.attention_dtype == dtype else tables.gemm(self.attention_dtype)
         att, dense, moe = self._shapes()
         self.gemm_shapes = {**att, **dense, **moe}

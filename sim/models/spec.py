@@ -166,12 +166,33 @@ class ModelSpec:
 
     # --- KV cache --------------------------------------------------------------------------
     @cached_property
+    def full_attention_layers(self) -> int:
+        """Layers whose attention spans the whole context: all but the sliding-window ones."""
+        return self.profile.num_layers - self.profile.sliding_window_layers
+
+    def windowed_layer(self, layer: int) -> bool:
+        """Whether `layer` attends within the sliding window. The profile gives how many do, not which: they are
+        taken as spread evenly from the first layer on (gpt-oss: the even layers, 0, 2, ..., 34 of 36)."""
+        n, L = self.profile.sliding_window_layers, self.profile.num_layers
+        return -(-(layer + 1) * n // L) > -(-layer * n // L)
+
+    @cached_property
     def kv_elements_per_token(self) -> int:
-        """KV cache elements one token adds over all layers (MLA: the compact latent and rope key)."""
+        """KV cache elements one more token of context adds over all layers (MLA: the compact latent and rope key).
+        A sliding-window layer keeps at most its window a sequence, so it adds nothing per token once the context
+        is longer: its KV is window_kv_elements_per_sequence, outside this count."""
         p = self.profile
         if p.mla is not None:
             return p.num_layers * (p.mla.kv_lora_rank + p.mla.qk_rope_head_dim)
-        return 2 * p.num_layers * p.num_kv_heads * p.head_dim
+        return 2 * self.full_attention_layers * p.num_kv_heads * p.head_dim
+
+    @cached_property
+    def window_kv_elements_per_sequence(self) -> int:
+        """KV elements the sliding-window layers keep for one sequence at most (its last `sliding_window` tokens in
+        each; 0 for a model without them). capsim's KV pool does not charge them: with gpt-oss-120b's 18 windowed
+        layers of 128 tokens, 2,304 layer-tokens a sequence, 6% of a 2,048-token request's KV."""
+        p = self.profile
+        return 2 * p.sliding_window_layers * p.num_kv_heads * p.head_dim * (p.sliding_window or 0)
 
     def kv_bytes_per_token(self, fmt: str = "bf16") -> float:
         """K and V of every layer for one token, in `fmt` (q8_0 and q4_0 include group scales)."""

@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 
 from sim.core.disagg_config import FIRST_TOKEN
+from sim.published.checkpoints import (ATTENTION_BF16_FP4, EXPERTS_ONLY_FP4, MXFP4_EXPERTS,  # noqa: F401
+                                        checkpoint_formats)
 from sim.published.client import as_sa_bench, client_for
 from sim.published.routing import routed_scenario
 from sim.io.errors import ConfigError
@@ -48,25 +50,6 @@ PRECISIONS = {"bf16": "bf16", "fp16": "bf16", "": "bf16", "fp8": "fp8", "fp4": "
 model capsim maps). fp4 is NVFP4 (every fp4 row's gemm_quant_mode and moe_quant_mode say nvfp4): every GEMM
 from the card's NVFP4 table, the routed experts from the engine's NVFP4 fused-MoE kernel; Blackwell cards
 only. int4 has no operator tables and is skipped."""
-
-EXPERTS_ONLY_FP4 = {
-    "minimax-m2.5": "nvidia/MiniMax-M2.5-NVFP4: ModelOpt's nvfp4_experts_only-fp8_kv recipe (routed experts NVFP4; "
-                    "attention, router, embeddings and lm_head BF16)",
-    "kimi-k2.5": "NVIDIA's Kimi-K2.x NVFP4 checkpoints (nvidia/Kimi-K2.6-NVFP4 and the requantizations that copy its "
-                 "split): routed experts NVFP4; MLA attention, the shared expert and the dense first layer BF16",
-}
-"""Models whose published NVFP4 checkpoint quantizes the routed experts only: an fp4 row of one is replayed with
-weight_format bf16 and expert_weight_format nvfp4 (the rest's GEMMs from the BF16 table, the experts' from the NVFP4
-table and fused-MoE kernels, memory counted so). Read in the checkpoints' model cards and quantization configs, not
-fitted; the other fp4 models (dense Llama-3.1-70B, whose checkpoint quantizes every linear layer; DeepSeek-R1 / V3,
-ATTENTION_BF16_FP4) keep NVFP4 for every GEMM."""
-
-ATTENTION_BF16_FP4: dict[str, str] = {}
-"""Models whose fp4 rows are replayed with attention_weight_format bf16 (their NVFP4 checkpoint keeps the attention
-blocks' matrices in BF16). Empty: NVIDIA's DeepSeek-R1 NVFP4 checkpoints list every layer's self_attn* in
-exclude_modules (the -v2 ones quantize its output projection), but replayed so, DeepSeek's fp4 rows lost on the even
-lines, agg and disaggregated (docs/fidelity.md "DeepSeek's NVFP4 attention in BF16"), so they keep NVFP4 for every
-GEMM."""
 
 START_MODES = ("cold", "staggered", "burst")
 
@@ -326,17 +309,6 @@ def _check_choices(**given: str) -> None:
             raise ConfigError(f"{name}: expected one of {', '.join(allowed[name])}, got {value!r}")
 
 
-def _checkpoint_formats(model: str, fmt: str, spec: ModelSpec) -> tuple[str, ModelSpec]:
-    """The weight format and ModelSpec of the published checkpoint a row of `fmt` ran: an NVFP4 checkpoint that
-    quantizes the routed experts alone (EXPERTS_ONLY_FP4: bf16 with NVFP4 experts) or keeps attention in BF16
-    (ATTENTION_BF16_FP4)."""
-    if fmt == "nvfp4" and model in EXPERTS_ONLY_FP4:
-        return "bf16", ModelSpec(spec.profile, expert_format="nvfp4")
-    if fmt == "nvfp4" and model in ATTENTION_BF16_FP4:
-        return fmt, ModelSpec(spec.profile, attention_format="bf16")
-    return fmt, spec
-
-
 def _card_and_model(row: PublishedRow) -> tuple[str | None, str | None, str | None]:
     """The row's card tables and model profile, or (None, None, why there are none)."""
     hardware, model = SYSTEMS.get(row.system), model_for(row.model_path)
@@ -383,9 +355,9 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds, moe
     fmt = PRECISIONS.get(row.precision)
     if fmt is None:
         return Case(row, skipped=f"precision {row.precision!r}: no operator tables (have bf16, fp8, fp4)")
-    if fmt == "nvfp4" and find_table(load_table_set(hardware).folder, "gemm_nvfp4") is None:
+    fmt, spec = checkpoint_formats(model, fmt, spec)
+    if "nvfp4" in (fmt, spec.expert_format) and find_table(load_table_set(hardware).folder, "gemm_nvfp4") is None:
         return Case(row, skipped=f"precision 'fp4': the {hardware} tables have no NVFP4 GEMMs (Blackwell cards only)")
-    fmt, spec = _checkpoint_formats(model, fmt, spec)
     config = engine.config if engine_config == "engine" else engine_config
     # each rank's batch: the users over the ranks, rounded up (a stated concurrency need not divide evenly)
     limits = aic_benchmark_limits(engine, -(-row.concurrency // dp), row.isl) if config == "aic_benchmark" else None

@@ -1,0 +1,121 @@
+"""gpt-oss-120b: sliding-window attention layers, MXFP4 experts, and its published rows (issue 15)."""
+
+from __future__ import annotations
+
+import io
+from dataclasses import replace
+
+import pytest
+
+from sim.io.ops_schema import OpsStepTime
+from sim.io.profiles import ModelProfile, load_hardware, load_model
+from sim.models.moe_tables import MoeTable
+from sim.models.ops_tables import ops_dir
+from sim.models.parallel import Layout, kv_bytes_per_token_per_gpu, weights_per_gpu
+from sim.models.parallel_ops import build_replica_ops_model
+from sim.models.spec import ModelSpec
+
+H, LAYERS, VOCAB = 2880, 36, 201088
+"""gpt-oss-120b's config: hidden 2880, 36 layers (18 windowed), 64 heads and 8 KV heads of 64, 128 experts top-4 of
+width 2880, vocab 201088, untied embeddings, q / k / v biases."""
+
+
+def test_gpt_oss_120b_counts_by_hand():
+    """OpenAI's model card: 116.8B parameters, 5.1B active a token (its count leaves out the embedding table)."""
+    spec = ModelSpec(load_model("gpt-oss-120b"))
+    attn = H * 64 * 64 + 2 * H * 8 * 64 + 64 * 64 * H
+    bias = (64 + 2 * 8) * 64
+    expert, router = 3 * H * 2880, H * 128
+    norms = LAYERS * (H + bias + H) + H   # input norm and qkv bias, post-attention norm; final norm
+    assert spec.total_params == LAYERS * (attn + router + 128 * expert) + norms + 2 * VOCAB * H
+    assert spec.active_params == LAYERS * (attn + router + 4 * expert) + norms + 2 * VOCAB * H
+    assert round(spec.total_params / 1e9, 1) == 116.8
+    assert round((spec.active_params - spec.embedding_params) / 1e9, 1) == 5.1
+    # the released checkpoint: MXFP4 experts (4 bits + one 8-bit scale per 32 values), everything else BF16
+    mx = ModelSpec(load_model("gpt-oss-120b"), expert_format="mxfp4")
+    experts = LAYERS * 128 * expert
+    assert mx.weight_bytes("bf16") == (experts * 17 // 32 + (spec.total_params - experts) * 2)
+    assert round(mx.weight_bytes("bf16") / 1e9, 1) == 65.2
+
+
+def test_windowed_layers_keep_no_kv_per_token():
+    """Only the 18 full-attention layers grow with the context; the 18 windowed ones keep 128 tokens a sequence."""
+    spec = ModelSpec(load_model("gpt-oss-120b"))
+    assert [spec.windowed_layer(i) for i in range(4)] == [True, False, True, False]   # the config's layer_types
+    assert spec.full_attention_layers == 18
+    assert spec.kv_bytes_per_token("bf16") == 18 * 2 * 8 * 64 * 2
+    assert spec.window_kv_elements_per_sequence == 18 * 2 * 8 * 64 * 128
+    # TP4: two KV heads a GPU; PP2: 18 layers a stage, 9 of them full
+    assert kv_bytes_per_token_per_gpu(spec, Layout(tp=4), "bf16") == 18 * 2 * 2 * 64 * 2
+    assert kv_bytes_per_token_per_gpu(spec, Layout(pp=2), "bf16") == 9 * 2 * 8 * 64 * 2
+    # a model without windowed layers counts every layer, as before
+    llama = ModelSpec(load_model("llama-3.1-8b"))
+    assert llama.kv_bytes_per_token("bf16") == 32 * 2 * 8 * 128 * 2 and llama.window_kv_elements_per_sequence == 0
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"sliding_window": 128}, "sliding_window and sliding_window_layers go together"),
+    ({"sliding_window_layers": 4}, "sliding_window and sliding_window_layers go together"),
+    ({"sliding_window": 128, "sliding_window_layers": 37}, "sliding_window_layers (37) exceeds num_layers (36)"),
+])
+def test_a_window_without_its_layers_is_refused(fields, message):
+    raw = load_model("gpt-oss-120b").model_dump()
+    raw.update({"sliding_window": None, "sliding_window_layers": 0, **fields})
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        ModelProfile(**raw)
+
+
+def _model(spec: ModelSpec, layout: Layout, engine: str = "vllm"):
+    cfg = OpsStepTime(tp=layout.tp, moe_kernels=engine, moe_routing="balanced")
+    return build_replica_ops_model(cfg, spec, load_hardware("b200"), layout, "bf16", "bf16", False, io.StringIO())
+
+
+def test_windowed_attention_reads_and_computes_its_window_only():
+    """Decode: a windowed layer reads min(context, 128) tokens, so the mean over the layers is the full lookup and
+    the 128-token lookup half and half; within the window both are the same. Prefill: a windowed layer's pairs
+    (s w - w (w - 1) / 2 for a chunk of s) timed as the kernel at length w over as many windows."""
+    spec = ModelSpec(load_model("gpt-oss-120b"), expert_format="mxfp4")
+    m = _model(spec, Layout(tp=4))
+    assert m.window_share == 0.5
+    full, win = m.generation.at(8, 4096.0), m.generation.at(8, 128.0)
+    assert m.generation_attention_s(8, 8 * 4096) == pytest.approx(0.5 * full + 0.5 * win)
+    assert m.generation_attention_s(8, 8 * 100) == pytest.approx(m.generation.at(8, 100.0))
+    s = 4096
+    windows = 2 * (s * 128 - 128 * 127 / 2) / (128 * 129 / 2)
+    expect = 0.5 * m.context.at(2, float(s)) + 0.5 * m.context.at(windows, 128.0)
+    assert m.context_attention_s(2, 2 * s * (s + 1) // 2) == pytest.approx(expect)
+    assert m.context_attention_s(2, 2 * s * (s + 1) // 2) < m.context.at(2, float(s))
+
+
+def test_mxfp4_experts_take_the_engines_w4a16_kernel_or_nvfp4_gemms():
+    """The shipped tables hold gpt-oss's measured w4a16_mxfp4 fused-MoE kernels (vLLM on H100 and B200); with
+    composed experts (TensorRT-LLM's default) the experts' GEMMs come from the card's NVFP4 table."""
+    p = load_model("gpt-oss-120b")
+    for card in ("h100-sxm", "b200"):
+        t = MoeTable(next((ops_dir() / card).glob("moe.csv*")))
+        assert t.curve("vllm", "w4a16_mxfp4", "balanced", H, 2880, 4, 128, 4, 1) is not None, card
+    spec = ModelSpec(p, expert_format="mxfp4")
+    vllm = _model(spec, Layout(tp=4))
+    assert vllm.expert_dtype == "mxfp4" and vllm.moe_kernel is not None
+    trt = build_replica_ops_model(OpsStepTime(tp=4, moe_kernels="composed"), spec, load_hardware("b200"), Layout(tp=4),
+                                  "bf16", "bf16", False, io.StringIO())
+    assert trt.moe_kernel is None and trt.moe_gemms["experts_gate_up"].what.startswith("gemm_nvfp4")
+    assert trt.att_gemms["qkv"].what.startswith("gemm_bf16")
+
+
+def test_published_fp4_rows_of_gpt_oss_replay_its_mxfp4_checkpoint():
+    """The silicon sample labels gpt-oss's fp4 rows nvfp4; they ran openai/gpt-oss-120b, MXFP4 experts and BF16 the
+    rest, so they replay so, on H100 too (no NVFP4 GEMMs needed)."""
+    from sim.published.predict import build_case
+    from sim.published.rows import read_published
+    from tests.published.test_validate_published import FIXTURE
+    base = next(r for r in read_published(FIXTURE) if r.mode == "agg")
+    row = replace(base, model_path="openai/gpt-oss-120b", precision="fp4", backend="vllm", tp=4, pp=1, moe_ep=1,
+                  attention_dp=1, moe_tp=4)
+    for system in ("b200_sxm", "h100_sxm"):
+        case = build_case(replace(row, system=system))
+        assert case.skipped is None, case.skipped
+        sc = case.scenario
+        assert (sc["weight_format"], sc["expert_weight_format"]) == ("bf16", "mxfp4")
+    spec = ModelSpec(load_model("gpt-oss-120b"), expert_format="mxfp4")
+    assert weights_per_gpu(spec, Layout(tp=4), "bf16").total < 20e9   # 65 GB over four GPUs
