@@ -100,6 +100,10 @@ def _text_rows(args, spec, hw, layout, budget, plan, out: dict) -> list[tuple[st
         (f"total KV for {plan.requests}" + gpu, fmt_bytes(plan.total_kv_bytes)
          + (f" (one of {ranks} attention-DP ranks' {plan.requests} of {args.requests} requests)" if ranks > 1 else "")),
     ]
+    if "window_kv_bytes_per_request" in out:
+        p = spec.profile
+        rows.append(("sliding-window KV per request", f"{fmt_bytes(out['window_kv_bytes_per_request'])} over the replica "
+                     f"({p.sliding_window_layers} layers x {p.sliding_window} tokens; not charged to the pool)"))
     if budget is not None:
         rows += [("KV budget" + gpu, fmt_bytes(budget)), ("fits", "yes" if plan.fits else "NO"),
                  ("max requests" + (" per attention-DP rank" if ranks > 1 else ""), str(plan.max_requests))]
@@ -136,6 +140,10 @@ def cmd_memory(args) -> int:
            "total_params": spec.total_params,
            "weight_bytes": spec.weight_bytes(args.weight_format),
            "weight_read_bytes_per_step": spec.weight_read_bytes(args.weight_format)}
+    if spec.profile.sliding_window:  # kept beside the pool, not in it (ModelSpec.window_kv_elements_per_sequence)
+        from sim.models.formats import kv_bytes_per_element
+        window = spec.window_kv_elements_per_sequence * kv_bytes_per_element(args.kv_format)
+        out["window_kv_bytes_per_request"] = int(window)
     _card_and_context(args, spec, hw, layout, budget, out)
     if args.batch:
         ctx = args.context or args.prompt

@@ -119,3 +119,18 @@ def test_published_fp4_rows_of_gpt_oss_replay_its_mxfp4_checkpoint():
         assert (sc["weight_format"], sc["expert_weight_format"]) == ("bf16", "mxfp4")
     spec = ModelSpec(load_model("gpt-oss-120b"), expert_format="mxfp4")
     assert weights_per_gpu(spec, Layout(tp=4), "bf16").total < 20e9   # 65 GB over four GPUs
+
+
+def test_memory_command_counts_full_layers_per_token_and_states_the_window(capsys):
+    """`capsim memory` of gpt-oss-120b: KV per token over the 18 full layers (TP2: 4 KV heads a GPU), the windowed
+    layers' 128 tokens a request stated beside the pool, and the MXFP4 experts' weights."""
+    import json
+    from capsim.cli import main
+    assert main(["memory", "--model", "gpt-oss-120b", "--expert-weight-format", "mxfp4", "--tp", "2",
+                 "--hardware", "b200", "--gpu-memory-utilization", "0.9", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["parallel"]["kv_bytes_per_token_per_gpu"] == 18 * 2 * 4 * 64 * 2
+    assert out["window_kv_bytes_per_request"] == 18 * 2 * 8 * 64 * 128 * 2
+    assert out["weight_bytes"] == ModelSpec(load_model("gpt-oss-120b"), expert_format="mxfp4").weight_bytes("bf16")
+    assert main(["memory", "--model", "gpt-oss-120b", "--expert-weight-format", "mxfp4"]) == 0
+    assert "sliding-window KV per request  4.50 MiB over the replica (18 layers x 128 tokens" in capsys.readouterr().out
