@@ -16,7 +16,8 @@ table is kept. This script keeps, per card and engine:
   H200: its Triton fused-MoE timings are much slower than 0.24.0's FlashInfer kernels, and the published
   MiniMax-M2.5 TPOT on B200 came out +19.6% instead of +2.8%; docs/fidelity.md);
 - the shapes of the MoE models under profiles/models (hidden, expert width, top-k, experts), every
-  (moe_tp, moe_ep) and dtype measured (bfloat16, fp8 per tensor, fp8_block, nvfp4, w4a16_mxfp4);
+  (moe_tp, moe_ep) and dtype measured (bfloat16, fp8 per tensor, fp8_block, nvfp4, w4a16_mxfp4,
+  w4a8_mxfp4_mxfp8);
 - two routing distributions: `balanced` (uniform routing, capsim's default assumption) and
   `power_law_1.2` (AIConfigurator's default: token counts per expert follow a power law, so the busiest
   expert GPU gets more than its share; `power_law_1.01` is not taken);
@@ -46,8 +47,9 @@ VLLM_VERSION = {"a100-80g-sxm": "0.14.0"}
 """vLLM version of each card's GEMM / attention / NCCL tables (profiles/ops/README.md): 0.24.0 unless named."""
 ENGINES = ("vllm", "sglang", "trtllm")
 ROUTINGS = ("balanced", "power_law_1.2")
-DTYPES = ("bfloat16", "fp8", "fp8_block", "nvfp4", "w4a16_mxfp4")
-"""The weight dtypes kept: w4a16_mxfp4 is gpt-oss's checkpoint (MXFP4 experts, BF16 activations)."""
+DTYPES = ("bfloat16", "fp8", "fp8_block", "nvfp4", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8")
+"""The weight dtypes kept: w4a16_mxfp4 and w4a8_mxfp4_mxfp8 are gpt-oss's checkpoint (MXFP4 experts) run with BF16
+or MXFP8 activations."""
 COLUMNS = ["engine", "dtype", "routing", "hidden", "inter", "topk", "experts", "moe_tp", "moe_ep", "tokens", "latency_us"]
 
 

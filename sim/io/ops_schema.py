@@ -53,6 +53,11 @@ class OpsStepTime(StrictModel):
                                 "of the card, TensorRT-LLM's) for the KV cache's format where measured, else composed: "
                                 "decode as the GQA table's one-KV-head kernel over the latent's bytes, prefill as MHA "
                                 "scaled by the head dims")
+    mxfp4_activations: Literal["bf16", "mxfp8"] = Field(
+        "bf16", description="MXFP4 experts (expert_weight_format mxfp4, gpt-oss): BF16 activations (w4a16_mxfp4: "
+                            "vLLM's default, Hopper's Marlin and Triton kernels) or MXFP8 (w4a8_mxfp4_mxfp8: FlashInfer's "
+                            "TRT-LLM-gen kernel on Blackwell, vLLM with VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1, "
+                            "TensorRT-LLM's TRTLLM MoE backend); the fused kernel of that dtype, else composed")
     moe_routing: Literal["balanced", "power_law_1.2"] = Field(
         "power_law_1.2", description="Which measured routing of the fused-MoE table: power_law_1.2 (token counts per "
                                      "expert follow a power law, as real traffic's do; AIConfigurator's default, and "

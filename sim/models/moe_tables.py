@@ -3,8 +3,8 @@
 One row is the latency of an engine's routed-expert step of one MoE layer on one GPU (gate/up, activation,
 down and the weighted sum, as that engine's fused kernel) for `tokens` tokens entering a GPU that holds
 experts / moe_ep experts, each split moe_tp ways, for a model shape (hidden, inter = one expert's width, topk,
-experts), a weight dtype (bfloat16, fp8 per tensor, fp8_block, nvfp4, w4a16_mxfp4: MXFP4 weights, BF16
-activations) and a routing distribution of the tokens over the experts (balanced, or power_law_1.2: the busiest
+experts), a weight dtype (bfloat16, fp8 per tensor, fp8_block, nvfp4, w4a16_mxfp4 and w4a8_mxfp4_mxfp8: MXFP4
+weights with BF16 or MXFP8 activations) and a routing distribution of the tokens over the experts (balanced, or power_law_1.2: the busiest
 experts get more than their share). Columns:
 
     engine,dtype,routing,hidden,inter,topk,experts,moe_tp,moe_ep,tokens,latency_us
@@ -24,7 +24,7 @@ from sim.io.errors import ConfigError
 from sim.models.ops_tables import MCurve, read_table
 
 MOE_COLUMNS = ("engine", "dtype", "routing", "hidden", "inter", "topk", "experts", "moe_tp", "moe_ep", "tokens", "latency_us")
-MOE_DTYPES = ("bfloat16", "fp8", "fp8_block", "nvfp4", "w4a16_mxfp4")
+MOE_DTYPES = ("bfloat16", "fp8", "fp8_block", "nvfp4", "w4a16_mxfp4", "w4a8_mxfp4_mxfp8")
 MOE_ENGINES = ("vllm", "sglang", "trtllm")
 MOE_ROUTINGS = ("balanced", "power_law_1.2")
 

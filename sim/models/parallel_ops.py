@@ -62,6 +62,10 @@ block-quantised: DeepSeek-V3, Qwen3-235B-A22B-FP8, MiniMax-M2.5; gpt-oss's MXFP4
 activations, the checkpoint's own format and AIConfigurator's reading of it, `w4a16_mxfp4`)."""
 
 
+MXFP8_ACTIVATIONS = "w4a8_mxfp4_mxfp8"
+"""The fused-MoE table's dtype of MXFP4 experts run with MXFP8 activations (step_time.model.mxfp4_activations)."""
+
+
 def expert_ops_dtype(cfg: OpsStepTime, expert_format: str) -> str:
     """The routed experts' dtype: ops_dtype's, or mxfp4 (no GEMM table of its own: _expert_gemm_dtype)."""
     return "mxfp4" if expert_format == "mxfp4" and cfg.dtype is None else ops_dtype(cfg, expert_format,
@@ -232,16 +236,33 @@ class ParallelOpsModel(OpsModel):
                      f"{self.cfg.moe_routing} routing)", self.stream)
             return None
         table = _cached(MoeTable, path)
-        for name in MOE_DTYPES[dtype]:
-            curve = table.curve(self.cfg.moe_kernels, name, self.cfg.moe_routing, self.spec.profile.hidden_size, e.expert_intermediate_size, e.experts_per_token,
-                                e.num_experts, lay.moe_tp, lay.ep)
+        for engine, name in self._moe_candidates(dtype):
+            curve = table.curve(engine, name, self.cfg.moe_routing, self.spec.profile.hidden_size,
+                                e.expert_intermediate_size, e.experts_per_token, e.num_experts, lay.moe_tp, lay.ep)
             if curve is not None:
+                if engine != self.cfg.moe_kernels or name not in MOE_DTYPES[dtype]:
+                    say_once((path, self.cfg.moe_kernels, name, engine, self.spec.profile.name, lay.moe_tp, lay.ep),
+                             f"note: {path}: {self.spec.profile.name}'s MXFP4 experts with MXFP8 activations take "
+                             f"{engine}'s measured {name} kernel (FlashInfer's TRT-LLM-gen MoE, the one "
+                             f"{self.cfg.moe_kernels} calls; not measured under {self.cfg.moe_kernels})", self.stream)
                 return curve
+        tried = ", ".join(name if engine == self.cfg.moe_kernels else f"{engine}'s {name}"
+                          for engine, name in self._moe_candidates(dtype))
         say_once((path, self.cfg.moe_kernels, dtype, self.cfg.moe_routing, self.spec.profile.name, lay.moe_tp, lay.ep),
                  f"note: {path}: no {self.cfg.moe_kernels} fused-MoE kernel for {self.spec.profile.name}'s experts "
-                 f"({', '.join(MOE_DTYPES[dtype])}, {self.cfg.moe_routing}, moe_tp {lay.moe_tp} moe_ep {lay.ep}); "
+                 f"({tried}, {self.cfg.moe_routing}, moe_tp {lay.moe_tp} moe_ep {lay.ep}); "
                  "its routed experts are composed from GEMMs", self.stream)  # once: a sweep builds it many times
         return None
+
+    def _moe_candidates(self, dtype: str) -> list[tuple[str, str]]:
+        """(engine, table dtype) to look for, in order: the engine's kernels of the dtype; for MXFP4 experts with
+        MXFP8 activations (step_time.model.mxfp4_activations) the engine's w4a8_mxfp4_mxfp8 kernel, else SGLang's
+        (FlashInfer's trtllm_fp4_block_scale_moe, which vLLM's MXFP8 path calls too; their BF16-activation
+        measurements of it agree within 1% on B200), and nothing else: no silent fall-back to BF16 activations."""
+        engine = self.cfg.moe_kernels
+        if dtype == "mxfp4" and self.cfg.mxfp4_activations == "mxfp8":
+            return [(engine, MXFP8_ACTIVATIONS)] + ([("sglang", MXFP8_ACTIVATIONS)] if engine == "vllm" else [])
+        return [(engine, name) for name in MOE_DTYPES[dtype]]
 
     def _check_collectives(self) -> None:
         lay = self.layout

@@ -50,3 +50,18 @@ def checkpoint_formats(model: str, fmt: str, spec: ModelSpec) -> tuple[str, Mode
     if fmt == "nvfp4" and model in ATTENTION_BF16_FP4:
         return fmt, ModelSpec(spec.profile, attention_format="bf16")
     return fmt, spec
+
+
+MXFP4_ACTIVATIONS = {
+    True: ("mxfp8", "InferenceX's Blackwell recipes: benchmarks/gptoss_fp4_b200.sh exports "
+                    "VLLM_USE_FLASHINFER_MOE_MXFP4_MXFP8=1, gptoss_fp4_b200_trt.sh sets moe_config backend TRTLLM"),
+    False: ("bf16", "InferenceX's Hopper recipe: benchmarks/gptoss_fp4_h100.sh exports VLLM_MXFP4_USE_MARLIN=1 "
+                    "(MXFP4 weights, BF16 activations)"),
+}
+"""Whether a card with FP4 tensor cores (Blackwell) -> the activations its published runs gave MXFP4 experts
+(step_time.model.mxfp4_activations), and the launch recipe that says so. Read in the recipes, not fitted."""
+
+
+def mxfp4_activations(spec: ModelSpec, blackwell: bool) -> str | None:
+    """step_time.model.mxfp4_activations for a row whose experts are MXFP4 (None for any other row)."""
+    return MXFP4_ACTIVATIONS[blackwell][0] if spec.expert_format == "mxfp4" else None

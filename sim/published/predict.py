@@ -21,7 +21,7 @@ import numpy as np
 
 from sim.core.disagg_config import FIRST_TOKEN
 from sim.published.checkpoints import (ATTENTION_BF16_FP4, EXPERTS_ONLY_FP4, MXFP4_EXPERTS,  # noqa: F401
-                                        checkpoint_formats)
+                                        checkpoint_formats, mxfp4_activations)
 from sim.published.client import as_sa_bench, client_for
 from sim.published.routing import routed_scenario
 from sim.io.errors import ConfigError
@@ -221,9 +221,10 @@ def step_time_for(mixed: str = "one_pass", moe_kernels: str = "vllm", moe_routin
 
 def _engine_step_time(engine, backend: str, mixed: str, moe_kernels: str, moe_routing: str, all_reduce: str,
                       host_overhead_s: float | None, shared_experts_overlap, host_per_sequence_s: float = 0.0,
-                      mla_kernels: str = "engine") -> dict:
-    """step_time_for with each `engine` choice (and `own`, the row's backend) resolved from the engine's defaults."""
-    return step_time_for(mixed, {"engine": engine.moe[0], "own": backend}.get(moe_kernels, moe_kernels),
+                      mla_kernels: str = "engine", mxfp4: str | None = None) -> dict:
+    """step_time_for with each `engine` choice (and `own`, the row's backend) resolved from the engine's defaults;
+    `mxfp4` the activations of MXFP4 experts (set only for them, sim.published.checkpoints.mxfp4_activations)."""
+    st = step_time_for(mixed, {"engine": engine.moe[0], "own": backend}.get(moe_kernels, moe_kernels),
                          engine.moe[1] if moe_routing == "engine" else moe_routing,
                          {"engine": engine.all_reduce, "own": backend}.get(all_reduce, all_reduce),
                          engine.host_overhead_s if host_overhead_s is None else host_overhead_s,
@@ -231,6 +232,9 @@ def _engine_step_time(engine, backend: str, mixed: str, moe_kernels: str, moe_ro
                          engine.qk_norm_kernels, host_per_sequence_s,
                          {"engine": engine.mla_kernels, "own": _own_mla(backend)}.get(mla_kernels, mla_kernels),
                          engine.dp_prefill_gather)
+    if mxfp4 is not None:
+        st["model"]["mxfp4_activations"] = mxfp4
+    return st
 
 
 def _own_mla(backend: str) -> str:
@@ -356,7 +360,8 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds, moe
     if fmt is None:
         return Case(row, skipped=f"precision {row.precision!r}: no operator tables (have bf16, fp8, fp4)")
     fmt, spec = checkpoint_formats(model, fmt, spec)
-    if "nvfp4" in (fmt, spec.expert_format) and find_table(load_table_set(hardware).folder, "gemm_nvfp4") is None:
+    blackwell = find_table(load_table_set(hardware).folder, "gemm_nvfp4") is not None
+    if "nvfp4" in (fmt, spec.expert_format) and not blackwell:
         return Case(row, skipped=f"precision 'fp4': the {hardware} tables have no NVFP4 GEMMs (Blackwell cards only)")
     config = engine.config if engine_config == "engine" else engine_config
     # each rank's batch: the users over the ranks, rounded up (a stated concurrency need not divide evenly)
@@ -380,7 +385,7 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds, moe
         "step_time": _engine_step_time(engine, row.backend, mixed, moe_kernels, moe_routing, all_reduce,
                                        host_overhead_s, shared_experts_overlap,
                                        engine.host_per_sequence_s(row.backend_version) if host_per_sequence_s is None
-                                       else host_per_sequence_s, mla_kernels),
+                                       else host_per_sequence_s, mla_kernels, mxfp4_activations(spec, blackwell)),
         "parallel": {"tp": row.tp, "pp": row.pp, "ep": row.moe_ep, **({"attention_dp": dp} if dp > 1 else {})},
         "workload": {"kind": "closed_loop", "users": users,
                      "num_requests": users * (per_user or requests_per_user(row.osl)),

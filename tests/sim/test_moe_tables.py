@@ -43,7 +43,7 @@ def test_curve_is_measured_at_points_and_a_power_law_between(tmp_path):
 
 @pytest.mark.parametrize("rows, message", [
     ("vllm,bf16,balanced,4096,14336,2,8,2,1,1,100\n", "line 2, column dtype: expected one of bfloat16, fp8, fp8_block, nvfp4, "
-                                                       "w4a16_mxfp4, got 'bf16'"),
+                                                       "w4a16_mxfp4, w4a8_mxfp4_mxfp8, got 'bf16'"),
     ("vllm,bfloat16,zipf,4096,14336,2,8,2,1,1,100\n",
      "line 2, column routing: expected one of balanced, power_law_1.2, got 'zipf'"),
     ("tgi,bfloat16,balanced,4096,14336,2,8,2,1,1,100\n", "line 2, column engine: expected one of vllm, sglang, trtllm, got 'tgi'"),

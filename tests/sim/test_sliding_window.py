@@ -96,7 +96,21 @@ def test_mxfp4_experts_take_the_engines_w4a16_kernel_or_nvfp4_gemms():
         assert t.curve("vllm", "w4a16_mxfp4", "balanced", H, 2880, 4, 128, 4, 1) is not None, card
     spec = ModelSpec(p, expert_format="mxfp4")
     vllm = _model(spec, Layout(tp=4))
-    assert vllm.expert_dtype == "mxfp4" and vllm.moe_kernel is not None
+    t = MoeTable(next((ops_dir() / "b200").glob("moe.csv*")))
+    w4a16 = t.curve("vllm", "w4a16_mxfp4", "balanced", H, 2880, 4, 128, 4, 1)
+    assert vllm.expert_dtype == "mxfp4" and vllm.moe_kernel.at(1024) == w4a16.at(1024)
+    # MXFP8 activations: vLLM's table has no such kernel, so SGLang's measurement of the same FlashInfer kernel, said
+    out = io.StringIO()
+    cfg = OpsStepTime(tp=4, moe_kernels="vllm", moe_routing="balanced", mxfp4_activations="mxfp8")
+    mx = build_replica_ops_model(cfg, spec, load_hardware("b200"), Layout(tp=4), "bf16", "bf16", False, out)
+    w4a8 = t.curve("sglang", "w4a8_mxfp4_mxfp8", "balanced", H, 2880, 4, 128, 4, 1)
+    assert mx.moe_kernel.at(1024) == w4a8.at(1024) < w4a16.at(1024)
+    assert "take sglang's measured w4a8_mxfp4_mxfp8 kernel" in out.getvalue()
+    # on H100 nobody measured MXFP8 activations: composed from GEMMs, and said so
+    out = io.StringIO()
+    h100 = build_replica_ops_model(cfg, spec, load_hardware("h100-sxm"), Layout(tp=4), "bf16", "bf16", False, out)
+    assert h100.moe_kernel is None and "no vllm fused-MoE kernel for gpt-oss-120b's experts (w4a8_mxfp4_mxfp8, " \
+        "sglang's w4a8_mxfp4_mxfp8, balanced" in out.getvalue()
     trt = build_replica_ops_model(OpsStepTime(tp=4, moe_kernels="composed"), spec, load_hardware("b200"), Layout(tp=4),
                                   "bf16", "bf16", False, io.StringIO())
     assert trt.moe_kernel is None and trt.moe_gemms["experts_gate_up"].what.startswith("gemm_nvfp4")
@@ -112,11 +126,15 @@ def test_published_fp4_rows_of_gpt_oss_replay_its_mxfp4_checkpoint():
     base = next(r for r in read_published(FIXTURE) if r.mode == "agg")
     row = replace(base, model_path="openai/gpt-oss-120b", precision="fp4", backend="vllm", tp=4, pp=1, moe_ep=1,
                   attention_dp=1, moe_tp=4)
-    for system in ("b200_sxm", "h100_sxm"):
+    # InferenceX's recipes: MXFP8 activations on Blackwell (FlashInfer's TRT-LLM-gen kernel), BF16 on Hopper (Marlin)
+    for system, activations in (("b200_sxm", "mxfp8"), ("h100_sxm", "bf16")):
         case = build_case(replace(row, system=system))
         assert case.skipped is None, case.skipped
         sc = case.scenario
         assert (sc["weight_format"], sc["expert_weight_format"]) == ("bf16", "mxfp4")
+        assert sc["step_time"]["model"]["mxfp4_activations"] == activations
+    # any other row's step time says nothing of MXFP4
+    assert "mxfp4_activations" not in build_case(base).scenario["step_time"]["model"]
     spec = ModelSpec(load_model("gpt-oss-120b"), expert_format="mxfp4")
     assert weights_per_gpu(spec, Layout(tp=4), "bf16").total < 20e9   # 65 GB over four GPUs
 
