@@ -88,13 +88,13 @@ class DisaggFrontend(Frontend):
     pool (`decode_replicas`, chosen by `decode_router`) after the KV transfer."""
 
     def __init__(self, env: simpy.Environment, scenario, workload, replicas: list[Replica], router,
-                 decode_replicas: list[Replica], decode_router, link: KVLink, kv_bytes_per_token: float, recorder,
+                 decode_replicas: list[Replica], decode_router, link: KVLink, kv_bytes_of, recorder,
                  progress=None):
         super().__init__(env, scenario, workload, replicas, router, recorder, progress)
         self.decode_replicas = decode_replicas
         self.decode_router = decode_router
         self.link = link
-        self.kv_bytes_per_token = kv_bytes_per_token
+        self.kv_bytes_of = kv_bytes_of  # a request's KV bytes from its token count (ModelSpec.kv_bytes_of_sequence)
         self._first_decode = decode_replicas[0].index if decode_replicas else 0
         self.first_token = scenario.disaggregation.first_token
         self.wait_for_prefill_response = scenario.disaggregation.wait_for_prefill_response
@@ -200,7 +200,7 @@ class DisaggFrontend(Frontend):
             super().leave(o, now_s)
             return
         o.status, o.admitted_s, o.remote_kv_tokens = Status.WAITING, None, o.computed_tokens
-        h.kv_bytes = o.computed_tokens * self.kv_bytes_per_token
+        h.kv_bytes = self.kv_bytes_of(o.computed_tokens)
         if self.first_token != "prefill":  # the client's first token comes from the decode pool
             o.first_token_s = o.last_token_s = None
             o.first_token_on_admit = self.first_token == "decode_admission"

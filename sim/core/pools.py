@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
+from functools import partial
 
 import simpy
 
@@ -147,7 +148,7 @@ def run_disaggregated(sim, executor=None, env: simpy.Environment | None = None) 
                   int(lanes) if lanes.is_integer() else lanes, pre.count, send.attention_dp)
     kind = sc.cluster.router.kind
     frontend = DisaggFrontend(env, sc, sim.workload, pre.replicas, ROUTERS[kind](), dec.replicas, ROUTERS[kind](), link,
-                              sim.spec.kv_bytes_per_token(sc.kv.format), rec, sim.progress)
+                              partial(sim.spec.kv_bytes_of_sequence, fmt=sc.kv.format), rec, sim.progress)
     for pool in (pre, dec):
         for r in pool.replicas:
             frontend.start(r, pool.executor)

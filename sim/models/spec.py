@@ -199,6 +199,14 @@ class ModelSpec:
         v = self.kv_elements_per_token * kv_bytes_per_element(fmt)
         return int(v) if v.denominator == 1 else float(v)
 
+    def kv_bytes_of_sequence(self, tokens: int, fmt: str = "bf16") -> float:
+        """K and V one sequence of `tokens` tokens holds over all layers: kv_bytes_per_token each, plus, in the
+        sliding-window layers, at most the window's last tokens (what a disaggregated prefill hands over)."""
+        w = self.profile.sliding_window
+        per_layer_token = 0 if not w else self.window_kv_elements_per_sequence // w
+        v = (tokens * self.kv_elements_per_token + min(tokens, w or 0) * per_layer_token) * kv_bytes_per_element(fmt)
+        return int(v) if v.denominator == 1 else float(v)
+
     def kv_bytes_per_token_without_gqa(self, fmt: str = "bf16") -> float:
         """KV bytes per token if every query head kept its own K and V (what GQA saves against)."""
         p = self.profile

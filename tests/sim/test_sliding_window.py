@@ -152,3 +152,15 @@ def test_memory_command_counts_full_layers_per_token_and_states_the_window(capsy
     assert out["weight_bytes"] == ModelSpec(load_model("gpt-oss-120b"), expert_format="mxfp4").weight_bytes("bf16")
     assert main(["memory", "--model", "gpt-oss-120b", "--expert-weight-format", "mxfp4"]) == 0
     assert "sliding-window KV per request  4.50 MiB over the replica (18 layers x 128 tokens" in capsys.readouterr().out
+
+
+def test_a_sequences_kv_holds_the_window_once_the_context_passes_it():
+    """What a disaggregated prefill hands over: every full layer's K and V per token, and in each windowed layer the
+    last 128 tokens at most (DisaggFrontend takes ModelSpec.kv_bytes_of_sequence)."""
+    spec = ModelSpec(load_model("gpt-oss-120b"))
+    per_token_full, per_token_window = 18 * 2 * 8 * 64 * 2, 18 * 2 * 8 * 64 * 2
+    assert spec.kv_bytes_of_sequence(100, "bf16") == 100 * (per_token_full + per_token_window)
+    assert spec.kv_bytes_of_sequence(4096, "bf16") == 4096 * per_token_full + 128 * per_token_window
+    assert spec.kv_bytes_of_sequence(4096, "fp8") == spec.kv_bytes_of_sequence(4096, "bf16") / 2
+    llama = ModelSpec(load_model("llama-3.1-8b"))
+    assert llama.kv_bytes_of_sequence(4096, "bf16") == 4096 * llama.kv_bytes_per_token("bf16")
