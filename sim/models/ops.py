@@ -196,9 +196,12 @@ class OpsModel:
         if not w or s <= w:
             return full
         # a windowed layer's query attends to at most w keys: a chunk of s tokens holds s w - w (w - 1) / 2 pairs,
-        # timed as the measured kernel at length w over as many sequences as hold that many pairs
+        # timed as the measured kernel at length w over as many sequences as hold that many pairs, in launches of
+        # at most the largest batch measured (independent windows: the work adds up)
         windows = seqs * (s * w - w * (w - 1) / 2) / (w * (w + 1) / 2)
-        return (1 - self.window_share) * full + self.window_share * self._look(self.context.at, windows, float(w))
+        launches = max(1, math.ceil(windows / self.context.largest_batch))
+        windowed = launches * self._look(self.context.at, windows / launches, float(w))
+        return (1 - self.window_share) * full + self.window_share * windowed
 
     def generation_attention_s(self, seqs: int, kv_tokens: int) -> float:
         """One layer's decode attention for `seqs` sequences holding `kv_tokens` cached tokens in all; with

@@ -345,6 +345,11 @@ class ScaledSlice:
 
     parts: list[tuple[float, AttentionSlice]]
 
+    @property
+    def largest_batch(self) -> float:
+        """The largest batch every part measures."""
+        return min(s.batches[-1] for _, s in self.parts)
+
     def at(self, batch: float, length: float) -> float:
         """Latency in seconds; OutOfRange carries the proportionally extrapolated value."""
         total, extrapolated, err = 0.0, 0.0, None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import math
 from dataclasses import replace
 
 import pytest
@@ -85,6 +86,13 @@ def test_windowed_attention_reads_and_computes_its_window_only():
     expect = 0.5 * m.context.at(2, float(s)) + 0.5 * m.context.at(windows, 128.0)
     assert m.context_attention_s(2, 2 * s * (s + 1) // 2) == pytest.approx(expect)
     assert m.context_attention_s(2, 2 * s * (s + 1) // 2) < m.context.at(2, float(s))
+    # more windows than the table's largest batch: run as several launches of at most that batch, never refused
+    s, seqs = 8192, 8
+    windows = seqs * (s * 128 - 128 * 127 / 2) / (128 * 129 / 2)
+    assert windows > m.context.largest_batch
+    n = math.ceil(windows / m.context.largest_batch)
+    expect = 0.5 * m.context.at(seqs, float(s)) + 0.5 * n * m.context.at(windows / n, 128.0)
+    assert m.context_attention_s(seqs, seqs * s * (s + 1) // 2) == pytest.approx(expect)
 
 
 def test_mxfp4_experts_take_the_engines_w4a16_kernel_or_nvfp4_gemms():
@@ -164,3 +172,36 @@ def test_a_sequences_kv_holds_the_window_once_the_context_passes_it():
     assert spec.kv_bytes_of_sequence(4096, "fp8") == spec.kv_bytes_of_sequence(4096, "bf16") / 2
     llama = ModelSpec(load_model("llama-3.1-8b"))
     assert llama.kv_bytes_of_sequence(4096, "bf16") == 4096 * llama.kv_bytes_per_token("bf16")
+
+
+# gpt-oss-120b, TP2, the released checkpoint (BF16, experts MXFP4 at 17 / 32 B a value): h 2880, 36 layers, 32 heads
+# and 4 KV heads of 64 per GPU with their q / k / v biases, router 2880 x 128 (BF16, replicated), 128 experts of
+# 3 x 2880 x 2880 each split two ways, vocab 201088 (100544 rows); KV: the 18 full layers' 4 KV heads
+GPT_OSS_TP2 = {
+    "attention": 36 * (H * 32 * 64 + 2 * H * 4 * 64 + 32 * 64 * H) * 2,
+    "ffn": 36 * H * 128 * 2 + 36 * 128 * 3 * H * 2880 // 2 * 17 // 32,
+    "embedding": 100544 * H * 2, "lm_head": 100544 * H * 2,
+    "norms": (36 * (H + (32 + 2 * 4) * 64 + H) + H) * 2,
+    "kv_per_token": 18 * 2 * 4 * 64 * 2,
+}
+
+
+def test_shipped_gpt_oss_scenario_memory_per_gpu_is_exact():
+    """scenarios/parallel/gpt-oss-120b-tp2-h100.yaml (docs/parallel.md's table) sized by hand: 0.9 x card - weights -
+    2 GiB of activations per GPU, in blocks of 16 tokens of the full layers' KV."""
+    from pathlib import Path
+    from sim.core.simulation import Simulation
+    from sim.io.config import load_scenario
+    spec = ModelSpec(load_model("gpt-oss-120b"), expert_format="mxfp4")
+    w = weights_per_gpu(spec, Layout(tp=2), "bf16")
+    for part in ("attention", "ffn", "embedding", "lm_head", "norms"):
+        assert getattr(w, part) == GPT_OSS_TP2[part], part
+    total = sum(GPT_OSS_TP2[p] for p in ("attention", "ffn", "embedding", "lm_head", "norms"))
+    assert w.total == total and round(total / 1e9, 3) == 32.598
+    path = Path(__file__).resolve().parents[2] / "scenarios" / "parallel" / "gpt-oss-120b-tp2-h100.yaml"
+    sc, base = load_scenario(path)
+    mem = Simulation(sc, base).memory
+    assert mem.gpus == 2 and mem.weight_bytes_per_gpu == total
+    assert mem.kv_budget_bytes_per_gpu == int(0.9 * load_hardware("h100-sxm").memory_bytes) - total - 2 * 2**30
+    assert mem.kv_bytes_per_token_per_gpu == GPT_OSS_TP2["kv_per_token"]
+    assert mem.num_blocks == mem.kv_budget_bytes_per_gpu // (16 * GPT_OSS_TP2["kv_per_token"])
