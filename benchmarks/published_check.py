@@ -22,11 +22,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from sim.io.schema import dump_yaml  # noqa: E402
 from sim.published.predict import SYSTEMS, error_summary  # noqa: E402
 
 DEFAULTS = {"requests_per_user": "1 + ceil(16384 / osl), 3 to 6", "start": "cold", "rounds": 10, "mixed": "one_pass",
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
            "commit": commit, "date": args.date or _dt.datetime.now(_dt.timezone.utc).date().isoformat(),
            "cards": check_groups(rows)}
     head = "# Written by benchmarks/published_check.py from validate-published reports; do not edit by hand.\n"
-    args.out.write_text(head + yaml.safe_dump(doc, sort_keys=False, width=120))
+    args.out.write_text(head + dump_yaml(doc, sort_keys=False, width=120))
     print(f"wrote {args.out}: {sum(len(v) for v in doc['cards'].values())} groups on {len(doc['cards'])} cards "
           f"from {len(rows):,} predicted runs")
     return 0

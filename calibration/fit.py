@@ -24,7 +24,6 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
-import yaml
 from scipy.optimize import nnls
 
 from sim.api import ConfigError, EfficiencyModel, ExtrapolationError, LinearModel
@@ -33,7 +32,7 @@ from sim.api import (EfficiencyStepTime, FitSummary, FittedProfile, LinearStepTi
                          ShapeCache, TablePoint, ValidRange, load_fitted)
 from sim.api import StepPlan
 from sim.api import forward_flops, iteration_bytes, mbu, mfu
-from sim.api import validate_mapping
+from sim.api import dump_yaml, validate_mapping
 
 LINEAR_FEATURES = ("const", "new_tokens", "pairs", "kv_tokens_read", "num_seqs", "decode_seqs", "prefill_completions")
 _LINEAR_FIELDS = ("constant_s", "per_new_token_s", "per_pair_s", "per_kv_token_s", "per_sequence_s",
@@ -424,8 +423,8 @@ def write_profile(profile: FittedProfile, path: str | Path, header: str) -> Fitt
     """Write the YAML and load it back through sim.io.profiles.load_fitted (the reader's path)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    body = yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False, width=110,
-                          allow_unicode=True)
+    body = dump_yaml(profile.model_dump(mode="json", exclude_none=True), sort_keys=False, width=110,
+                     allow_unicode=True)
     comment = "".join(f"# {line}\n" if line else "#\n" for line in header.splitlines())
     path.write_text(comment + body, encoding="utf-8")
     back = load_fitted(path)

@@ -29,7 +29,8 @@ _EXPORTS: dict[str, str] = {
     "NgramDraft": "sim.core.schedulers.speculation", "prefix_stream": "sim.workloads.workload",
     "ModelledExecutor": "sim.core.engine", "StepExecutor": "sim.core.engine",
     # inputs: errors, schema helpers, profiles
-    "ConfigError": "sim.io.errors", "validate_mapping": "sim.io.schema", "check_out_file": "sim.io.outputs",
+    "ConfigError": "sim.io.errors", "validate_mapping": "sim.io.schema", "dump_yaml": "sim.io.schema",
+    "check_out_file": "sim.io.outputs",
     "check_out_dir": "sim.io.outputs", "staged_output": "sim.io.outputs",
     "profiles_dir": "sim.io.profiles", "known_names": "sim.io.profiles", "load_hardware": "sim.io.profiles",
     "load_model": "sim.io.profiles", "load_fitted": "sim.io.profiles", "HardwareProfile": "sim.io.profiles",

@@ -52,9 +52,20 @@ def _construct_unique_mapping(loader: _UniqueKeyLoader, node, deep: bool = False
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
 # YAML 1.2 floats: PyYAML (YAML 1.1) reads 1e9 and 1.0e9 as strings, since its exponent needs a sign
-_UniqueKeyLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"), list("-+0123456789"))
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*)(?:\.[0-9_]*)?[eE][-+]?[0-9]+$")
+_UniqueKeyLoader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
+
+
+class _SafeDumper(yaml.SafeDumper):
+    """SafeDumper that quotes the strings parse_yaml would read as floats (a short commit hash such as 7e30589)."""
+
+
+_SafeDumper.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789"))
+
+
+def dump_yaml(doc: Any, **kwargs) -> str:
+    """yaml.safe_dump's text, which parse_yaml reads back as the same values."""
+    return yaml.dump(doc, Dumper=_SafeDumper, **kwargs)
 
 
 def parse_yaml(text: str, source: str | Path) -> Any:

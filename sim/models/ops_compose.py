@@ -21,7 +21,6 @@ import math
 from pathlib import Path
 
 import numpy as np
-import yaml
 
 from sim.core.request import Request
 from sim.core.step import StepPlan
@@ -29,7 +28,7 @@ from sim.io.errors import ConfigError
 from sim.io.ops_schema import OpsStepTime
 from sim.io.profiles import (EfficiencyStepTime, FittedProfile, FitSummary, LinearStepTime, Provenance, ValidRange,
                              load_fitted, load_hardware, load_model)
-from sim.io.schema import validate_mapping
+from sim.io.schema import dump_yaml, validate_mapping
 from sim.models.ops import OpsModel
 from sim.models.parallel import Layout, layout_problems
 from sim.models.parallel_ops import build_replica_ops_model
@@ -228,7 +227,7 @@ def write_composed(profile: FittedProfile, path: str | Path, command: str) -> Fi
     """Write the YAML (with the command that made it as a comment) and read it back through load_fitted."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    body = yaml.safe_dump(profile.model_dump(mode="json", exclude_none=True), sort_keys=False, width=110)
+    body = dump_yaml(profile.model_dump(mode="json", exclude_none=True), sort_keys=False, width=110)
     path.write_text(f"# Written by `{command}`.\n# Schema: sim.io.profiles.FittedProfile.\n{body}", encoding="utf-8")
     back = load_fitted(path)
     if not math.isclose(back.efficiency.decode_table[0].time_s, profile.efficiency.decode_table[0].time_s):

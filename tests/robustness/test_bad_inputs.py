@@ -364,3 +364,13 @@ def test_power_figures_that_would_be_ignored_or_inverted(capsys, power, expected
 def test_settings_that_would_do_nothing_are_refused(capsys, override, expected):
     lines = errors_of(capsys, ["run", str(REPO_SCENARIOS / "quickstart.yaml"), "--set", override])
     assert len(lines) == 1 and expected in lines[0], lines
+
+
+def test_a_commit_hash_that_reads_as_a_number_is_written_quoted():
+    """published_check.yaml and fitted profiles record a short commit hash; 7e30589 is a YAML 1.2 float, which
+    parse_yaml reads as inf, so dump_yaml quotes it (the file capsim wrote must load back)."""
+    from sim.io.schema import dump_yaml, parse_yaml
+    doc = {"commit": "7e30589", "n": 1e9, "name": "abc"}
+    text = dump_yaml(doc, sort_keys=False)
+    assert "'7e30589'" in text
+    assert parse_yaml(text, "x") == doc

@@ -205,3 +205,4 @@ def test_shipped_gpt_oss_scenario_memory_per_gpu_is_exact():
     assert mem.kv_budget_bytes_per_gpu == int(0.9 * load_hardware("h100-sxm").memory_bytes) - total - 2 * 2**30
     assert mem.kv_bytes_per_token_per_gpu == GPT_OSS_TP2["kv_per_token"]
     assert mem.num_blocks == mem.kv_budget_bytes_per_gpu // (16 * GPT_OSS_TP2["kv_per_token"])
+
