@@ -380,9 +380,19 @@ def search_layouts(base, dependencies: list[Deployment], slo, target: float, rep
             b.update(att >= target - 1e-12)
         log(f"  round {round_no}: {len(todo)} deployment(s) still bisecting")
     for i, _, b in active:
-        rows[i].update(capacity_rps=b.lo, bracket_rps=[b.lo, b.hi], rates_tried=b.steps, note=b.note)
-        _flag_short_run(rows[i])
+        _finish(rows[i], b)
     return rows
+
+
+def _finish(row: dict, b: Bisection) -> None:
+    """A deployment's row from its search. Met at every rate tried (no rate above it missed), the last rate is a
+    lower bound, not a capacity: no capacity_rps (the row ranks after those with one), and the note says why."""
+    row.update(capacity_rps=b.lo, bracket_rps=[b.lo, b.hi], rates_tried=b.steps, note=b.note)
+    _flag_short_run(row)
+    if b.lo is not None and b.hi is None:
+        row.update(capacity_rps=None, note=(
+            f"no capacity found: the target is met at every rate tried, up to {b.lo:.4g} req/s"
+            + (f" ({row['note']})" if row["note"] else "")))
 
 
 def _flag_short_run(row: dict) -> None:

@@ -340,3 +340,22 @@ def test_a_planned_layout_keeps_the_ranks_routing_where_it_has_ranks():
                                           "attention_dp_routing": "random"})]).parallel
     assert Layout(1, 1, 8, 8).mapping(stated)["attention_dp_routing"] == "random"
     assert "attention_dp_routing" not in Layout(8, 1, 8).mapping(stated)
+
+
+def test_a_deployment_that_never_misses_has_no_capacity_and_ranks_after_those_that_do():
+    """A search that met the target at every rate it tried (a run too short to load the deployment: gpt-oss on
+    4 x H100 TP1 with 120 requests met the SLOs up to 1.3e8 req/s) found a lower bound, not a capacity: the row says
+    so and ranks after the deployments with one, instead of first."""
+    from sim.planning.layouts import Bisection, _finish, rank
+    never = {"deployment": "agg 4xtp1", "gpus": 4, "capacity_rps": None, "note": "", "requests_per_run": 240,
+             "e2e_p99_at_capacity_s": 12.8}
+    b = Bisection(rate=2.7e8, lo=1.342e8, hi=None, steps=24, note="stopped after 24 rates")
+    _finish(never, b)
+    assert never["capacity_rps"] is None and never["bracket_rps"] == [1.342e8, None]
+    assert never["note"].startswith("no capacity found: the target is met at every rate tried, up to 1.342e+08 req/s "
+                                    "(stopped after 24 rates; short run: 240 requests arrive within")
+    found = {"deployment": "agg 2xtp2", "gpus": 4, "capacity_rps": None, "note": "", "requests_per_run": 2000,
+             "e2e_p99_at_capacity_s": 1.0}
+    _finish(found, Bisection(rate=800, lo=800, hi=832, steps=9))
+    assert found["capacity_rps"] == 800 and found["note"] == ""
+    assert [r["deployment"] for r in rank([never, found], None)] == ["agg 2xtp2", "agg 4xtp1"]
