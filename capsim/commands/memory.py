@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 import json
 import sys
 from pathlib import Path
@@ -38,6 +39,9 @@ def _add_memory(sub) -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-utilization", type=_fraction,
                    help="instead of --kv-budget: fraction of --hardware memory, minus weights and --activation")
     p.add_argument("--activation", type=_size, default=0, help="activation / CUDA-graph workspace (with utilization)")
+    p.add_argument("--state-to-kv-ratio", type=float, default=0.9,
+                   help="models with linear-attention layers: their state pool's memory relative to the KV pool's "
+                        "(a scenario's kv.state_to_kv_ratio; SGLang's --mamba-full-memory-ratio, default 0.9)")
     p.add_argument("--hardware", help="hardware profile for the time bound and utilization budget")
     p.add_argument("--batch", type=_int_list, help="reads view: batch sizes, e.g. 1,4,16,64")
     p.add_argument("--context", type=_count(1), help="reads view: context tokens per sequence (default: --prompt)")
@@ -100,17 +104,55 @@ def _text_rows(args, spec, hw, layout, budget, plan, out: dict) -> list[tuple[st
         (f"total KV for {plan.requests}" + gpu, fmt_bytes(plan.total_kv_bytes)
          + (f" (one of {ranks} attention-DP ranks' {plan.requests} of {args.requests} requests)" if ranks > 1 else "")),
     ]
+    if "state_bytes_per_request" in out:
+        lin = spec.profile.linear_attention
+        rows.append(("linear-attention state per request" + gpu, f"{fmt_bytes(out['state_bytes_per_request'])} "
+                     f"({lin.layers} layers, {lin.state_format} state; whatever the length)"))
+        if "state_slots" in out:
+            rows.append(("state pool" + gpu, f"{fmt_bytes(out['state_pool_bytes'])}: {out['state_slots']} requests' state "
+                         f"(--state-to-kv-ratio {args.state_to_kv_ratio:g}), the rest of the budget KV"))
     if "window_kv_bytes_per_request" in out:
         p = spec.profile
         rows.append(("sliding-window KV per request", f"{fmt_bytes(out['window_kv_bytes_per_request'])} over the replica "
                      f"({p.sliding_window_layers} layers x {p.sliding_window} tokens; not charged to the pool)"))
     if budget is not None:
-        rows += [("KV budget" + gpu, fmt_bytes(budget)), ("fits", "yes" if plan.fits else "NO"),
+        after = " (after the state pool)" if "state_slots" in out else ""
+        rows += [("KV budget" + gpu + after, fmt_bytes(budget)), ("fits", "yes" if plan.fits else "NO"),
                  ("max requests" + (" per attention-DP rank" if ranks > 1 else ""), str(plan.max_requests))]
         if out.get("card_fit") is False:  # (known only with --hardware)
+            budget += out.get("state_pool_bytes", 0)
             rows.append(("card", f"NO: weights {fmt_bytes(out['weight_bytes'])} + KV budget {fmt_bytes(budget)} "
                                  f"exceed {hw.name}'s {fmt_bytes(hw.memory_bytes)}"))
     return rows
+
+
+def _state_pool(args, spec, layout, budget) -> dict | None:
+    """A linear-attention model's fixed state per request (per GPU under a layout) and, with a budget, the state pool
+    it takes (sim.core.sizing: --state-to-kv-ratio r of the KV pool's memory, r / (1 + r) of the budget, in whole
+    requests' states); None for other models."""
+    from sim.models.parallel import state_bytes_per_sequence_per_gpu
+    if spec.profile.linear_attention is None:
+        return None
+    r = args.state_to_kv_ratio
+    if not r > 0:
+        raise ConfigError(f"--state-to-kv-ratio: expected a number above 0, got {r:g}")
+    per_seq = spec.state_bytes_per_sequence if layout.trivial else state_bytes_per_sequence_per_gpu(spec, layout)
+    out = {"state_bytes_per_request": int(per_seq)}
+    if budget is not None:
+        slots = int(budget * r / (1 + r) // per_seq)
+        if slots < 1:
+            raise ConfigError(f"--state-to-kv-ratio: {r:g} of the KV pool's memory holds no request's linear-attention "
+                              f"state ({per_seq / 2**20:,.1f} MiB each); raise it, or give the KV budget more memory")
+        out.update(state_slots=slots, state_pool_bytes=slots * per_seq)
+    return out
+
+
+def _with_slots(plan, state: dict | None):
+    """`plan` with its max requests capped at the state pool's slots (and fits only if the requests get one)."""
+    if state is None or "state_slots" not in state or plan.max_requests is None:
+        return plan
+    slots = state["state_slots"]
+    return replace(plan, max_requests=min(plan.max_requests, slots), fits=bool(plan.fits and plan.requests <= slots))
 
 
 def cmd_memory(args) -> int:
@@ -128,9 +170,11 @@ def cmd_memory(args) -> int:
     layout, budget = kv_budget_of(args, spec, hw)  # --tp/--pp/--ep: the KV figures below are then per GPU
     if args.shared_prefix > args.prompt:
         raise ConfigError(f"--shared-prefix ({args.shared_prefix}) exceeds --prompt ({args.prompt})")
+    state = _state_pool(args, spec, layout, budget)
+    kv_budget = budget if state is None or budget is None else budget - state["state_pool_bytes"]
     try:
-        plan = kv_footprint(spec, args.prompt, args.output, args.requests, args.shared_prefix, args.kv_format,
-                       args.block_size, budget)
+        plan = _with_slots(kv_footprint(spec, args.prompt, args.output, args.requests, args.shared_prefix,
+                                        args.kv_format, args.block_size, kv_budget), state)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     out = {"model": spec.profile.name, **plan.as_dict(),
@@ -139,7 +183,7 @@ def cmd_memory(args) -> int:
            **({"attention_weight_format": args.attention_weight_format} if args.attention_weight_format else {}),
            "total_params": spec.total_params,
            "weight_bytes": spec.weight_bytes(args.weight_format),
-           "weight_read_bytes_per_step": spec.weight_read_bytes(args.weight_format)}
+           "weight_read_bytes_per_step": spec.weight_read_bytes(args.weight_format), **(state or {})}
     if spec.profile.sliding_window:  # kept beside the pool, not in it (ModelSpec.window_kv_elements_per_sequence)
         from sim.models.formats import kv_bytes_per_element
         window = spec.window_kv_elements_per_sequence * kv_bytes_per_element(args.kv_format)
@@ -162,12 +206,13 @@ def cmd_memory(args) -> int:
         out["reads"] = reads
         out["b_kv"] = b_kv(spec.weight_read_bytes(args.weight_format), ctx, spec.kv_bytes_per_token(args.kv_format))
     if not layout.trivial:
-        out["parallel"], plan = parallel_view(args, spec, hw, layout, budget)
+        out["parallel"], plan = parallel_view(args, spec, hw, layout, kv_budget)
+        plan = _with_slots(plan, state)
         out.update(plan.as_dict())
     if args.json:
         print(json.dumps(out, indent=2))
         return 0
-    rows = _text_rows(args, spec, hw, layout, budget, plan, out)
+    rows = _text_rows(args, spec, hw, layout, kv_budget, plan, out)
     if "parallel" in out:
         rows += parallel_rows(out["parallel"])
     width = max(len(k) for k, _ in rows)

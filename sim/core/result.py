@@ -206,6 +206,10 @@ def _memory_part(req: dict, rec: Recorder, facts: RunFacts) -> dict:
         card_fit = (mem.weight_bytes_per_gpu + mem.kv_budget_bytes_per_gpu + mem.activation_bytes // gpus
                     <= hw.memory_bytes)
     memory_fit = bool(card_fit and kv_limited == 0 and kv_rejected == 0 and preemptions == 0)
+    state = {}
+    if getattr(mem, "state_slots", None) is not None:  # linear-attention layers' fixed state (sim.core.sizing)
+        state = {"state_slots": int(mem.state_slots), "state_pool_bytes": int(mem.state_bytes),
+                 "state_bytes_per_request": int(mem.state_bytes_per_sequence)}
     return {
         "peak_kv_bytes": float(peak_blocks * mem.block_bytes),
         "peak_kv_blocks": int(peak_blocks),
@@ -227,6 +231,7 @@ def _memory_part(req: dict, rec: Recorder, facts: RunFacts) -> dict:
         "swap_ins": sum(x.swap_ins for x in stats_of),
         "swapped_bytes": float(sum(x.swapped_bytes for x in stats_of)),
         "cow_copies": sum(x.cow_copies for x in stats_of),
+        **state,
     }
 
 

@@ -253,13 +253,16 @@ class Simulation:
         make = lambda cfg: sched_cls(cfg, pool, sc.kv.admission, deadline,  # noqa: E731
                                      lazy_decode=self.lazy_decode and self.spec_cfg is None,  # rounds differ per request
                                      preemption=sc.kv.preemption)
+        cfg, slots = sc.scheduler, self.memory.state_slots
+        if slots is not None and slots < cfg.max_num_seqs:  # the linear-attention state pool's slots (sim.core.sizing)
+            cfg = cfg.model_copy(update={"max_num_seqs": slots})
         par = getattr(sc, "parallel", None)
         if par is None or par.attention_dp == 1 or par.attention_dp_routing == "shared_queue":
-            return make(sc.scheduler)
+            return make(cfg)
         if self.spec_cfg is not None:
             raise ConfigError("parallel.attention_dp_routing: speculative decoding on ranks bound to their requests "
                               "is not modelled; allowed with scheduler.speculative: shared_queue (or leave it out)")
-        per_rank = split_limits(sc.scheduler, par.attention_dp)
+        per_rank = split_limits(cfg, par.attention_dp)
         return RankedScheduler([make(per_rank) for _ in range(par.attention_dp)], par.attention_dp_routing,
                                [sc.seed, 9, index, incarnation])
 

@@ -10,7 +10,7 @@ from sim.io.errors import ConfigError
 from sim.io.profiles import HardwareProfile, load_model
 from sim.models.memory import OffloadLayout, kv_budget_from_utilization, offload_layout
 from sim.models.parallel import (Layout, check_layout, kv_bytes_per_token_per_gpu, replica_weight_bytes,
-                                 weights_per_gpu)
+                                 state_bytes_per_sequence_per_gpu, weights_per_gpu)
 from sim.models.spec import ModelSpec
 
 
@@ -37,6 +37,13 @@ class ReplicaMemory:
     weight_bytes_per_gpu: int = 0
     kv_bytes_per_token_per_gpu: float = 0
     kv_budget_bytes_per_gpu: int = 0
+    state_slots: int | None = None
+    """Models with linear-attention layers: how many sequences the state pool holds, the most that run at once
+    (None: no such layers)."""
+    state_bytes: int = 0
+    """The state pool's bytes over the replica (taken from the KV budget before the blocks)."""
+    state_bytes_per_sequence: int = 0
+    """One sequence's linear-attention state over the GPUs holding it (one attention data-parallel rank)."""
 
     @property
     def gpus(self) -> int:
@@ -177,7 +184,8 @@ def replica_memory(scenario: Scenario, spec: ModelSpec, hw: HardwareProfile) -> 
     budget, activation = _kv_budget(scenario, hw, gpu_weights, gpus, spec)
     # each attention data-parallel rank holds whole blocks of its own share (one rank without data parallelism)
     ranks = layout.attention_dp
-    num_blocks = ranks * int((budget - draft_bytes - lora_bytes) / ranks // block_bytes)
+    slots, state_pool, per_seq = _state_pool(scenario, spec, layout, budget - draft_bytes - lora_bytes, block_bytes)
+    num_blocks = ranks * int((budget - draft_bytes - lora_bytes - state_pool) / ranks // block_bytes)
     if num_blocks < 1:
         taken = [f"{what} take {b / 2**30:,.2f} GiB of it" for what, b in (
             ("the drafter's weights (scheduler.speculative)", draft_bytes), ("the LoRA adapters (lora)", lora_bytes)) if b]
@@ -191,4 +199,22 @@ def replica_memory(scenario: Scenario, spec: ModelSpec, hw: HardwareProfile) -> 
         raise ConfigError(f"kv.host_budget: hardware {hw.name} has no host link bandwidth to swap over")
     return ReplicaMemory(per_token if gpus == 1 else per_token_gpu * layout.rank_gpus, block_bytes, weight_bytes, budget,
                          activation, draft_bytes, lora_bytes, num_blocks, host_blocks, offload, drafter, layout,
-                         gpu_weights, per_token_gpu, budget // gpus)
+                         gpu_weights, per_token_gpu, budget // gpus, slots, state_pool, per_seq)
+
+
+def _state_pool(scenario: Scenario, spec: ModelSpec, layout: Layout, cache_bytes: float,
+                block_bytes: float) -> tuple[int | None, int, int]:
+    """(slots, pool bytes, bytes per sequence) of the linear-attention state pool: kv.state_to_kv_ratio r of the KV
+    pool's memory, r / (1 + r) of `cache_bytes`, in whole sequences' states (as SGLang's hybrid models split it);
+    (None, 0, 0) for a model without linear-attention layers."""
+    if spec.profile.linear_attention is None:
+        return None, 0, 0
+    per_seq = (spec.state_bytes_per_sequence if layout.trivial
+               else state_bytes_per_sequence_per_gpu(spec, layout) * layout.rank_gpus)
+    r = scenario.kv.state_to_kv_ratio
+    slots = layout.attention_dp * int(cache_bytes * r / (1 + r) / layout.attention_dp // per_seq)
+    if slots < 1:
+        raise ConfigError(f"kv.state_to_kv_ratio: {r} of the KV pool's memory holds no sequence's linear-attention "
+                          f"state ({per_seq / 2**20:,.1f} MiB each over {layout.rank_gpus} GPU(s)); raise it, or give "
+                          "kv.budget more memory")
+    return slots, slots * per_seq, per_seq

@@ -96,6 +96,10 @@ class KVConfig(StrictModel):
     host_budget: int = Field(0, ge=0, description="Host-memory tier for swapped KV (bytes, e.g. 64GiB)")
     snapshot_tokens: PositiveInt | None = Field(
         None, description="Hybrid (recurrent) models: state snapshots every N tokens; reuse rounds down to one")
+    state_to_kv_ratio: PositiveFloat = Field(
+        0.9, description="Models with linear-attention layers: the memory of the pool of their fixed per-sequence "
+                         "state, relative to the KV pool's (SGLang's --mamba-full-memory-ratio, default 0.9); its slots "
+                         "cap the requests running at once")
     warm_prefixes: list["NamedPrefix"] = Field(default_factory=list, description="Prefixes cached before arrivals")
     conversion_s_per_token: NonNegativeFloat = Field(
         0.0, description="Time to convert (dequantise) one KV token read, per iteration (reference section 7)")

@@ -154,13 +154,37 @@ class MLASpec(StrictModel):
     v_head_dim: PositiveInt
 
 
+class LinearAttentionSpec(StrictModel):
+    """Linear-attention layers (Gated DeltaNet: Qwen3-Next, Qwen3.5): no KV cache; each sequence keeps a fixed state
+    per layer instead, a short convolution's last inputs and a key x value matrix per value head."""
+
+    kind: Literal["gated_delta_net"] = "gated_delta_net"
+    layers: PositiveInt = Field(description="How many layers are linear-attention ones (Qwen3.5: three of every four, "
+                                            "full_attention_interval 4); the rest attend to the whole context")
+    num_key_heads: PositiveInt = Field(description="linear_num_key_heads")
+    num_value_heads: PositiveInt = Field(description="linear_num_value_heads")
+    key_head_dim: PositiveInt = Field(description="linear_key_head_dim")
+    value_head_dim: PositiveInt = Field(description="linear_value_head_dim")
+    conv_kernel: PositiveInt = Field(description="linear_conv_kernel_dim: the short convolution's width")
+    state_format: Literal["fp32", "bf16"] = Field(
+        "fp32", description="The recurrent state's element type (mamba_ssm_dtype; SGLang's --mamba-ssm-dtype default "
+                            "float32); the convolution state is kept in BF16")
+
+    @model_validator(mode="after")
+    def _heads(self):
+        if self.num_value_heads % self.num_key_heads:
+            raise ValueError(f"linear_attention.num_value_heads ({self.num_value_heads}) must be a multiple of "
+                             f"linear_attention.num_key_heads ({self.num_key_heads})")
+        return self
+
+
 class ModelProfile(StrictModel):
     """profiles/models/<name>.yaml: a model's architecture, from its published config."""
 
     name: str = Field(pattern=r"^[a-z0-9][a-z0-9.-]*$", description="Equals the file stem")
     hf_id: str
     family: Literal["llama", "mistral", "qwen2", "qwen3", "mixtral", "qwen3_moe", "deepseek_v3", "minimax_m2",
-                    "gpt_oss"]
+                    "gpt_oss", "qwen3_5_moe"]
     num_layers: PositiveInt
     hidden_size: PositiveInt
     intermediate_size: PositiveInt = Field(description="Dense FFN width (gated: gate, up, down)")
@@ -182,6 +206,10 @@ class ModelProfile(StrictModel):
     sliding_window_layers: NonNegativeInt = Field(
         0, description="How many layers attend within sliding_window (gpt-oss: every other one); the rest attend "
                        "to the whole context")
+    attention_output_gate: bool = Field(
+        False, description="A sigmoid gate on each attention head's output, projected with the queries (Qwen3-Next, "
+                           "Qwen3.5 attn_output_gate): q_proj is twice as wide")
+    linear_attention: LinearAttentionSpec | None = None
     moe: MoESpec | None = None
     mla: MLASpec | None = None
     source: str = Field(min_length=1, description="Where the architecture numbers come from")
@@ -199,6 +227,13 @@ class ModelProfile(StrictModel):
                              f"({self.num_layers})")
         if self.sliding_window_layers and self.mla is not None:
             raise ValueError("sliding_window_layers: windowed MLA layers are not modelled (allowed: 0 with mla)")
+        lin = self.linear_attention
+        if lin is not None:
+            if lin.layers >= self.num_layers:
+                raise ValueError(f"linear_attention.layers ({lin.layers}) must be below num_layers ({self.num_layers}): "
+                                 "a model without a full-attention layer is not modelled")
+            if self.mla is not None or self.sliding_window_layers:
+                raise ValueError("linear_attention: not modelled together with mla or sliding_window_layers")
         return self
 
 

@@ -102,6 +102,10 @@ def layout_problems(spec: ModelSpec, layout: Layout, field: str = "parallel") ->
         ok = [d for d in _divisors(p.num_attention_heads) if p.num_kv_heads % d == 0 or d % p.num_kv_heads == 0]
         out.append(f"{field}.tp: {tp} neither divides nor is a multiple of {p.name}'s {p.num_kv_heads} KV heads "
                    f"(allowed: {ok})")
+    lin = p.linear_attention
+    if not out and lin is not None and lin.num_key_heads % tp:
+        out.append(f"{field}.tp: {tp} does not divide {p.name}'s {lin.num_key_heads} linear-attention key heads "
+                   f"(allowed: {[d for d in _divisors(p.num_attention_heads) if lin.num_key_heads % d == 0]})")
     dense_ffn = p.moe is None or p.moe.num_dense_layers > 0
     if not out and dense_ffn and p.intermediate_size % tp:
         out.append(f"{field}.tp: {tp} does not divide {p.name}'s FFN width {p.intermediate_size} "
@@ -154,9 +158,15 @@ def stage_layers(num_layers: int, pp: int) -> list[range]:
 # ---- weights per GPU -------------------------------------------------------------------------
 
 
-def _attention_per_gpu(spec: ModelSpec, tp: int) -> tuple[int, int]:
-    """(matrix, vector) parameters of one layer's attention on one GPU of a stage of tp."""
+def _attention_per_gpu(spec: ModelSpec, tp: int, linear: bool = False) -> tuple[int, int]:
+    """(matrix, vector) parameters of one layer's attention on one GPU of a stage of tp (`linear`: a
+    linear-attention layer's, its heads split over the GPUs)."""
     p, h = spec.profile, spec.profile.hidden_size
+    if linear:
+        lin = p.linear_attention
+        kd, vd, nv = (lin.num_key_heads * lin.key_head_dim // tp, lin.num_value_heads * lin.value_head_dim // tp,
+                      lin.num_value_heads // tp)
+        return h * (2 * kd + 2 * vd) + h * 2 * nv + vd * h, h + (2 * kd + vd) * lin.conv_kernel + 2 * nv + lin.value_head_dim
     if p.mla is not None:
         m, heads = p.mla, p.num_attention_heads // tp
         qk = m.qk_nope_head_dim + m.qk_rope_head_dim
@@ -169,7 +179,7 @@ def _attention_per_gpu(spec: ModelSpec, tp: int) -> tuple[int, int]:
         vec = h + m.kv_lora_rank + (m.q_lora_rank or 0)
         return q + kv + o, vec
     heads, kvh, hd = p.num_attention_heads // tp, max(p.num_kv_heads // tp, 1), p.head_dim
-    mat = h * heads * hd + 2 * h * kvh * hd + heads * hd * h
+    mat = h * heads * hd * (2 if p.attention_output_gate else 1) + 2 * h * kvh * hd + heads * hd * h
     vec = h + ((heads + 2 * kvh) * hd if p.qkv_bias else 0) + (2 * hd if p.qk_norm else 0)
     return mat, vec
 
@@ -216,16 +226,16 @@ def stage_weights(spec: ModelSpec, layout: Layout, fmt: str = "bf16") -> list[Gp
     b = weight_bytes_per_element(fmt)
     other = int(b) if fmt in ("fp32", "fp16", "bf16") else 2
     rows = math.ceil(p.vocab_size / tp) * p.hidden_size
-    att_mat, att_vec = _attention_per_gpu(spec, tp)
+    kinds = {lin: _attention_per_gpu(spec, tp, lin) for lin in ((False, True) if p.linear_attention else (False,))}
     stages = stage_layers(p.num_layers, layout.pp)
     out = []
     for s, layers in enumerate(stages):
         first, last = s == 0, s == len(stages) - 1
-        att = int(math.ceil(len(layers) * att_mat * spec.attention_bytes_per_element(fmt)))
+        att = int(math.ceil(sum(kinds[spec.linear_layer(i)][0] for i in layers) * spec.attention_bytes_per_element(fmt)))
         parts = [_ffn_per_gpu(spec, layout, i) for i in layers]
         ffn = int(math.ceil(sum(r for r, _ in parts) * spec.expert_bytes_per_element(fmt)
                             + sum(o for _, o in parts) * b))
-        vecs = len(layers) * (att_vec + p.hidden_size) + (p.hidden_size if last else 0)
+        vecs = sum(kinds[spec.linear_layer(i)][1] for i in layers) + len(layers) * p.hidden_size + (p.hidden_size if last else 0)
         emb = rows * other if (first and not (p.tie_word_embeddings and last)) else 0
         head = rows * other if last else 0
         out.append(GpuWeights(att, ffn, emb, head, vecs * other, s))
@@ -252,7 +262,7 @@ def _single_gpu(spec: ModelSpec, fmt: str) -> GpuWeights:
     b = weight_bytes_per_element(fmt)
     other = int(b) if fmt in ("fp32", "fp16", "bf16") else 2
     total = spec.weight_bytes(fmt)
-    att = int(math.ceil(p.num_layers * spec.attention_matrix_params * spec.attention_bytes_per_element(fmt)))
+    att = int(math.ceil(spec.attention_params * spec.attention_bytes_per_element(fmt)))
     emb = 0 if p.tie_word_embeddings else spec.embedding_params * other
     head = spec.lm_head_params * other
     norms = spec.vector_params * other
@@ -269,14 +279,24 @@ def kv_bytes_per_token_per_gpu(spec: ModelSpec, layout: Layout, fmt: str = "bf16
     if layout.trivial:
         return spec.kv_bytes_per_token(fmt)
     p = spec.profile
-    # the stage holding the most full-attention layers (sliding-window layers: ModelSpec.kv_elements_per_token)
-    layers = max(sum(not spec.windowed_layer(i) for i in r) for r in stage_layers(p.num_layers, layout.pp))
+    # the stage holding the most full-attention layers (sliding-window and linear layers: ModelSpec.kv_elements_per_token)
+    layers = max(sum(spec.kv_layer(i) for i in r) for r in stage_layers(p.num_layers, layout.pp))
     if p.mla is not None:
         per_layer = p.mla.kv_lora_rank + p.mla.qk_rope_head_dim
     else:
         per_layer = 2 * max(p.num_kv_heads // layout.tp, 1) * p.head_dim
     v = layers * per_layer * kv_bytes_per_element(fmt)
     return int(v) if v.denominator == 1 else float(v)
+
+
+def state_bytes_per_sequence_per_gpu(spec: ModelSpec, layout: Layout) -> int:
+    """The linear-attention state one sequence holds on the fullest GPU: its stage's linear layers, their heads split
+    over tp (ModelSpec.state_bytes_per_sequence with one GPU; 0 without such layers)."""
+    p = spec.profile
+    if p.linear_attention is None:
+        return 0
+    layers = max(sum(spec.linear_layer(i) for i in r) for r in stage_layers(p.num_layers, layout.pp))
+    return layers * spec.linear_state_bytes_per_layer(layout.tp)
 
 
 def kv_replication(spec: ModelSpec, layout: Layout) -> int:

@@ -39,10 +39,46 @@ class ModelSpec:
             kv = h * (m.kv_lora_rank + m.qk_rope_head_dim) + m.kv_lora_rank * p.num_attention_heads * (m.qk_nope_head_dim + m.v_head_dim)
             o = p.num_attention_heads * m.v_head_dim * h
             return q + kv + o
-        q = h * p.num_attention_heads * p.head_dim
+        q = h * p.num_attention_heads * p.head_dim * (2 if p.attention_output_gate else 1)  # the gate beside q
         kv = 2 * h * p.num_kv_heads * p.head_dim
         o = p.num_attention_heads * p.head_dim * h
         return q + kv + o
+
+    @cached_property
+    def linear_attention_matrix_params(self) -> int:
+        """Matrix parameters of one linear-attention (Gated DeltaNet) layer: in_proj_qkvz (q and k of every key
+        head, v and the output gate z of every value head), in_proj_ba (each value head's b and a) and out_proj;
+        0 for a model without such layers."""
+        p, h, lin = self.profile, self.profile.hidden_size, self.profile.linear_attention
+        if lin is None:
+            return 0
+        kd, vd = lin.num_key_heads * lin.key_head_dim, lin.num_value_heads * lin.value_head_dim
+        return h * (2 * kd + 2 * vd) + h * 2 * lin.num_value_heads + vd * h
+
+    @cached_property
+    def linear_attention_vector_params(self) -> int:
+        """Everything else of one linear-attention layer: the input norm, the depthwise convolution over q, k and v
+        (conv_kernel taps a channel), A_log and dt_bias per value head, the gated output norm."""
+        p, lin = self.profile, self.profile.linear_attention
+        if lin is None:
+            return 0
+        conv = 2 * lin.num_key_heads * lin.key_head_dim + lin.num_value_heads * lin.value_head_dim
+        return p.hidden_size + conv * lin.conv_kernel + 2 * lin.num_value_heads + lin.value_head_dim
+
+    def linear_layer(self, layer: int) -> bool:
+        """Whether `layer` is a linear-attention one. The profile gives how many are, not which: they are taken as
+        spread evenly from the first layer on (Qwen3.5: layers 0-2, 4-6, ..., every fourth attending in full)."""
+        lin = self.profile.linear_attention
+        return lin is not None and _spread(lin.layers, self.profile.num_layers, layer)
+
+    def layer_attention_params(self, layer: int) -> int:
+        """Matrix parameters of `layer`'s attention, linear or full."""
+        return self.linear_attention_matrix_params if self.linear_layer(layer) else self.attention_matrix_params
+
+    @cached_property
+    def attention_params(self) -> int:
+        """Matrix parameters of every layer's attention."""
+        return sum(self.layer_attention_params(i) for i in range(self.profile.num_layers))
 
     @cached_property
     def attention_vector_params(self) -> int:
@@ -84,19 +120,21 @@ class ModelSpec:
     def layer_matrix_params(self) -> int:
         """All layers' matrix parameters (every expert counted)."""
         p = self.profile
-        return sum(self.attention_matrix_params + self._ffn_params(i)[0] for i in range(p.num_layers))
+        return self.attention_params + sum(self._ffn_params(i)[0] for i in range(p.num_layers))
 
     @cached_property
     def active_matrix_params(self) -> int:
         """Layer matrix parameters one token passes through (for FLOPs): 2 FLOPs each per token."""
         p = self.profile
-        return sum(self.attention_matrix_params + self._ffn_params(i)[1] for i in range(p.num_layers))
+        return self.attention_params + sum(self._ffn_params(i)[1] for i in range(p.num_layers))
 
     @cached_property
     def vector_params(self) -> int:
         """Norms and biases of all layers plus the final norm."""
         p = self.profile
-        return p.num_layers * (self.attention_vector_params + p.hidden_size) + p.hidden_size
+        linear = p.linear_attention.layers if p.linear_attention else 0
+        return ((p.num_layers - linear) * self.attention_vector_params + linear * self.linear_attention_vector_params
+                + p.num_layers * p.hidden_size + p.hidden_size)
 
     @cached_property
     def total_params(self) -> int:
@@ -155,7 +193,7 @@ class ModelSpec:
         b = weight_bytes_per_element(fmt)
         # the routed experts and the attention matrices each in their own format where the checkpoint says so
         routed = self.routed_expert_params if self.expert_format is not None else 0
-        att = self.profile.num_layers * self.attention_matrix_params if self.attention_format is not None else 0
+        att = self.attention_params if self.attention_format is not None else 0
         matrix_bytes = ((matrices - routed - att) * b + routed * self.expert_bytes_per_element(fmt)
                         + att * self.attention_bytes_per_element(fmt))
         other = b if fmt in ("fp32", "fp16", "bf16") else 2
@@ -167,14 +205,36 @@ class ModelSpec:
     # --- KV cache --------------------------------------------------------------------------
     @cached_property
     def full_attention_layers(self) -> int:
-        """Layers whose attention spans the whole context: all but the sliding-window ones."""
-        return self.profile.num_layers - self.profile.sliding_window_layers
+        """Layers whose attention spans the whole context: all but the sliding-window and linear-attention ones."""
+        lin = self.profile.linear_attention
+        return self.profile.num_layers - self.profile.sliding_window_layers - (lin.layers if lin else 0)
 
     def windowed_layer(self, layer: int) -> bool:
         """Whether `layer` attends within the sliding window. The profile gives how many do, not which: they are
         taken as spread evenly from the first layer on (gpt-oss: the even layers, 0, 2, ..., 34 of 36)."""
-        n, L = self.profile.sliding_window_layers, self.profile.num_layers
-        return -(-(layer + 1) * n // L) > -(-layer * n // L)
+        return _spread(self.profile.sliding_window_layers, self.profile.num_layers, layer)
+
+    def kv_layer(self, layer: int) -> bool:
+        """Whether `layer` keeps KV for every token of the context (neither windowed nor linear)."""
+        return not (self.windowed_layer(layer) or self.linear_layer(layer))
+
+    @cached_property
+    def state_bytes_per_sequence(self) -> int:
+        """Bytes of fixed state one sequence holds in the linear-attention layers, whatever its length (0 without
+        them): per layer the convolution's last conv_kernel - 1 inputs of each q, k and v channel (BF16) and a
+        key_head_dim x value_head_dim matrix per value head (state_format). Qwen3.5-397B-A17B: 45 layers x
+        (12,288 x 3 x 2 B + 64 x 128 x 128 x 4 B) = 192,061,440 B, as many as 6,252 tokens of its KV in BF16."""
+        lin = self.profile.linear_attention
+        if lin is None:
+            return 0
+        return lin.layers * self.linear_state_bytes_per_layer(1)
+
+    def linear_state_bytes_per_layer(self, tp: int) -> int:
+        """One linear-attention layer's state for one sequence on one GPU of `tp` (heads split over them)."""
+        lin = self.profile.linear_attention
+        conv = (2 * lin.num_key_heads * lin.key_head_dim + lin.num_value_heads * lin.value_head_dim) // tp
+        state = 4 if lin.state_format == "fp32" else 2
+        return conv * (lin.conv_kernel - 1) * 2 + lin.num_value_heads // tp * lin.key_head_dim * lin.value_head_dim * state
 
     @cached_property
     def kv_elements_per_token(self) -> int:
@@ -220,7 +280,8 @@ class ModelSpec:
         if p.mla is not None:
             qk = p.mla.qk_nope_head_dim + p.mla.qk_rope_head_dim
             return 2 * p.num_layers * p.num_attention_heads * (qk + p.mla.v_head_dim)
-        return 4 * p.num_layers * p.num_attention_heads * p.head_dim
+        linear = p.linear_attention.layers if p.linear_attention else 0  # no pairs: their work is per token
+        return 4 * (p.num_layers - linear) * p.num_attention_heads * p.head_dim
 
     def lora_adapter_bytes(self, rank: int, targets: tuple[str, ...] = ("q", "v"), fmt: str = "bf16") -> int:
         """One LoRA adapter: rank x (in + out) per targeted projection per layer."""
@@ -244,6 +305,11 @@ class ModelSpec:
         """One dense FFN (gate, up, down), the unit offloaded in reference section 7."""
         p = self.profile
         return int(3 * p.hidden_size * p.intermediate_size * weight_bytes_per_element(fmt))
+
+
+def _spread(n: int, layers: int, layer: int) -> bool:
+    """Whether `layer` is one of `n` of `layers` layers spread evenly from the first on."""
+    return -(-(layer + 1) * n // layers) > -(-layer * n // layers)
 
 
 def expert_probabilities(num_experts: int, skew: float) -> list[float]:
