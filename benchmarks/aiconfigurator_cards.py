@@ -56,10 +56,11 @@ def _gemm(data: Path, gpu: str, dtype: str, kernel: str) -> pd.DataFrame:
                          "latency_ms": d.latency.astype(float)})
 
 
-def _attention(data: Path, gpu: str, phase: str) -> pd.DataFrame:
-    d = _read(data / gpu / "attention" / "vllm" / VLLM / f"{phase}_attention_perf.parquet")
+def _attention(data: Path, gpu: str, phase: str, head_dims: tuple[int, ...] = HEAD_DIMS,
+               version: str = VLLM) -> pd.DataFrame:
+    d = _read(data / gpu / "attention" / "vllm" / version / f"{phase}_attention_perf.parquet")
     d = d[(d.kv_cache_dtype == "bfloat16") & (d.attn_dtype == "bfloat16") & (d.window_size == 0)
-          & d.head_dim.isin(HEAD_DIMS) & (d.beam_width == 1)]
+          & d.head_dim.isin(head_dims) & (d.beam_width == 1)]
     length = ("seq_len", d.isl) if phase == "context" else ("kv_len", d.step)
     return pd.DataFrame({"gpu": gpu, "kernel_source": d.kernel_source, "batch_size": d.batch_size.astype(int),
                          length[0]: length[1].astype(int), "num_heads": d.num_heads.astype(int),

@@ -114,7 +114,8 @@ def card_rows(data: Path, card: str, shapes) -> tuple[pd.DataFrame, list[str]]:
 
 
 NOTES = (" Fused-MoE kernels (moe.csv.gz):", " Engine all-reduce (all_reduce_<engine>.csv):",
-         " MLA attention kernels (mla_<phase>_<engine>_<kv>.csv.gz):")
+         " MLA attention kernels (mla_<phase>_<engine>_<kv>.csv.gz):",
+         " Gated DeltaNet kernels (gdn_<phase>_<engine>.csv.gz):", " Attention at head_dim 256:")
 """The notes these scripts append to a card's source.txt, each starting with its marker."""
 
 

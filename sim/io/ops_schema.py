@@ -53,6 +53,10 @@ class OpsStepTime(StrictModel):
                                 "of the card, TensorRT-LLM's) for the KV cache's format where measured, else composed: "
                                 "decode as the GQA table's one-KV-head kernel over the latent's bytes, prefill as MHA "
                                 "scaled by the head dims")
+    linear_attention_kernels: Literal["vllm", "sglang", "trtllm"] = Field(
+        "vllm", description="Linear-attention models' (Qwen3.5) Gated DeltaNet kernels: that engine's measured "
+                            "convolution and delta-rule kernels (the table set's gdn_<phase>_<engine>.csv.gz); vLLM's "
+                            "by default, as the card's GEMM and attention tables are")
     mxfp4_activations: Literal["bf16", "mxfp8"] = Field(
         "bf16", description="MXFP4 experts (expert_weight_format mxfp4, gpt-oss): BF16 activations (w4a16_mxfp4: "
                             "vLLM's default, Hopper's Marlin and Triton kernels) or MXFP8 (w4a8_mxfp4_mxfp8: FlashInfer's "

@@ -51,6 +51,7 @@ from sim.io.errors import ConfigError
 from sim.io.notices import say_once
 from sim.io.ops_schema import DEFAULT_HOST_OVERHEAD_S, OpsStepTime
 from sim.models.ops import OpsModel, SMALL_OPS, REFERENCE_BANDWIDTH_GBS, ops_dtype, qk_norm_ops
+from sim.models.linear_ops import LinearAttentionOps
 from sim.models.moe_tables import MoeTable
 from sim.models.ops_tables import MCurve, NcclTable, TableSet, _cached, find_table, load_table_set
 from sim.models.parallel import Layout, distinct_experts, expert_probabilities, stage_layers
@@ -119,6 +120,10 @@ class ParallelOpsModel(OpsModel):
         self.attention_dtype = dtype if spec.attention_format is None else ops_dtype(cfg, spec.attention_format,
                                                                                      "attention_weight_format")
         self._build_curves(tables, dtype)
+        self.linear = None  # a linear-attention model's Gated DeltaNet layers (sim.models.linear_ops)
+        if p.linear_attention is not None:
+            self.linear = LinearAttentionOps(spec, tables, tables.gemm(self.attention_dtype), cfg.linear_attention_kernels,
+                                             tp, self._look)
         self.moe_kernel = self._moe_kernel(tables, self.expert_dtype) if p.moe else None
         self.dp = layout.attention_dp
         self.nccl = tables.nccl() if (tp > 1 or self.dp > 1) else None
@@ -137,6 +142,7 @@ class ParallelOpsModel(OpsModel):
         dense_upto = p.moe.num_dense_layers if p.moe else p.num_layers
         self.stage_kinds = [(sum(1 for i in r if i < dense_upto), sum(1 for i in r if i >= dense_upto))
                             for r in self.stages]
+        self.stage_linear = [sum(1 for i in r if spec.linear_layer(i)) for r in self.stages]
         self._layer_cache: dict = {}
 
     # ---- construction ---------------------------------------------------------------------
@@ -178,7 +184,8 @@ class ParallelOpsModel(OpsModel):
         p, lay, h, H = self.spec.profile, self.layout, self.spec.profile.hidden_size, self.heads
         if p.mla is None:
             hd = p.head_dim
-            att = {"qkv": ((H + 2 * self.kv_heads) * hd, h), "o": (h, H * hd)}
+            q = H * (2 if p.attention_output_gate else 1)  # the output gate is projected with the queries
+            att = {"qkv": ((q + 2 * self.kv_heads) * hd, h), "o": (h, H * hd)}
         else:
             m = p.mla
             qk = m.qk_nope_head_dim + m.qk_rope_head_dim
@@ -428,9 +435,19 @@ class ParallelOpsModel(OpsModel):
         t = dense * (self.layer_linear_s(tokens, rank=rank.tokens) + att) if dense else 0.0
         if moe:
             t += moe * (self.layer_linear_s(tokens, True, rank.pre_seqs == 0, rank.tokens) + att)
+        if self.stage_linear[stage]:  # linear-attention layers: their own GEMMs and kernels in place of attention's
+            t += self.stage_linear[stage] * (self._linear_block_s(rank) - att
+                                             - sum(self._look(c.at, rank.tokens) for c in self.att_gemms.values()))
         if stage == len(self.stages) - 1:
             t += self.head_s(rank.logits)
         return t
+
+    def _linear_block_s(self, rank: RankLoad) -> float:
+        """One linear-attention layer's GEMMs and kernels for the busiest rank's part of a pass (its prefill tokens:
+        all but one per decoding sequence)."""
+        lin = self.linear
+        prefill = max(rank.tokens - rank.dec_seqs, rank.pre_seqs) if rank.pre_seqs else 0.0
+        return lin.gemms_s(rank.tokens) + lin.prefill_s(rank.pre_seqs, prefill) + lin.decode_s(rank.dec_seqs)
 
     def _rank_pass_s(self, tokens: float, rank: RankLoad) -> float:
         """One pass without pipeline stages as `rank` (the busiest attention data-parallel rank) makes it last."""
@@ -529,7 +546,8 @@ def build_replica_ops_model(cfg: OpsStepTime, spec: ModelSpec, hw, layout: Layou
     ParallelOpsModel for pipelines, MoE or MLA."""
     from sim.models.ops import build_ops_model, kv_read_scale
     p = spec.profile
-    if layout.pp == 1 and p.moe is None and p.mla is None and spec.attention_format is None:
+    if (layout.pp == 1 and p.moe is None and p.mla is None and p.linear_attention is None
+            and spec.attention_format is None):
         if cfg.tp != layout.tp:
             cfg = cfg.model_copy(update={"tp": layout.tp})
         return build_ops_model(cfg, spec, hw, weight_format, kv_format, allow_extrapolation, stream)
