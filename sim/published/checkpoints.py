@@ -15,6 +15,8 @@ EXPERTS_ONLY_FP4 = {
                     "attention, router, embeddings and lm_head BF16)",
     "kimi-k2.5": "NVIDIA's Kimi-K2.x NVFP4 checkpoints (nvidia/Kimi-K2.6-NVFP4 and the requantizations that copy its "
                  "split): routed experts NVFP4; MLA attention, the shared expert and the dense first layer BF16",
+    "qwen3.5-397b-a17b": "nvidia/Qwen3.5-397B-A17B-NVFP4: hf_quant_config exclude_modules lm_head, every layer's "
+                         "linear_attn* or self_attn* and mlp.shared_expert* (routed experts NVFP4, the rest BF16)",
 }
 """Models whose published NVFP4 checkpoint quantizes the routed experts only: an fp4 row of one is replayed with
 weight_format bf16 and expert_weight_format nvfp4 (the rest's GEMMs from the BF16 table, the experts' from the NVFP4

@@ -392,6 +392,8 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds, moe
                      "prompt_tokens": {"kind": "fixed", "value": row.isl},
                      "output_tokens": {"kind": "fixed", "value": row.osl}},
     }
+    if spec.profile.linear_attention is not None:  # the row's engine's own measured Gated DeltaNet kernels
+        scenario["step_time"]["model"]["linear_attention_kernels"] = row.backend
     if dp > 1:
         # the routed experts see every rank's tokens, up to dp x the engine's token budget: beyond the fused-MoE
         # tables' largest measured count (16,384 tokens), where every expert is busy and the kernel's time grows
