@@ -59,7 +59,8 @@ def _gemm(data: Path, gpu: str, dtype: str, kernel: str) -> pd.DataFrame:
 def _attention(data: Path, gpu: str, phase: str, head_dims: tuple[int, ...] = HEAD_DIMS,
                version: str = VLLM) -> pd.DataFrame:
     d = _read(data / gpu / "attention" / "vllm" / version / f"{phase}_attention_perf.parquet")
-    d = d[(d.kv_cache_dtype == "bfloat16") & (d.attn_dtype == "bfloat16") & (d.window_size == 0)
+    no_window = (d.window_size == 0) if "window_size" in d else True   # (vLLM 0.14.0's tables have no windows)
+    d = d[(d.kv_cache_dtype == "bfloat16") & (d.attn_dtype == "bfloat16") & no_window
           & d.head_dim.isin(head_dims) & (d.beam_width == 1)]
     length = ("seq_len", d.isl) if phase == "context" else ("kv_len", d.step)
     return pd.DataFrame({"gpu": gpu, "kernel_source": d.kernel_source, "batch_size": d.batch_size.astype(int),
@@ -100,17 +101,18 @@ def check_same_conversion(mine: dict[str, pd.DataFrame], snapshot: Path, gpu: st
     return compared
 
 
-def same_rows(snapshot: pd.DataFrame, wheel: pd.DataFrame, keys: list[str], what: str) -> int:
+def same_rows(snapshot: pd.DataFrame, wheel: pd.DataFrame, keys: list[str], what: str, tol: float = 1e-4,
+              col: str = "latency_ms") -> int:
     """The keys compared, after checking that `wheel` has exactly `snapshot`'s keys (repeats averaged) with
-    latency_ms within 1e-4 relative; exits naming `what` otherwise."""
-    a = snapshot.groupby(keys, as_index=False).latency_ms.mean()
-    b = wheel.groupby(keys, as_index=False).latency_ms.mean()
+    `col` within `tol` relative; exits naming `what` otherwise."""
+    a = snapshot.groupby(keys, as_index=False)[col].mean()
+    b = wheel.groupby(keys, as_index=False)[col].mean()
     both = a.merge(b, on=keys, suffixes=("", "_wheel"))
     if len(both) != len(a) or len(b) != len(a):
         raise SystemExit(f"{what}: snapshot {len(a)} keys, the wheel's {len(b)}, {len(both)} in both: "
                          "not the same database and conversion")
-    worst = float(((both.latency_ms_wheel - both.latency_ms) / both.latency_ms).abs().max())
-    if worst > 1e-4:
+    worst = float(((both[col + "_wheel"] - both[col]) / both[col]).abs().max())
+    if worst > tol:
         raise SystemExit(f"{what}: latencies differ by up to {worst:.2e} relative: not the same database")
     return len(both)
 

@@ -25,7 +25,7 @@ import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from aiconfigurator_cards import _attention  # noqa: E402
+from aiconfigurator_cards import _attention, same_rows  # noqa: E402
 from aiconfigurator_moe import CARDS, VLLM_VERSION, card_folders, wheel_args, wheel_note  # noqa: E402
 from capsim.ops_import import _attention as reduce_attention  # noqa: E402
 
@@ -44,19 +44,6 @@ def reduced(data: Path, card: str, phase: str, head_dims: tuple[int, ...]) -> pd
     return out
 
 
-def check_same(table: pd.DataFrame, wheel: pd.DataFrame, what: str) -> int:
-    """Rows compared; exits naming `what` unless `wheel` has `table`'s keys with latencies within 1e-3."""
-    keys = [c for c in table.columns if c != "latency_us"]
-    both = table.merge(wheel, on=keys, suffixes=("", "_wheel"))
-    if len(both) != len(table) or len(wheel) != len(table):
-        raise SystemExit(f"{what}: table {len(table)} rows, the wheel's {len(wheel)}, {len(both)} in both: "
-                         "not the same database and conversion")
-    worst = float(((both.latency_us_wheel - both.latency_us) / both.latency_us).abs().max())
-    if worst > 1e-3:
-        raise SystemExit(f"{what}: latencies differ by up to {worst:.2e} relative: not the same database")
-    return len(both)
-
-
 def main(argv=None) -> int:
     import argparse
     pre = argparse.ArgumentParser(add_help=False)
@@ -69,8 +56,9 @@ def main(argv=None) -> int:
         for phase, length in PHASES.items():
             path = folder / f"{phase}_attention.csv.gz"
             table = pd.read_csv(path)
-            checked = check_same(table[table.head_dim == 128].reset_index(drop=True),
-                                 reduced(data, card, phase, (128,)), f"{card} {phase} head_dim 128")
+            old = table[table.head_dim == 128]   # reduced to 4 digits on both sides: within 1e-3
+            checked = same_rows(old, reduced(data, card, phase, (128,)), [c for c in old.columns if c != "latency_us"],
+                                f"{card} {phase} head_dim 128", 1e-3, "latency_us")
             new = reduced(data, card, phase, head_dims)
             if new.empty:
                 notes.append(f"{phase}: none measured")
