@@ -130,6 +130,7 @@ def _state_pool(args, spec, layout, budget) -> dict | None:
     """A linear-attention model's fixed state per request (per GPU under a layout) and, with a budget, the state pool
     it takes (sim.core.sizing: --state-to-kv-ratio r of the KV pool's memory, r / (1 + r) of the budget, in whole
     requests' states); None for other models."""
+    from sim.models.memory import state_slots
     from sim.models.parallel import state_bytes_per_sequence_per_gpu
     if spec.profile.linear_attention is None:
         return None
@@ -139,7 +140,7 @@ def _state_pool(args, spec, layout, budget) -> dict | None:
     per_seq = spec.state_bytes_per_sequence if layout.trivial else state_bytes_per_sequence_per_gpu(spec, layout)
     out = {"state_bytes_per_request": int(per_seq)}
     if budget is not None:
-        slots = int(budget * r / (1 + r) // per_seq)
+        slots = state_slots(budget, per_seq, r)
         if slots < 1:
             raise ConfigError(f"--state-to-kv-ratio: {r:g} of the KV pool's memory holds no request's linear-attention "
                               f"state ({per_seq / 2**20:,.1f} MiB each); raise it, or give the KV budget more memory")

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from sim.io.config import Scenario
 from sim.io.errors import ConfigError
 from sim.io.profiles import HardwareProfile, load_model
-from sim.models.memory import OffloadLayout, kv_budget_from_utilization, offload_layout
+from sim.models.memory import OffloadLayout, kv_budget_from_utilization, offload_layout, state_slots
 from sim.models.parallel import (Layout, check_layout, kv_bytes_per_token_per_gpu, replica_weight_bytes,
                                  state_bytes_per_sequence_per_gpu, weights_per_gpu)
 from sim.models.spec import ModelSpec
@@ -212,7 +212,7 @@ def _state_pool(scenario: Scenario, spec: ModelSpec, layout: Layout, cache_bytes
     per_seq = (spec.state_bytes_per_sequence if layout.trivial
                else state_bytes_per_sequence_per_gpu(spec, layout) * layout.rank_gpus)
     r = scenario.kv.state_to_kv_ratio
-    slots = layout.attention_dp * int(cache_bytes * r / (1 + r) / layout.attention_dp // per_seq)
+    slots = layout.attention_dp * state_slots(cache_bytes / layout.attention_dp, per_seq, r)
     if slots < 1:
         raise ConfigError(f"kv.state_to_kv_ratio: {r} of the KV pool's memory holds no sequence's linear-attention "
                           f"state ({per_seq / 2**20:,.1f} MiB each over {layout.rank_gpus} GPU(s)); raise it, or give "

@@ -19,11 +19,12 @@ def memory_fit_table(kv_budget: str | int = "12GiB", shapes: dict[str, tuple[int
                      models: Iterable[str] | None = None) -> pd.DataFrame:
     """One row per shipped model (profiles/models): KV per token, KV per request of each shape
     (prompt + output - 1 tokens in whole blocks, reference section 3) and how many such requests
-    fit `kv_budget` at once. `shapes` maps a name to (prompt, output) tokens; each adds columns
+    fit `kv_budget` at once (a linear-attention model's state pool taken out first, at most its slots:
+    state_bytes_per_request). `shapes` maps a name to (prompt, output) tokens; each adds columns
     kv_bytes_per_request_NAME and requests_fit_NAME. Qwen3-8B: 144 KiB per token; 324 MiB per short
     request (2048 in, 256 out), 37 fit 12 GiB; 1188 MiB per long request (8192 in), 10 fit."""
     import pandas as pd
-    from sim.models.memory import kv_footprint
+    from sim.models.memory import kv_footprint, state_slots
     from sim.models.spec import ModelSpec
     from sim.io.profiles import known_names, load_model
     from sim.io.units import parse_bytes
@@ -35,12 +36,16 @@ def memory_fit_table(kv_budget: str | int = "12GiB", shapes: dict[str, tuple[int
         row = {"model": name, "total_params": spec.total_params, "active_params": spec.active_params,
                "weight_bytes": spec.weight_bytes(weight_format), "kv_format": kv_format,
                "kv_bytes_per_token": spec.kv_bytes_per_token(kv_format), "kv_budget_bytes": budget}
+        state = spec.state_bytes_per_sequence   # linear-attention models: a state pool beside the KV (sim.core.sizing)
+        slots = state_slots(budget, state) if state else None
+        kv_budget = budget - slots * state if state else budget
+        row["state_bytes_per_request"] = state
         for label, (prompt, output) in shapes.items():
-            plan = kv_footprint(spec, prompt, output, 1, 0, kv_format, block_tokens, budget)
+            plan = kv_footprint(spec, prompt, output, 1, 0, kv_format, block_tokens, kv_budget)
             row[f"prompt_tokens_{label}"] = prompt
             row[f"output_tokens_{label}"] = output
             row[f"kv_bytes_per_request_{label}"] = plan.kv_bytes_per_request
-            row[f"requests_fit_{label}"] = plan.max_requests
+            row[f"requests_fit_{label}"] = plan.max_requests if slots is None else min(plan.max_requests, slots)
         rows.append(row)
     return pd.DataFrame(rows).sort_values("kv_bytes_per_token", kind="stable").reset_index(drop=True)
 

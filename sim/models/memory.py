@@ -77,6 +77,17 @@ def kv_footprint(spec: ModelSpec, prompt_tokens: int, output_tokens: int, reques
                   total_blocks, total_blocks * block_bytes, kv_budget_bytes, fits, max_req)
 
 
+STATE_TO_KV_RATIO = 0.9
+"""Linear-attention models: the state pool's memory relative to the KV pool's (kv.state_to_kv_ratio's default,
+SGLang's --mamba-full-memory-ratio)."""
+
+
+def state_slots(cache_bytes: float, state_bytes_per_request: float, ratio: float = STATE_TO_KV_RATIO) -> int:
+    """How many requests' linear-attention state a pool of `ratio` times the KV pool's memory holds out of
+    `cache_bytes` (r / (1 + r) of it, in whole states); the KV pool takes the rest."""
+    return int(cache_bytes * ratio / (1 + ratio) // state_bytes_per_request)
+
+
 def kv_budget_from_utilization(hw: HardwareProfile, weight_bytes: int, gpu_memory_utilization: float,
                                activation_bytes: int = 0, other_bytes: int = 0) -> int:
     """vLLM's way: utilization x card memory - weights - activation/graph workspace - other."""

@@ -202,3 +202,17 @@ def test_shipped_qwen3_5_scenario_memory_per_gpu_is_exact():
     per_seq = 45 * (CONV // 4 * 3 * 2 + 16 * 128 * 128 * 4)
     assert mem.state_slots == int(budget * 4 * 0.9 / 1.9 // (per_seq * 4)) == 557
     assert mem.num_blocks == int((budget * 4 - 557 * per_seq * 4) // (16 * 7680 * 4))
+
+
+def test_memory_fit_figure_charges_the_state_pool():
+    """The memory-fit figure's 12 GiB for Qwen3.5-397B-A17B (BF16 KV): the state pool's 31 requests' states
+    (0.9 / 1.9 of the budget, 192,061,440 B each) come first; the KV left holds 97 short requests (2,048 + 256) and
+    26 long ones (8,192 + 256), so 31 and 26 fit."""
+    from sim.figures.memory import memory_fit_table
+    row = memory_fit_table("12GiB", models=["qwen3.5-397b-a17b", "llama-3.1-8b"]).set_index("model")
+    q = row.loc["qwen3.5-397b-a17b"]
+    assert q.state_bytes_per_request == 192_061_440
+    assert (q.requests_fit_short, q.requests_fit_long) == (31, 26)
+    kv_left = 12 * 2**30 - 31 * 192_061_440
+    assert kv_left // q.kv_bytes_per_request_short == 97 and kv_left // q.kv_bytes_per_request_long == 26
+    assert row.loc["llama-3.1-8b"].state_bytes_per_request == 0
