@@ -260,11 +260,13 @@ class ModelSpec:
         return int(v) if v.denominator == 1 else float(v)
 
     def kv_bytes_of_sequence(self, tokens: int, fmt: str = "bf16") -> float:
-        """K and V one sequence of `tokens` tokens holds over all layers: kv_bytes_per_token each, plus, in the
-        sliding-window layers, at most the window's last tokens (what a disaggregated prefill hands over)."""
+        """What one sequence of `tokens` tokens holds over all layers, the bytes a disaggregated prefill hands over:
+        kv_bytes_per_token each, plus, in the sliding-window layers, at most the window's last tokens, and in the
+        linear-attention layers their fixed state (state_bytes_per_sequence, in its own format whatever `fmt`)."""
         w = self.profile.sliding_window
         per_layer_token = 0 if not w else self.window_kv_elements_per_sequence // w
         v = (tokens * self.kv_elements_per_token + min(tokens, w or 0) * per_layer_token) * kv_bytes_per_element(fmt)
+        v += self.state_bytes_per_sequence
         return int(v) if v.denominator == 1 else float(v)
 
     def kv_bytes_per_token_without_gqa(self, fmt: str = "bf16") -> float:

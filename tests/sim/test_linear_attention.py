@@ -48,7 +48,9 @@ def test_only_full_layers_keep_kv_and_every_linear_layer_keeps_a_fixed_state():
     assert s.full_attention_layers == 15
     assert s.kv_bytes_per_token("bf16") == 15 * 2 * 2 * 256 * 2
     assert s.state_bytes_per_sequence == 45 * (CONV * 3 * 2 + NV * 128 * 128 * 4) == 192_061_440
-    assert s.kv_bytes_of_sequence(1000, "bf16") == 1000 * s.kv_bytes_per_token("bf16")
+    # a disaggregated prefill hands the state over with the KV: the decode side cannot continue without it
+    assert s.kv_bytes_of_sequence(1000, "bf16") == 1000 * s.kv_bytes_per_token("bf16") + 192_061_440
+    assert s.kv_bytes_of_sequence(1000, "fp8") == 1000 * s.kv_bytes_per_token("fp8") + 192_061_440
     # TP4: 4 key and 16 value heads a GPU, one KV head of the full layers (2 KV heads replicated over 4 GPUs)
     assert state_bytes_per_sequence_per_gpu(s, Layout(tp=4)) == 45 * (CONV // 4 * 3 * 2 + 16 * 128 * 128 * 4)
     assert kv_bytes_per_token_per_gpu(s, Layout(tp=4), "fp8") == 15 * 2 * 1 * 256
