@@ -77,7 +77,7 @@ def plot_memory_fit(table: pd.DataFrame) -> Figure:
     ax2.set_xscale("symlog", linthresh=1)
     ax2.set_xlim(0, max(table[f"requests_fit_{s}"].max() for s in shapes) * 6)
     budget = table["kv_budget_bytes"].iloc[0]
-    ax2.set_xlabel(f"requests whose whole KV fits {budget / GiB:g} GiB at once")
+    ax2.set_xlabel(f"requests whose whole KV (and linear-attention state) fits {budget / GiB:g} GiB at once")
     ax2.set_title("requests that fit the KV budget (reserved for all outputs)", fontsize=10)
     ax2.legend(fontsize=8, loc="upper right")
     ax2.grid(axis="x", alpha=0.3)
