@@ -740,15 +740,16 @@ def test_host_time_per_sequence_is_paid_by_the_versions_that_schedule_synchronou
 
 
 def test_fp4_rows_of_experts_only_checkpoints_keep_the_rest_in_bf16():
-    """MiniMax-M2.5's and Kimi-K2.5's NVFP4 checkpoints quantize their routed experts alone: an fp4 row of one is
-    replayed with weight_format bf16 and expert_weight_format nvfp4; a dense fp4 row (Llama-3.1-70B) keeps nvfp4."""
+    """MiniMax-M2.5's, Kimi-K2.5's and Qwen3.5-397B-A17B's NVFP4 checkpoints quantize their routed experts alone: an
+    fp4 row of one is replayed with weight_format bf16 and expert_weight_format nvfp4; a dense fp4 row (Llama-3.1-70B)
+    keeps nvfp4."""
     from dataclasses import replace
     from sim.published.predict import EXPERTS_ONLY_FP4, build_case
     from sim.published.rows import read_published
     rows = read_published(FIXTURE)
     minimax = next(r for r in rows if r.model_path == "MiniMaxAI/MiniMax-M2.5")
     llama = next(r for r in rows if r.model_path == "meta-llama/Llama-3.1-70B")
-    assert set(EXPERTS_ONLY_FP4) == {"minimax-m2.5", "kimi-k2.5"}
+    assert set(EXPERTS_ONLY_FP4) == {"minimax-m2.5", "kimi-k2.5", "qwen3.5-397b-a17b"}
     s = build_case(replace(minimax, precision="fp4")).scenario
     assert (s["weight_format"], s["expert_weight_format"]) == ("bf16", "nvfp4")
     s = build_case(replace(llama, precision="fp4")).scenario
