@@ -221,9 +221,9 @@ def step_time_for(mixed: str = "one_pass", moe_kernels: str = "vllm", moe_routin
 
 def _engine_step_time(engine, backend: str, mixed: str, moe_kernels: str, moe_routing: str, all_reduce: str,
                       host_overhead_s: float | None, shared_experts_overlap, host_per_sequence_s: float = 0.0,
-                      mla_kernels: str = "engine", mxfp4: str | None = None) -> dict:
+                      mla_kernels: str = "engine", extra: dict | None = None) -> dict:
     """step_time_for with each `engine` choice (and `own`, the row's backend) resolved from the engine's defaults;
-    `mxfp4` the activations of MXFP4 experts (set only for them, sim.published.checkpoints.mxfp4_activations)."""
+    `extra` the model's own step_time.model fields (_model_fields)."""
     st = step_time_for(mixed, {"engine": engine.moe[0], "own": backend}.get(moe_kernels, moe_kernels),
                          engine.moe[1] if moe_routing == "engine" else moe_routing,
                          {"engine": engine.all_reduce, "own": backend}.get(all_reduce, all_reduce),
@@ -232,9 +232,20 @@ def _engine_step_time(engine, backend: str, mixed: str, moe_kernels: str, moe_ro
                          engine.qk_norm_kernels, host_per_sequence_s,
                          {"engine": engine.mla_kernels, "own": _own_mla(backend)}.get(mla_kernels, mla_kernels),
                          engine.dp_prefill_gather)
-    if mxfp4 is not None:
-        st["model"]["mxfp4_activations"] = mxfp4
+    st["model"].update(extra or {})
     return st
+
+
+def _model_fields(spec: ModelSpec, blackwell: bool, backend: str) -> dict:
+    """step_time.model fields only some models take: the activations of MXFP4 experts (as the runs' launch recipes
+    set them, sim.published.checkpoints.mxfp4_activations) and, for linear-attention layers, the row's engine's own
+    measured Gated DeltaNet kernels."""
+    out = {}
+    if (act := mxfp4_activations(spec, blackwell)) is not None:
+        out["mxfp4_activations"] = act
+    if spec.profile.linear_attention is not None:
+        out["linear_attention_kernels"] = backend
+    return out
 
 
 def _own_mla(backend: str) -> str:
@@ -385,15 +396,14 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds, moe
         "step_time": _engine_step_time(engine, row.backend, mixed, moe_kernels, moe_routing, all_reduce,
                                        host_overhead_s, shared_experts_overlap,
                                        engine.host_per_sequence_s(row.backend_version) if host_per_sequence_s is None
-                                       else host_per_sequence_s, mla_kernels, mxfp4_activations(spec, blackwell)),
+                                       else host_per_sequence_s, mla_kernels,
+                                       _model_fields(spec, blackwell, row.backend)),
         "parallel": {"tp": row.tp, "pp": row.pp, "ep": row.moe_ep, **({"attention_dp": dp} if dp > 1 else {})},
         "workload": {"kind": "closed_loop", "users": users,
                      "num_requests": users * (per_user or requests_per_user(row.osl)),
                      "prompt_tokens": {"kind": "fixed", "value": row.isl},
                      "output_tokens": {"kind": "fixed", "value": row.osl}},
     }
-    if spec.profile.linear_attention is not None:  # the row's engine's own measured Gated DeltaNet kernels
-        scenario["step_time"]["model"]["linear_attention_kernels"] = row.backend
     if dp > 1:
         # the routed experts see every rank's tokens, up to dp x the engine's token budget: beyond the fused-MoE
         # tables' largest measured count (16,384 tokens), where every expert is busy and the kernel's time grows
