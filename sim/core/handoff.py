@@ -89,12 +89,15 @@ class DisaggFrontend(Frontend):
 
     def __init__(self, env: simpy.Environment, scenario, workload, replicas: list[Replica], router,
                  decode_replicas: list[Replica], decode_router, link: KVLink, kv_bytes_of, recorder,
-                 progress=None):
+                 progress=None, link_bytes_of=None):
         super().__init__(env, scenario, workload, replicas, router, recorder, progress)
         self.decode_replicas = decode_replicas
         self.decode_router = decode_router
         self.link = link
         self.kv_bytes_of = kv_bytes_of  # a request's KV bytes from its token count (ModelSpec.kv_bytes_of_sequence)
+        # the bytes the link is timed with, where parts of them spread over the GPUs unlike the KV (a linear-attention
+        # model's state: sim.core.pools.state_link_bytes); the KV's own bytes otherwise
+        self.link_bytes_of = link_bytes_of or kv_bytes_of
         self._first_decode = decode_replicas[0].index if decode_replicas else 0
         self.first_token = scenario.disaggregation.first_token
         self.wait_for_prefill_response = scenario.disaggregation.wait_for_prefill_response
@@ -200,14 +203,14 @@ class DisaggFrontend(Frontend):
             super().leave(o, now_s)
             return
         o.status, o.admitted_s, o.remote_kv_tokens = Status.WAITING, None, o.computed_tokens
-        h.kv_bytes = self.kv_bytes_of(o.computed_tokens)
+        h.kv_bytes, link_bytes = self.kv_bytes_of(o.computed_tokens), self.link_bytes_of(o.computed_tokens)
         if self.first_token != "prefill":  # the client's first token comes from the decode pool
             o.first_token_s = o.last_token_s = None
             o.first_token_on_admit = self.first_token == "decode_admission"
             if self.first_token == "decode_recompute":  # the last prompt token is computed there again
                 o.output_tokens = 0
                 o.computed_tokens = o.remote_kv_tokens = o.computed_tokens - 1
-        h.transfer_start_s, h.transfer_end_s = self.link.book(leg.replica, h.kv_bytes, now_s)
+        h.transfer_start_s, h.transfer_end_s = self.link.book(leg.replica, link_bytes, now_s)
         self.env.process(self._deliver_after_transfer(h, self._hold_kv(leg, now_s)))
 
     def _hold_kv(self, leg: Request, now_s: float) -> tuple[object, Request]:

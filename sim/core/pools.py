@@ -118,6 +118,19 @@ def pool_view(sim, name: str, pool_cfg):
     return view
 
 
+def state_link_bytes(spec, send: Layout, receive: Layout, kv_of):
+    """For a linear-attention model, the bytes a request's handoff is timed with (None otherwise): its KV and its
+    state (ModelSpec.kv_bytes_of_sequence), the state weighed by its own share of the busiest GPU link over the KV's
+    (the link's lanes are the KV's, sim.models.parallel.kv_transfer_share). The state is split by heads over each
+    stage's tp GPUs and by layers over the stages on both sides, so the busiest link carries 1 / (tp x pp) of it on
+    the side with fewer GPUs a rank."""
+    state = spec.state_bytes_per_sequence
+    if not state:
+        return None
+    ratio = max(1 / (send.tp * send.pp), 1 / (receive.tp * receive.pp)) / kv_transfer_share(spec, send, receive)
+    return lambda tokens: kv_of(tokens) - state + state * ratio
+
+
 def check_disaggregated(sim) -> None:
     """What run_disaggregated checks and builds before it simulates (Simulation.check)."""
     sc = sim.scenario
@@ -147,8 +160,9 @@ def run_disaggregated(sim, executor=None, env: simpy.Environment | None = None) 
     link = KVLink(link_bandwidth_bytes_per_s(sc, sim.hw), d.link.latency_s,
                   int(lanes) if lanes.is_integer() else lanes, pre.count, send.attention_dp)
     kind = sc.cluster.router.kind
+    kv_of = partial(sim.spec.kv_bytes_of_sequence, fmt=sc.kv.format)
     frontend = DisaggFrontend(env, sc, sim.workload, pre.replicas, ROUTERS[kind](), dec.replicas, ROUTERS[kind](), link,
-                              partial(sim.spec.kv_bytes_of_sequence, fmt=sc.kv.format), rec, sim.progress)
+                              kv_of, rec, sim.progress, state_link_bytes(sim.spec, send, receive, kv_of))
     for pool in (pre, dec):
         for r in pool.replicas:
             frontend.start(r, pool.executor)

@@ -156,6 +156,12 @@ def test_memory_command_states_the_state_pool(capsys):
                  "--prompt", "100", "--requests", "3"]) == 0
     text = capsys.readouterr().out
     assert "linear-attention state per request  183.16 MiB (45 layers, fp32 state" in text
+    # a GPU must hold its share of the state pool too: weights + KV pool alone would fit a B200, with the pool not
+    assert main(["memory", "--model", "qwen3.5-397b-a17b", "--weight-format", "fp8", "--tp", "8", "--ep", "8",
+                 "--kv-budget", "1200GiB", "--hardware", "b200", "--json"]) == 0
+    par = json.loads(capsys.readouterr().out)["parallel"]
+    w, kv, pool = par["weights_per_gpu"]["total"], par["kv_budget_bytes_per_gpu"], par["state_pool_bytes_per_gpu"]
+    assert w + kv <= load_hardware("b200").memory_bytes < w + kv + pool and par["fits_per_gpu"] is False
     assert "max requests                        73" in text
 
 
@@ -218,3 +224,64 @@ def test_memory_fit_figure_charges_the_state_pool():
     kv_left = 12 * 2**30 - 31 * 192_061_440
     assert kv_left // q.kv_bytes_per_request_short == 97 and kv_left // q.kv_bytes_per_request_long == 26
     assert row.loc["llama-3.1-8b"].state_bytes_per_request == 0
+
+
+def test_a_disaggregated_handoff_times_the_state_by_its_own_split():
+    """The decode pool needs each request's state with its KV. The link's lanes are the KV's (kv_transfer_share: with
+    2 KV heads over TP8 on both sides, the busiest link carries 2x the request's KV); the state is split over the 8
+    GPUs by heads, so each link carries an eighth of it: weighed 1/16 against the KV."""
+    from sim.core.pools import state_link_bytes
+    from sim.core.simulation import Simulation
+    from sim.io.config import load_scenario
+    from sim.models.parallel import kv_transfer_share
+    s, lay = spec(), Layout(tp=8)
+    kv_of = lambda t: s.kv_bytes_of_sequence(t, "fp8")  # noqa: E731
+    share = kv_transfer_share(s, lay, lay)
+    assert share == 2.0
+    link = state_link_bytes(s, lay, lay, kv_of)
+    state = s.state_bytes_per_sequence
+    assert link(1000) == pytest.approx(kv_of(1000) - state + state * (1 / 8) / share)
+    assert state_link_bytes(ModelSpec(load_model("llama-3.1-8b")), lay, lay, kv_of) is None
+    # end to end: a Qwen3.5 prefill pool hands its requests to a decode pool; the bytes recorded are KV and state
+    sc, base = load_scenario(REPO / "scenarios" / "parallel" / "qwen3.5-397b-a17b-tp4-b200.yaml")
+    raw = sc.model_dump(exclude_unset=True)
+    raw.update(parallel={"tp": 8}, workload=dict(raw["workload"], num_requests=12),
+               disaggregation={"prefill": {"replicas": 1, "parallel": {"tp": 8}},
+                               "decode": {"replicas": 1, "parallel": {"tp": 8}}, "link": {"latency_s": 0.0005}})
+    from sim.io.config import Scenario
+    result = Simulation(Scenario.model_validate(raw), base).run()
+    req = result.requests
+    done = req[req["kv_transfer_bytes"].notna()]
+    assert len(done) == 12
+    assert (done["kv_transfer_bytes"] > state).all()
+
+
+def test_a_state_ratio_on_a_model_without_linear_layers_is_refused(tmp_path):
+    import yaml
+    from sim.core.simulation import Simulation
+    from sim.io.config import load_scenario
+    from sim.io.errors import ConfigError
+    raw = yaml.safe_load((REPO / "scenarios" / "parallel" / "llama-3.1-70b-tp4-h100.yaml").read_text())
+    raw["kv"]["state_to_kv_ratio"] = 0.5
+    path = tmp_path / "llama.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    with pytest.raises(ConfigError, match="kv.state_to_kv_ratio: 0.5 on llama-3.1-70b, which has no linear-attention"):
+        Simulation(*load_scenario(path))
+    raw["kv"]["state_to_kv_ratio"] = 0.9     # the default, as a scenario written out in full states it: fine
+    path.write_text(yaml.safe_dump(raw))
+    Simulation(*load_scenario(path))
+
+
+def test_the_breakdown_names_the_linear_layers_and_the_reads_view_counts_the_state():
+    """`capsim profile`'s breakdown: 15 layers of attention kernels, 45 of linear attention, and at one stage nothing
+    left over for `pipeline`; a decode step reads and writes each sequence's state (capsim memory --batch)."""
+    from sim.models.roofline import decode_reads
+    m = _model(Layout(tp=4), "sglang")
+    b = m.breakdown_s(8192 + 64, 1, 8192 * 8193 // 2, 64, 64 * 2000, 65)
+    assert b["linear_attention"] > 0 and abs(b["pipeline"]) < 1e-12
+    assert b["context_attention"] == pytest.approx(15 * m.context_attention_s(1, 8192 * 8193 // 2))
+    r = decode_reads(spec(), 64, 2048, "fp8", "fp8")
+    assert r.state_bytes_per_output_token == 2 * 192_061_440
+    assert r.bytes_per_iteration == pytest.approx(r.weight_bytes_per_output_token * 64
+                                                  + 64 * (r.kv_bytes_per_output_token + 2 * 192_061_440))
+    assert decode_reads(ModelSpec(load_model("llama-3.1-8b")), 8, 2048).state_bytes_per_output_token == 0
