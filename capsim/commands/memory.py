@@ -8,6 +8,7 @@ import json
 import sys
 from pathlib import Path
 
+from sim.io.config import STATE_TO_KV_RATIO
 from sim.io.errors import ConfigError
 from capsim.argtypes import count as _count, fraction as _fraction, int_list as _int_list, size as _size
 from sim.io.units import fmt_bytes
@@ -39,7 +40,7 @@ def _add_memory(sub) -> argparse.ArgumentParser:
     p.add_argument("--gpu-memory-utilization", type=_fraction,
                    help="instead of --kv-budget: fraction of --hardware memory, minus weights and --activation")
     p.add_argument("--activation", type=_size, default=0, help="activation / CUDA-graph workspace (with utilization)")
-    p.add_argument("--state-to-kv-ratio", type=float, default=0.9,
+    p.add_argument("--state-to-kv-ratio", type=float, default=STATE_TO_KV_RATIO,
                    help="models with linear-attention layers: their state pool's memory relative to the KV pool's "
                         "(a scenario's kv.state_to_kv_ratio; SGLang's --mamba-full-memory-ratio, default 0.9)")
     p.add_argument("--hardware", help="hardware profile for the time bound and utilization budget")
@@ -202,12 +203,15 @@ def cmd_memory(args) -> int:
                           "bytes_per_output_token": r.bytes_per_output_token,
                           "weight_bytes_per_output_token": r.weight_bytes_per_output_token,
                           "kv_bytes_per_output_token": r.kv_bytes_per_output_token,
+                          **({"state_bytes_per_output_token": r.state_bytes_per_output_token}
+                             if r.state_bytes_per_output_token else {}),
                           "flops_per_iteration": r.flops, "time_bound_s": r.time_bound_s,
                           "memory_bound": r.memory_bound})
         out["reads"] = reads
         out["b_kv"] = b_kv(spec.weight_read_bytes(args.weight_format), ctx, spec.kv_bytes_per_token(args.kv_format))
     if not layout.trivial:
-        out["parallel"], plan = parallel_view(args, spec, hw, layout, kv_budget)
+        out["parallel"], plan = parallel_view(args, spec, hw, layout, kv_budget,
+                                              (state or {}).get("state_pool_bytes", 0))
         plan = _with_slots(plan, state)
         out.update(plan.as_dict())
     if args.json:

@@ -118,8 +118,10 @@ def _suggest(spec, lay, fmt: str) -> str:
     return f"{lay.describe()} ({lay.gpus} GPUs, {fmt_bytes(weights_per_gpu(spec, lay, fmt).total)} of weights per GPU: {flags})"
 
 
-def parallel_view(args, spec, hw, layout, budget_per_gpu: int | None) -> tuple[dict, object]:
-    """(`parallel` JSON block, KV footprint per GPU) for a multi-GPU layout."""
+def parallel_view(args, spec, hw, layout, budget_per_gpu: int | None,
+                  state_pool_per_gpu: int = 0) -> tuple[dict, object]:
+    """(`parallel` JSON block, KV footprint per GPU) for a multi-GPU layout; `budget_per_gpu` is the KV pool's, beside
+    a linear-attention model's state pool of `state_pool_per_gpu` (counted in what each GPU must hold)."""
     from sim.models.memory import kv_footprint
     from sim.models.parallel import kv_bytes_per_token_per_gpu, kv_replication, weights_per_gpu
     w = weights_per_gpu(spec, layout, args.weight_format)
@@ -138,8 +140,11 @@ def parallel_view(args, spec, hw, layout, budget_per_gpu: int | None) -> tuple[d
              "kv_budget_bytes_per_replica": budget_per_gpu * layout.gpus if budget_per_gpu is not None else None}
     if layout.attention_dp > 1:
         block["attention_dp"] = layout.attention_dp
+    if state_pool_per_gpu:
+        block["state_pool_bytes_per_gpu"] = state_pool_per_gpu
     if hw is not None:
-        need = w.total + args.activation + (budget_per_gpu if budget_per_gpu is not None else plan.total_kv_bytes)
+        need = (w.total + args.activation + state_pool_per_gpu
+                + (budget_per_gpu if budget_per_gpu is not None else plan.total_kv_bytes))
         block["gpu_memory_bytes"] = hw.memory_bytes
         block["fits_per_gpu"] = bool(need <= hw.memory_bytes and plan.fits is not False)
     return block, plan

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from sim.io.config import Scenario
 from sim.io.errors import ConfigError
 from sim.io.profiles import HardwareProfile, load_model
-from sim.models.memory import OffloadLayout, kv_budget_from_utilization, offload_layout, state_slots
+from sim.models.memory import (STATE_TO_KV_RATIO, OffloadLayout, kv_budget_from_utilization, offload_layout,
+                               state_slots)
 from sim.models.parallel import (Layout, check_layout, kv_bytes_per_token_per_gpu, replica_weight_bytes,
                                  state_bytes_per_sequence_per_gpu, weights_per_gpu)
 from sim.models.spec import ModelSpec
@@ -43,7 +44,9 @@ class ReplicaMemory:
     state_bytes: int = 0
     """The state pool's bytes over the replica (taken from the KV budget before the blocks)."""
     state_bytes_per_sequence: int = 0
-    """One sequence's linear-attention state over the GPUs holding it (one attention data-parallel rank)."""
+    """One sequence's linear-attention state as the pool charges it: the fullest GPU's share times the GPUs of one
+    attention data-parallel rank, as KV blocks are counted (with pipeline stages of unequal linear layers, a little
+    above the state itself)."""
 
     @property
     def gpus(self) -> int:
@@ -188,7 +191,8 @@ def replica_memory(scenario: Scenario, spec: ModelSpec, hw: HardwareProfile) -> 
     num_blocks = ranks * int((budget - draft_bytes - lora_bytes - state_pool) / ranks // block_bytes)
     if num_blocks < 1:
         taken = [f"{what} take {b / 2**30:,.2f} GiB of it" for what, b in (
-            ("the drafter's weights (scheduler.speculative)", draft_bytes), ("the LoRA adapters (lora)", lora_bytes)) if b]
+            ("the drafter's weights (scheduler.speculative)", draft_bytes), ("the LoRA adapters (lora)", lora_bytes),
+            ("the linear-attention state pool (kv.state_to_kv_ratio)", state_pool)) if b]
         raise ConfigError(f"kv.budget: {budget} B holds no {kv.block_tokens}-token block ({block_bytes} B each)"
                           + (f"; {' and '.join(taken)}" if taken else ""))
     host_blocks = int(kv.host_budget // block_bytes)
@@ -208,6 +212,10 @@ def _state_pool(scenario: Scenario, spec: ModelSpec, layout: Layout, cache_bytes
     pool's memory, r / (1 + r) of `cache_bytes`, in whole sequences' states (as SGLang's hybrid models split it);
     (None, 0, 0) for a model without linear-attention layers."""
     if spec.profile.linear_attention is None:
+        if scenario.kv.state_to_kv_ratio != STATE_TO_KV_RATIO:  # it would be ignored: say so
+            raise ConfigError(f"kv.state_to_kv_ratio: {scenario.kv.state_to_kv_ratio} on {spec.profile.name}, which has "
+                              f"no linear-attention layers and so no state pool (allowed: {STATE_TO_KV_RATIO}, or leave "
+                              "it out)")
         return None, 0, 0
     per_seq = (spec.state_bytes_per_sequence if layout.trivial
                else state_bytes_per_sequence_per_gpu(spec, layout) * layout.rank_gpus)

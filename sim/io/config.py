@@ -75,6 +75,11 @@ def _budget_kind(v) -> str:
     return "utilization" if isinstance(v, (dict, UtilizationBudget)) else "bytes"
 
 
+STATE_TO_KV_RATIO = 0.9
+"""Linear-attention models: the state pool's memory relative to the KV pool's by default (SGLang's
+--mamba-full-memory-ratio default)."""
+
+
 class KVConfig(StrictModel):
     """The paged KV cache: block size, format, budget, admission, prefix caching, eviction, swap."""
 
@@ -97,8 +102,9 @@ class KVConfig(StrictModel):
     snapshot_tokens: PositiveInt | None = Field(
         None, description="Hybrid (recurrent) models: state snapshots every N tokens; reuse rounds down to one")
     state_to_kv_ratio: PositiveFloat = Field(
-        0.9, description="Models with linear-attention layers: the memory of the pool of their fixed per-sequence "
-                         "state, relative to the KV pool's (SGLang's --mamba-full-memory-ratio, default 0.9); its slots "
+        STATE_TO_KV_RATIO, description="Models with linear-attention layers: the memory of the pool of their fixed "
+                                       "per-sequence state, relative to the KV pool's (SGLang's --mamba-full-memory-"
+                                       "ratio, default 0.9); its slots "
                          "cap the requests running at once")
     warm_prefixes: list["NamedPrefix"] = Field(default_factory=list, description="Prefixes cached before arrivals")
     conversion_s_per_token: NonNegativeFloat = Field(

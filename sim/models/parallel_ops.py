@@ -529,12 +529,15 @@ class ParallelOpsModel(OpsModel):
         att_g = (dense + moe) * per_layer
         ffn = (dense * (self.layer_linear_s(tokens, rank=rank.tokens) - per_layer)
                + moe * (self.layer_linear_s(tokens, True, pre_seqs == 0, rank.tokens) - per_layer))
-        L = dense + moe
-        out = {"attention_gemms": att_g, "ffn_and_collectives": ffn,
-               "context_attention": L * self.context_attention_s(rank.pre_seqs, rank.pre_pairs),
-               "generation_attention": L * self.generation_attention_s(rank.dec_seqs, rank.dec_kv),
+        lin = sum(self.stage_linear)   # linear-attention layers: their own block in place of attention's
+        full = dense + moe - lin
+        out = {"attention_gemms": att_g - lin * per_layer, "ffn_and_collectives": ffn,
+               "context_attention": full * self.context_attention_s(rank.pre_seqs, rank.pre_pairs),
+               "generation_attention": full * self.generation_attention_s(rank.dec_seqs, rank.dec_kv),
                "lm_head": self.head_s(rank.logits),
                "host": self.host_s + self.host_seq_s * (rank.pre_seqs + rank.dec_seqs)}
+        if lin:
+            out["linear_attention"] = float(lin * self._linear_block_s(rank))
         out["pipeline"] = (self.pass_s(tokens, pre_seqs, pre_pairs, dec_seqs, dec_kv, logits, dec_tokens)
                            - sum(out.values()))
         return out
@@ -547,7 +550,7 @@ def build_replica_ops_model(cfg: OpsStepTime, spec: ModelSpec, hw, layout: Layou
     from sim.models.ops import build_ops_model, kv_read_scale
     p = spec.profile
     if (layout.pp == 1 and p.moe is None and p.mla is None and p.linear_attention is None
-            and spec.attention_format is None):
+            and not p.attention_output_gate and spec.attention_format is None):
         if cfg.tp != layout.tp:
             cfg = cfg.model_copy(update={"tp": layout.tp})
         return build_ops_model(cfg, spec, hw, weight_format, kv_format, allow_extrapolation, stream)

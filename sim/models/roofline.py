@@ -75,20 +75,24 @@ class DecodeReads:
     flops: float
     time_bound_s: float | None
     memory_bound: bool | None
+    state_bytes_per_output_token: float = 0.0
+    """A linear-attention model's fixed state, read and written back by every decode step (0 for other models)."""
 
 
 def decode_reads(spec: ModelSpec, batch: int, context_tokens: int, weight_fmt: str = "bf16",
                  kv_fmt: str = "bf16", peak_flops_per_s: float | None = None,
                  bandwidth_bytes_per_s: float | None = None) -> DecodeReads:
     """D(b, L) = D_w + b L k and d(b, L) = D_w / b + L k (reference section 4); for MoE, D_w counts the
-    routed experts the b tokens touch (ModelSpec.weight_read_bytes_at, uniform routing)."""
+    routed experts the b tokens touch (ModelSpec.weight_read_bytes_at, uniform routing); a linear-attention model's
+    sequences also read and write their fixed state, 2 s each (ModelSpec.state_bytes_per_sequence)."""
     w = spec.weight_read_bytes_at(batch, weight_fmt)
     k = spec.kv_bytes_per_token(kv_fmt)
-    total = iteration_bytes(w, k, batch * context_tokens)
+    state = 2 * spec.state_bytes_per_sequence
+    total = iteration_bytes(w, k, batch * context_tokens) + batch * state
     flops = batch * sequence_flops(spec, 1, context_tokens, logits=1)
     bound = bound_mem = None
     if peak_flops_per_s and bandwidth_bytes_per_s:
         bound = time_lower_bound_s(flops, total, peak_flops_per_s, bandwidth_bytes_per_s)
         bound_mem = total / bandwidth_bytes_per_s >= flops / peak_flops_per_s
     return DecodeReads(batch, context_tokens, total, total / batch, w / batch, context_tokens * k,
-                       flops, bound, bound_mem)
+                       flops, bound, bound_mem, state)
