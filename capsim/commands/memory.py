@@ -8,7 +8,7 @@ import json
 import sys
 from pathlib import Path
 
-from sim.io.config import STATE_TO_KV_RATIO
+from sim.models.memory import STATE_TO_KV_RATIO
 from sim.io.errors import ConfigError
 from capsim.argtypes import count as _count, fraction as _fraction, int_list as _int_list, size as _size
 from sim.io.units import fmt_bytes

@@ -18,6 +18,7 @@ from sim.io.parallel_schema import ParallelConfig
 from sim.core.schedulers import AnySchedulerConfig
 from sim.io.schema import StrictModel, parse_yaml, read_yaml_mapping, validate_mapping
 from sim.io.units import parse_bytes
+from sim.models.memory import STATE_TO_KV_RATIO
 
 # Upper bounds: far beyond any real deployment, low enough that a typo (1e30, 2**63) is refused with
 # its field named instead of overflowing NumPy or running for ever.
@@ -73,11 +74,6 @@ class UtilizationBudget(StrictModel):
 def _budget_kind(v) -> str:
     # a mapping when validating, the model itself when serializing (else pydantic warns and guesses)
     return "utilization" if isinstance(v, (dict, UtilizationBudget)) else "bytes"
-
-
-STATE_TO_KV_RATIO = 0.9
-"""Linear-attention models: the state pool's memory relative to the KV pool's by default (SGLang's
---mamba-full-memory-ratio default)."""
 
 
 class KVConfig(StrictModel):

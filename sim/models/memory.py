@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from sim.models.spec import ModelSpec
-from sim.io.config import STATE_TO_KV_RATIO
 from sim.io.profiles import HardwareProfile
 
 
@@ -76,6 +75,11 @@ def kv_footprint(spec: ModelSpec, prompt_tokens: int, output_tokens: int, reques
     return KVFootprint(kv_format, block_tokens, k, stored, private_blocks, private_blocks * block_bytes,
                   shared_prefix_tokens, shared_blocks, shared_blocks * block_bytes, requests,
                   total_blocks, total_blocks * block_bytes, kv_budget_bytes, fits, max_req)
+
+
+STATE_TO_KV_RATIO = 0.9
+"""Linear-attention models: the state pool's memory relative to the KV pool's by default (kv.state_to_kv_ratio;
+SGLang's --mamba-full-memory-ratio default)."""
 
 
 def state_slots(cache_bytes: float, state_bytes_per_request: float, ratio: float = STATE_TO_KV_RATIO) -> int:
