@@ -94,6 +94,15 @@ class RankLoad(NamedTuple):
     dec_seqs: float
     dec_kv: float
     logits: float
+    dec_tokens: float | None = None
+    """The decodes' positions (speculative verification: k + 1 a sequence); None: one each, or every token of a
+    pass without prefill (busiest_rank's default)."""
+
+    def decode_positions(self) -> float:
+        """dec_tokens, or its default."""
+        if self.dec_tokens is not None:
+            return self.dec_tokens
+        return self.tokens if self.pre_seqs == 0 else min(self.dec_seqs, self.tokens)
 
 
 class ParallelOpsModel(OpsModel):
@@ -122,8 +131,8 @@ class ParallelOpsModel(OpsModel):
         self._build_curves(tables, dtype)
         self.linear = None  # a linear-attention model's Gated DeltaNet layers (sim.models.linear_ops)
         if p.linear_attention is not None:
-            self.linear = LinearAttentionOps(spec, tables, tables.gemm(self.attention_dtype), cfg.linear_attention_kernels,
-                                             tp, self._look)
+            self.linear = LinearAttentionOps(spec, tables, tables.gemm(self.attention_dtype),
+                                             cfg.linear_attention_kernels, tp, self._look)
         self.moe_kernel = self._moe_kernel(tables, self.expert_dtype) if p.moe else None
         self.dp = layout.attention_dp
         self.nccl = tables.nccl() if (tp > 1 or self.dp > 1) else None
@@ -417,14 +426,14 @@ class ParallelOpsModel(OpsModel):
         one each, or every token of a pass without prefill)."""
         dp = self.dp
         if dp == 1:
-            return RankLoad(tokens, pre_seqs, pre_pairs, dec_seqs, dec_kv, logits)
+            return RankLoad(tokens, pre_seqs, pre_pairs, dec_seqs, dec_kv, logits, dec_tokens)
         if dec_tokens is None:
             dec_tokens = tokens if pre_seqs == 0 else min(dec_seqs, tokens)
         kp, kd = math.ceil(pre_seqs / dp - 1e-9), math.ceil(dec_seqs / dp - 1e-9)
         fp = kp / pre_seqs if pre_seqs else 0.0
         fd = kd / dec_seqs if dec_seqs else 0.0
         return RankLoad((tokens - dec_tokens) * fp + dec_tokens * fd, kp, pre_pairs * fp, kd, dec_kv * fd,
-                        math.ceil(logits / dp - 1e-9))
+                        math.ceil(logits / dp - 1e-9), dec_tokens * fd)
 
     def stage_s(self, stage: int, tokens: float, rank: RankLoad) -> float:
         """One pipeline stage's time for (a micro-batch of) the pass: `tokens` in all, `rank` the busiest
@@ -443,11 +452,14 @@ class ParallelOpsModel(OpsModel):
         return t
 
     def _linear_block_s(self, rank: RankLoad) -> float:
-        """One linear-attention layer's GEMMs and kernels for the busiest rank's part of a pass (its prefill tokens:
-        all but one per decoding sequence)."""
+        """One linear-attention layer's GEMMs and kernels for the busiest rank's part of a pass: its prefill tokens (all
+        but the decodes' positions) in one chunked call, its decodes as one recurrent call per position a sequence
+        (a speculative verification of k + 1 positions: k + 1 steps)."""
         lin = self.linear
-        prefill = max(rank.tokens - rank.dec_seqs, rank.pre_seqs) if rank.pre_seqs else 0.0
-        return lin.gemms_s(rank.tokens) + lin.prefill_s(rank.pre_seqs, prefill) + lin.decode_s(rank.dec_seqs)
+        dec_pos = rank.decode_positions()
+        prefill = max(rank.tokens - dec_pos, rank.pre_seqs) if rank.pre_seqs else 0.0
+        steps = max(dec_pos / rank.dec_seqs, 1.0) if rank.dec_seqs else 0.0
+        return lin.gemms_s(rank.tokens) + lin.prefill_s(rank.pre_seqs, prefill) + steps * lin.decode_s(rank.dec_seqs)
 
     def _rank_pass_s(self, tokens: float, rank: RankLoad) -> float:
         """One pass without pipeline stages as `rank` (the busiest attention data-parallel rank) makes it last."""
@@ -471,7 +483,7 @@ class ParallelOpsModel(OpsModel):
         f = 1.0 / m
         if busy:
             top = max(busy, key=lambda r: self.stage_s(0, tokens, r))
-            rank = RankLoad(*(v * f for v in top))
+            rank = RankLoad(*(None if v is None else v * f for v in top))
         else:
             dec_f = None if dec_tokens is None else dec_tokens * f
             rank = self.busiest_rank(tokens * f, pre_seqs * f, pre_pairs * f, dec_seqs * f, dec_kv * f, logits * f,
@@ -489,11 +501,11 @@ class ParallelOpsModel(OpsModel):
         out = []
         for pt, ps, pq, pl, dp_, ds, dkv, dl in loads:
             if part == "decode":
-                out.append(RankLoad(dp_, 0, 0, ds, dkv, dl))
+                out.append(RankLoad(dp_, 0, 0, ds, dkv, dl, dp_))
             elif part == "prefill":
-                out.append(RankLoad(pt, ps, pq, 0, 0, pl))
+                out.append(RankLoad(pt, ps, pq, 0, 0, pl, 0))
             else:
-                out.append(RankLoad(pt + dp_, ps, pq, ds, dkv, pl + dl))
+                out.append(RankLoad(pt + dp_, ps, pq, ds, dkv, pl + dl, dp_))
         return out
 
     def decode_part_s(self, plan) -> float:

@@ -285,3 +285,17 @@ def test_the_breakdown_names_the_linear_layers_and_the_reads_view_counts_the_sta
     assert r.bytes_per_iteration == pytest.approx(r.weight_bytes_per_output_token * 64
                                                   + 64 * (r.kv_bytes_per_output_token + 2 * 192_061_440))
     assert decode_reads(ModelSpec(load_model("llama-3.1-8b")), 8, 2048).state_bytes_per_output_token == 0
+
+
+def test_a_speculative_verification_runs_one_recurrent_step_per_position():
+    """Decodes verifying k drafts hold k + 1 positions each: the Gated DeltaNet layers run k + 1 recurrent steps for
+    them, and none of those positions counts as a prompt token of the chunked kernel."""
+    from sim.models.parallel_ops import RankLoad
+    m = _model(Layout(tp=4), "sglang")
+    lin = m.linear
+    plain, verify = RankLoad(64, 0, 0, 64, 64 * 2000, 64), RankLoad(256, 0, 0, 64, 64 * 2000, 256, 256)
+    assert m._linear_block_s(plain) == pytest.approx(lin.gemms_s(64) + lin.decode_s(64))
+    assert m._linear_block_s(verify) == pytest.approx(lin.gemms_s(256) + 4 * lin.decode_s(64))
+    mixed = RankLoad(8192 + 256, 1, 8192 * 8193 // 2, 64, 64 * 2000, 257, 256)
+    assert m._linear_block_s(mixed) == pytest.approx(lin.gemms_s(8192 + 256) + lin.prefill_s(1, 8192)
+                                                     + 4 * lin.decode_s(64))
