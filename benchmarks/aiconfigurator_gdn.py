@@ -30,7 +30,8 @@ import pandas as pd
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from aiconfigurator_moe import CARDS, REPO, _version_key, card_folders, wheel_args, wheel_note  # noqa: E402
+from aiconfigurator_moe import (CARDS, REPO, _version_key, card_folders, wheel_args, wheel_note,  # noqa: E402
+                               write_tables)
 
 ENGINES = ("vllm", "sglang", "trtllm")
 PHASES = {"context": "seq_len", "generation": "kv_len"}
@@ -62,11 +63,11 @@ def engine_rows(path: Path, shapes: set) -> tuple[dict[str, pd.DataFrame], set[s
         k = d[d.phase == phase]
         if k.empty:
             continue
-        per_kernel = k.groupby(["num_k_heads", "num_v_heads", "head_k_dim", "batch_size", "seq_len", "kernel_source"],
-                               as_index=False).latency.mean()
-        kernels = per_kernel.groupby(["num_k_heads", "num_v_heads", "head_k_dim", "batch_size", "seq_len"])
-        both = kernels.filter(lambda g: g.kernel_source.nunique() == 2)  # a point missing one kernel is dropped
-        t = both.groupby(["num_k_heads", "num_v_heads", "head_k_dim", "batch_size", "seq_len"], as_index=False).latency.sum()
+        point = ["num_k_heads", "num_v_heads", "head_k_dim", "batch_size", "seq_len"]
+        per_kernel = k.groupby(point + ["kernel_source"], as_index=False).latency.mean()
+        # a point missing either kernel is dropped
+        both = per_kernel.groupby(point).filter(lambda g: g.kernel_source.nunique() == 2)
+        t = both.groupby(point, as_index=False).latency.sum()
         out[phase] = pd.DataFrame({"batch": t.batch_size.astype(int),
                                    length: t.seq_len.astype(int) if phase == "context" else 1,
                                    "heads": t.num_k_heads.astype(int), "kv_heads": t.num_v_heads.astype(int),
@@ -100,8 +101,7 @@ def main(argv=None) -> int:
         if not tables:
             print(f"{card}: no Gated DeltaNet kernel measured for these shapes; nothing written", file=sys.stderr)
             continue
-        for stem, rows in tables.items():
-            rows.to_csv(folder / f"{stem}.csv.gz", index=False, compression={"method": "gzip", "mtime": 0})
+        write_tables(folder, tables)
         wheel_note(folder, NOTE, CARDS[card], "each engine's Gated DeltaNet kernels",
                    "linear_attention/<engine>/<version>/gdn_perf.parquet",
                    "convolution and delta rule added per point, the shipped linear-attention models' heads per GPU",

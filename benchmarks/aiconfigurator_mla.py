@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from aiconfigurator_moe import CARDS, _version_key, card_folders, wheel_args, wheel_note  # noqa: E402
+from aiconfigurator_moe import CARDS, _version_key, card_folders, wheel_args, wheel_note, write_tables  # noqa: E402
 
 ENGINES = ("sglang", "trtllm")
 PHASES = {"generation": "kv_len", "context": "seq_len"}
@@ -84,9 +84,7 @@ def main(argv=None) -> int:
         if not tables:
             print(f"{card}: no MLA kernel measured; nothing written", file=sys.stderr)
             continue
-        for stem, rows in tables.items():
-            rows.to_csv(folder / f"{stem}.csv.gz", index=False,
-                        compression={"method": "gzip", "mtime": 0})
+        write_tables(folder, tables)
         wheel_note(folder, NOTE, CARDS[card], "SGLang's and TensorRT-LLM's MLA attention kernels",
                    "mla/<engine>/<version>/{context,generation}_mla_perf.parquet", "BF16 or FP8 KV cache, heads per GPU",
                    notes, "aiconfigurator_mla.py")

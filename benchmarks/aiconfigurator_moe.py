@@ -138,6 +138,12 @@ def wheel_note(folder: Path, marker: str, system: str, what: str, path: str, det
                                     f"data/{system}/{path}), {detail}: {'; '.join(notes)}; taken by benchmarks/{script}.")
 
 
+def write_tables(folder: Path, tables: dict) -> None:
+    """Each `stem -> rows` table as folder/<stem>.csv.gz, byte-identical for the same rows (gzip mtime 0)."""
+    for stem, rows in tables.items():
+        rows.to_csv(folder / f"{stem}.csv.gz", index=False, compression={"method": "gzip", "mtime": 0})
+
+
 def card_folders(args: argparse.Namespace):
     """(card, its table-set folder under --out) for each of --cards, refusing an unknown card or a missing folder."""
     for card in args.cards.split(","):
@@ -177,7 +183,7 @@ def main(argv=None) -> int:
         folder = Path(args.out) / card
         if not folder.is_dir():
             raise SystemExit(f"{folder}: no such table set")
-        rows.to_csv(folder / "moe.csv.gz", index=False, compression={"method": "gzip", "mtime": 0})
+        write_tables(folder, {"moe": rows})
         wheel_note(folder, NOTES[0], system, "each engine's table", "moe/<engine>/<version>/moe_perf.parquet",
                    "balanced and power_law_1.2 routing, the shipped MoE models' shapes, the fastest kernel per point",
                    notes, "aiconfigurator_moe.py")
