@@ -74,6 +74,13 @@ class HardwareProfile(StrictModel):
     kv_transfer_link: HostLink | None = Field(
         None, description="Scale-out link per GPU (NIC) that disaggregated prefill pools send KV to decode pools over; "
                           "absent: a disaggregated scenario gives disaggregation.link.bandwidth_gbs")
+    scale_up_gpus: OptionalSourced | None = Field(
+        None, description="GPUs one collective reaches over the card's NVLink / NVSwitch domain (an HGX board's 8, an "
+                          "NVL72 rack's 72): collectives over more GPUs than the kernel tables measure are scaled up to "
+                          "it (sim.models.collectives); absent: only the measured GPU counts")
+    scale_out_link: HostLink | None = Field(
+        None, description="Per-GPU network link (NIC) that collectives spanning several scale-up domains cross "
+                          "(sim.models.collectives); absent: a replica stays within one domain")
     unified_memory: bool = Field(False, description="CPU and accelerator share one memory (Apple, GH200's LPDDR side not counted)")
     measured: MeasuredCeilings = Field(default_factory=MeasuredCeilings)
 
@@ -87,6 +94,12 @@ class HardwareProfile(StrictModel):
         link = self.host_link.bandwidth_gbs_per_direction.value
         if link is not None and not link > 0:
             raise ValueError(f"host_link.bandwidth_gbs_per_direction.value must be > 0 (or null), got {link}")
+        up = self.scale_up_gpus.value if self.scale_up_gpus is not None else None
+        if up is not None and not (up >= 2 and float(up).is_integer()):
+            raise ValueError(f"scale_up_gpus.value must be a whole number of GPUs >= 2 (or null), got {up:g}")
+        out = self.scale_out_link.bandwidth_gbs_per_direction.value if self.scale_out_link is not None else None
+        if out is not None and not out > 0:
+            raise ValueError(f"scale_out_link.bandwidth_gbs_per_direction.value must be > 0 (or null), got {out}")
         return self
 
     @property
