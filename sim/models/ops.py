@@ -32,6 +32,7 @@ import sys
 from sim.io.errors import ConfigError
 from sim.io.notices import say
 from sim.io.ops_schema import DEFAULT_HOST_OVERHEAD_S, OpsStepTime
+from sim.models.collectives import Fabric, fabric_of, table_collectives
 from sim.models.ops_tables import MCurve, OutOfRange, TableSet, load_table_set
 from sim.models.spec import ModelSpec
 
@@ -90,7 +91,8 @@ class OpsModel:
     """Cached-token bytes of the KV format relative to BF16 (KV_READ_SCALE); set by build_ops_model."""
 
     def __init__(self, cfg: OpsStepTime, spec: ModelSpec, tables: TableSet, dtype: str,
-                 memory_bandwidth_gbs: float, allow_extrapolation: bool = False, stream=None):
+                 memory_bandwidth_gbs: float, allow_extrapolation: bool = False, stream=None,
+                 fabric: Fabric | None = None):
         p = spec.profile
         if p.moe is not None or p.mla is not None:
             raise ConfigError(f"step_time.model: kind ops does not model {'MoE' if p.moe else 'MLA'} layers yet "
@@ -115,16 +117,13 @@ class OpsModel:
         self._build_gemms(tables, dtype)
         self.context = tables.context().shape(self.heads, self.kv_heads, p.head_dim)
         self.generation = tables.generation().shape(self.heads, self.kv_heads, p.head_dim)
-        self.nccl = tables.nccl() if tp > 1 else None
-        self.ar = tables.all_reduce(cfg.all_reduce) if tp > 1 else None
-        if self.ar is not None and tp not in self.ar.gpus("all_reduce"):
-            raise ConfigError(f"{self.ar.path}: no all_reduce measurement on {tp} GPUs "
-                              f"(measured: {self.ar.gpus('all_reduce')}); the replica's tensor parallelism "
-                              "(parallel.tp, or step_time.model.tp; --tp) must be one of them")
-        if self.nccl is not None and tp not in self.nccl.gpus("all_gather"):  # the logits' all-gather (head_s)
-            raise ConfigError(f"{self.nccl.path}: no all_gather measurement on {tp} GPUs "
-                              f"(measured: {self.nccl.gpus('all_gather')}); the logits' all-gather under the replica's "
-                              "tensor parallelism (parallel.tp, or step_time.model.tp; --tp) needs one")
+        self.ar, self.nccl = table_collectives(tables, fabric, cfg.all_reduce) if tp > 1 else (None, None)
+        if self.ar is not None and (why := self.ar.why_not("all_reduce", tp)):
+            raise ConfigError(f"{why}; the replica's tensor parallelism (parallel.tp, or step_time.model.tp; --tp) "
+                              "must be one of them")
+        if self.nccl is not None and (why := self.nccl.why_not("all_gather", tp)):  # the logits' all-gather (head_s)
+            raise ConfigError(f"{why}; the logits' all-gather under the replica's tensor parallelism (parallel.tp, "
+                              "or step_time.model.tp; --tp) needs one")
         self._small = self._small_ops(memory_bandwidth_gbs)
         self._layer_cache: dict[int, float] = {}
 
@@ -300,6 +299,6 @@ def build_ops_model(cfg: OpsStepTime, spec: ModelSpec, hw, weight_format: str, k
         where = "step_time.model.tables" if cfg.tables else f"step_time.model.tables (default: the hardware, {hw.name})"
         raise ConfigError(f"{where}: {exc}") from None
     model = OpsModel(cfg, spec, tables, ops_dtype(cfg, weight_format), hw.memory_bandwidth_gbs.value,
-                     allow_extrapolation, stream)
+                     allow_extrapolation, stream, fabric_of(hw))
     model.kv_read_scale = scale
     return model

@@ -51,6 +51,7 @@ from sim.io.errors import ConfigError
 from sim.io.notices import say_once
 from sim.io.ops_schema import DEFAULT_HOST_OVERHEAD_S, OpsStepTime
 from sim.models.ops import OpsModel, SMALL_OPS, REFERENCE_BANDWIDTH_GBS, ops_dtype, qk_norm_ops
+from sim.models.collectives import Collectives, Fabric, fabric_of, table_collectives
 from sim.models.linear_ops import LinearAttentionOps
 from sim.models.moe_tables import MoeTable
 from sim.models.ops_tables import MCurve, NcclTable, TableSet, _cached, find_table, load_table_set
@@ -109,7 +110,7 @@ class ParallelOpsModel(OpsModel):
     """`step_s(plan)` of a replica under `layout` (pipeline, MoE / expert parallelism, MLA); see the module."""
 
     def __init__(self, cfg: OpsStepTime, spec: ModelSpec, tables: TableSet, dtype: str, memory_bandwidth_gbs: float,
-                 layout: Layout, allow_extrapolation: bool = False, stream=None):
+                 layout: Layout, allow_extrapolation: bool = False, stream=None, fabric: Fabric | None = None):
         p = spec.profile
         self.cfg, self.spec, self.tables, self.dtype, self.layout = cfg, spec, tables, dtype, layout
         self.tp = tp = layout.tp
@@ -135,16 +136,21 @@ class ParallelOpsModel(OpsModel):
                                              cfg.linear_attention_kernels, tp, self._look)
         self.moe_kernel = self._moe_kernel(tables, self.expert_dtype) if p.moe else None
         self.dp = layout.attention_dp
-        self.nccl = tables.nccl() if (tp > 1 or self.dp > 1) else None
         sum_len = self.dp > 1 and cfg.dp_prefill_gather == "all_reduce"  # all-reduces over the expert GPUs (_combine_s)
-        self.ar = tables.all_reduce(cfg.all_reduce) if (tp > 1 or layout.moe_tp > 1 or sum_len) else None
+        self.ar = self.nccl = None
+        if tp > 1 or layout.moe_tp > 1 or sum_len:
+            self.ar, self.nccl = table_collectives(tables, fabric, cfg.all_reduce)
+        if tp > 1 or self.dp > 1:
+            self.nccl = self.nccl or Collectives(tables.nccl(), fabric)
+        else:
+            self.nccl = None
         self.net = None
         if (layout.ep > 1 and layout.ep_communication == "all_to_all") or layout.pp > 1:
             path = find_table(tables.folder, "nccl_parallel")
             if path is None:
                 raise ConfigError(f"{tables.folder}: no nccl_parallel.csv (all-to-all and send/recv for expert and "
                                   "pipeline parallelism; benchmarks/parallel_collectives.py writes it)")
-            self.net = _cached(NcclTable, path)
+            self.net = Collectives(_cached(NcclTable, path), fabric)
         self._check_collectives()
         self._scale = REFERENCE_BANDWIDTH_GBS / memory_bandwidth_gbs
         self.stages = stage_layers(p.num_layers, layout.pp)
@@ -296,9 +302,8 @@ class ParallelOpsModel(OpsModel):
         if lay.pp > 1:
             need.append((self.net, "send_recv", 2, "parallel.pp"))
         for table, op, gpus, field in need:
-            if gpus not in table.gpus(op):
-                raise ConfigError(f"{field}: {table.path} has no {op} measurement on {gpus} GPUs "
-                                  f"(measured: {table.gpus(op)}); allowed: those GPU counts")
+            if why := table.why_not(op, gpus):
+                raise ConfigError(f"{field}: {why}; allowed: those GPU counts (sim.models.collectives)")
 
     # ---- per layer --------------------------------------------------------------------------
     def _small_s(self, tokens: float, ffn_width: float) -> float:
@@ -573,7 +578,7 @@ def build_replica_ops_model(cfg: OpsStepTime, spec: ModelSpec, hw, layout: Layou
         where = "step_time.model.tables" if cfg.tables else f"step_time.model.tables (default: the hardware, {hw.name})"
         raise ConfigError(f"{where}: {exc}") from None
     model = ParallelOpsModel(cfg, spec, tables, ops_dtype(cfg, weight_format), hw.memory_bandwidth_gbs.value, layout,
-                             allow_extrapolation, stream)
+                             allow_extrapolation, stream, fabric_of(hw))
     model.kv_read_scale = scale
     model.measure_mla(kv_format)
     return model

@@ -152,13 +152,14 @@ def _collectives_missing(hardware: str, layout: Layout, all_reduce: str = "nccl"
         need += [("all_reduce", layout.tp, all_reduce), ("all_gather", layout.tp, "nccl")]
     if layout.attention_dp > 1 and layout.ep_communication == "all_reduce":
         need.append(("all_gather", layout.expert_gpus, "nccl"))
+    from sim.models.collectives import fabric_of, table_collectives
     from sim.models.ops_tables import load_table_set
-    tables = load_table_set(hardware)
+    tables, fabric = load_table_set(hardware), fabric_of(load_hardware(hardware))
     for op, gpus, whose in need:
-        table = tables.all_reduce(whose) if op == "all_reduce" else tables.nccl()
-        if gpus not in table.gpus(op):
-            return (f"{layout.describe()}: {op} over {gpus} GPUs, which the {hardware} tables do not measure "
-                    f"(measured: {table.gpus(op)} GPUs in {table.path.name}; one node)")
+        table = table_collectives(tables, fabric, whose)[0 if op == "all_reduce" else 1]
+        if why := table.why_not(op, gpus):
+            return (f"{layout.describe()}: {op} over {gpus} GPUs, which the {hardware} tables do not measure nor its "
+                    f"fabric reach ({why})")
     return None
 
 

@@ -295,19 +295,21 @@ def test_a_disaggregated_row_under_the_fixed_client_is_replayed_as_dynamos_bench
 
 
 def test_a_layouts_collectives_are_checked_in_the_tables_the_step_time_uses():
-    """The replay skips a row whose collectives its card's tables do not measure, checking the all-reduce in the
-    engine's own table when the engine's choice is its own (GB300 measures TensorRT-LLM's on 8 GPUs, NCCL's on 2 and
-    4) and the logits' all-gather under tp in NCCL's."""
+    """The replay skips a row whose collectives its card's tables do not measure and its fabric does not reach
+    (sim.models.collectives), checking the all-reduce in the engine's own table when the engine's choice is its own
+    (GB300 measures TensorRT-LLM's on 8 GPUs, NCCL's on 2 and 4; its NVL72 rack reaches 72) and the logits'
+    all-gather under tp in NCCL's."""
     from sim.models.parallel import Layout
     from sim.published.predict import _collectives_missing
     assert _collectives_missing("gb300", Layout(tp=4, ep=4), "trtllm") is None
     assert _collectives_missing("b200", Layout(tp=8, ep=8), "trtllm") is None
-    why = _collectives_missing("gb300", Layout(tp=8, ep=8), "nccl")
-    assert "all_reduce over 8 GPUs, which the gb300 tables do not measure (measured: [2, 4] GPUs in nccl.csv" in why
-    why = _collectives_missing("gb300", Layout(tp=8, ep=8), "trtllm")
-    assert "all_gather over 8 GPUs, which the gb300 tables do not measure (measured: [2, 4] GPUs in nccl.csv" in why
-    why = _collectives_missing("gb200", Layout(tp=8, ep=8), "trtllm")
-    assert "all_reduce over 8 GPUs" in why and "all_reduce_trtllm.csv" in why
+    for card in ("gb300", "gb200"):   # beyond the tray's measurements, within the rack's NVLink
+        for whose in ("nccl", "trtllm"):
+            assert _collectives_missing(card, Layout(tp=8, ep=8), whose) is None
+    assert _collectives_missing("b200", Layout(tp=8, attention_dp=8, ep=64), "sglang") is None  # 8 boards of 8
+    why = _collectives_missing("l40s", Layout(tp=16), "nccl")
+    assert why.startswith("tp16: all_reduce over 16 GPUs, which the l40s tables do not measure nor its fabric reach (")
+    assert "(measured: [2, 4, 8]), and l40s's hardware profile states no scale_up_gpus" in why
 
 
 def test_a_disaggregated_rows_front_end_counts_the_users_of_one_decode_worker():

@@ -279,11 +279,11 @@ def test_collectives_beyond_the_largest_message_take_its_bandwidth(tmp_path):
     from sim.models.ops_compose import prefill_plan
     pp = _ops(tmp_path, "parallel: {tp: 2, pp: 2}", model="llama-3.1-70b")
     for table, op in ((pp.net, "send_recv"), (pp.nccl, "all_reduce")):
-        xs, ys = table.series[(op, 2)]
+        xs, ys = table.table.series[(op, 2)]
         assert table.at(op, 2, xs[-1]) == pytest.approx(ys[-1])
         assert table.at(op, 2, 3 * xs[-1]) == pytest.approx(3 * ys[-1])
         assert table.at(op, 2, 0.5 * xs[-1]) < ys[-1]
-    assert 8192 * 8192 * 2 > pp.net.series[("send_recv", 2)][0][-1]
+    assert 8192 * 8192 * 2 > pp.net.table.series[("send_recv", 2)][0][-1]
     assert pp.step_s(prefill_plan(2, 4096)) > pp.step_s(prefill_plan(2, 2048))
 
 
@@ -676,17 +676,21 @@ def test_run_names_attention_data_parallelism(tmp_path, capsys):
 
 
 def test_a_layout_whose_logits_all_gather_is_unmeasured_is_refused_when_built():
-    """DeepSeek-V3 tp8 ep8 on GB300 with TensorRT-LLM's own all-reduce, which GB300's tables measure on 8 GPUs: the
-    layers' all-reduces can be timed, the logits' NCCL all-gather (measured on 2 and 4) cannot, so the model is refused
-    when built, naming the field, not at its first decode step."""
+    """DeepSeek-V3 tp8 ep8 with TensorRT-LLM's own all-reduce, which GB300's tables measure on 8 GPUs, and NCCL's
+    all-gather (the logits'), measured on 2 and 4. On GB300 the rack's NVLink reaches 8 GPUs (sim.models.collectives);
+    on a card whose profile states no fabric the all-gather cannot be timed, so the model is refused when built,
+    naming the field, not at its first decode step."""
     from sim.io.ops_schema import OpsStepTime
     from sim.models.parallel_ops import build_replica_ops_model
     spec, hw = ModelSpec(load_model("deepseek-v3")), load_hardware("gb300")
     cfg = OpsStepTime(tables="gb300", all_reduce="trtllm")
+    assert build_replica_ops_model(cfg, spec, hw, Layout(tp=8, ep=8), "fp8", "fp8", True).tp == 8
+    bare = hw.model_copy(update={"scale_up_gpus": None, "scale_out_link": None})
     with pytest.raises(ConfigError, match=r"parallel.tp: \S+gb300/nccl.csv has no all_gather measurement on 8 GPUs "
-                                          r"\(measured: \[2, 4\]\)"):
-        build_replica_ops_model(cfg, spec, hw, Layout(tp=8, ep=8), "fp8", "fp8", True)
-    assert build_replica_ops_model(cfg, spec, hw, Layout(tp=4, ep=4), "fp8", "fp8", True).tp == 4
+                                          r"\(measured: \[2, 4\]\), and gb300's hardware profile states no "
+                                          r"scale_up_gpus"):
+        build_replica_ops_model(cfg, spec, bare, Layout(tp=8, ep=8), "fp8", "fp8", True)
+    assert build_replica_ops_model(cfg, spec, bare, Layout(tp=4, ep=4), "fp8", "fp8", True).tp == 4
 
 
 def _mla_row(card: str, stem: str, batch: int, length: int, heads: int) -> float:

@@ -165,15 +165,19 @@ def test_a_capacity_from_a_run_shorter_than_its_latency_is_flagged():
 
 
 def test_a_layout_the_cards_tables_cannot_time_is_a_problem_not_a_crash(tmp_path: Path):
-    """GB200's NCCL table measures the 2 and 4 GPUs of one tray: a TP8 deployment is reported with why (capsim
-    plan --gpus 8 --tp 4,8 on gb200 ranks the others instead of stopping at it)."""
+    """GB200's NCCL table measures the 2 and 4 GPUs of one tray, its rack's NVLink reaches 72 and an HGX H100's
+    network joins boards of 8 (sim.models.collectives); L40S states no fabric, so TP16 on it is reported with why
+    (capsim plan --gpus 16 --tp 8,16 ranks the others instead of stopping at it)."""
     from sim.io.config import load_scenario
     from sim.planning.layouts import fit_problem
-    path = tmp_path / "gb200.yaml"
-    text = CASE.replace("hardware: h100-sxm", "hardware: gb200").replace(
-        "model: {kind: linear, constant_s: 0.010, per_new_token_s: 0.0001, per_pair_s: 0.0}", "model: {kind: ops}")
-    for tp, want in ((4, None), (8, "gb200/nccl.csv: no all_reduce measurement on 8 GPUs (measured: [2, 4])")):
-        path.write_text(text + f"parallel: {{tp: {tp}}}\n")
+    path = tmp_path / "case.yaml"
+    text = CASE.replace("model: {kind: linear, constant_s: 0.010, per_new_token_s: 0.0001, per_pair_s: 0.0}",
+                        "model: {kind: ops}")
+    refused = ("l40s/nccl.csv has no all_reduce measurement on 16 GPUs (measured: [2, 4, 8]), and l40s's hardware "
+               "profile states no scale_up_gpus")
+    for card, tp, want in (("gb200", 4, None), ("gb200", 8, None), ("h100-sxm", 16, None), ("l40s", 8, None),
+                           ("l40s", 16, refused)):
+        path.write_text(text.replace("hardware: h100-sxm", f"hardware: {card}") + f"parallel: {{tp: {tp}}}\n")
         sc, base = load_scenario(path)
         problem = fit_problem(sc, base)
         assert problem == want if want is None else want in problem
