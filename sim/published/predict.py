@@ -42,8 +42,10 @@ SYSTEMS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "b200_sxm": "b200", "
 MODEL_ALIASES = {"meta-llama/Llama-3.1-8B-Instruct": "llama-3.1-8b", "meta-llama/Meta-Llama-3.1-8B": "llama-3.1-8b",
                  "meta-llama/Llama-3.1-70B-Instruct": "llama-3.1-70b", "meta-llama/Meta-Llama-3.1-70B": "llama-3.1-70b",
                  "Qwen/Qwen3-32B-FP8": "qwen3-32b", "deepseek-ai/DeepSeek-R1": "deepseek-v3",
-                 "Qwen/Qwen3-235B-A22B-FP8": "qwen3-235b-a22b"}
-"""Checkpoints with the architecture of a shipped model profile (instruct tunes, FP8 exports)."""
+                 "Qwen/Qwen3-235B-A22B-FP8": "qwen3-235b-a22b", "nvidia/DeepSeek-R1-NVFP4": "deepseek-v3",
+                 "nvidia/DeepSeek-V3.1-NVFP4": "deepseek-v3", "nvidia/Qwen3-32B-NVFP4": "qwen3-32b"}
+"""Checkpoints with the architecture of a shipped model profile (instruct tunes, FP8 exports, NVIDIA's NVFP4
+quantizations: their config.json keeps the base model's architecture, DeepSeek-V3.1 DeepSeek-V3's)."""
 
 PRECISIONS = {"bf16": "bf16", "fp16": "bf16", "": "bf16", "fp8": "fp8", "fp4": "nvfp4"}
 """Published precision -> capsim weight format. Empty means the checkpoint's own dtype (BF16 for every
