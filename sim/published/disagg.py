@@ -77,9 +77,11 @@ decode_batch_size on the decode pool and the engine's launch default on the pref
 
 
 def build_disagg_case(row, per_user, start, build_case, case_cls, pool_batch: str = "defaults",
-                      first_token: str = "prefill", wait_for_prefill_response: bool = False):
+                      first_token: str = "prefill", wait_for_prefill_response: bool = False,
+                      ep_communication: str = "all_reduce"):
     """A disaggregated row as a closed loop of its concurrency against two pools, or why not (`pool_batch`: one of
-    POOL_BATCH; `first_token`: disaggregation.first_token; `wait_for_prefill_response`: its namesake there)."""
+    POOL_BATCH; `first_token`: disaggregation.first_token; `wait_for_prefill_response`: its namesake there;
+    `ep_communication`: parallel.ep_communication of a pool with attention data parallelism and expert parallelism)."""
     if row.concurrency < 1:
         return case_cls(row, skipped="disaggregated row without a client concurrency (silicon_concurrency)")
     pools = {}
@@ -106,9 +108,28 @@ def build_disagg_case(row, per_user, start, build_case, case_cls, pool_batch: st
         return case_cls(row, skipped=f"{hw.name}: no kv_transfer_link in its profile to send KV between the pools")
     scenario["disaggregation"] = {
         name: {"replicas": shape.workers, "kv_budget": sc["kv"]["budget"], "scheduler": sc["scheduler"],
-               "parallel": sc.get("parallel", {"tp": shape.tp, "pp": shape.pp, "ep": shape.moe_ep})}
+               "parallel": _pool_parallel(sc, shape, name, row.precision, ep_communication)}
         for name, (shape, sc) in pools.items()}
     scenario["disaggregation"]["first_token"] = first_token
     if wait_for_prefill_response:
         scenario["disaggregation"]["wait_for_prefill_response"] = True
     return case_cls(row, scenario=scenario, start=start)
+
+
+RECIPE_EP_COMMUNICATION = {("fp8", "prefill"): "all_to_all", ("fp8", "decode"): "all_to_all",
+                           ("fp4", "prefill"): "all_reduce", ("fp4", "decode"): "all_to_all"}
+"""parallel.ep_communication of an SGLang pool with attention DP and ep > 1 as its recipes set it, by (precision,
+pool): every FP8 such worker of the GB200 / GB300 recipes sets `moe-a2a-backend: deepep`, as does every FP4 decode
+worker; the FP4 prefill workers leave it out (SGLang's default, none: FlashInfer's MoE runners over gathered tokens).
+Read in ishandhanani/srt-slurm and NVIDIA/srt-slurm (92 recipes; EngineDefaults.disagg_ep_communication)."""
+
+
+def _pool_parallel(sc: dict, shape: PoolShape, pool: str, precision: str, ep_communication: str) -> dict:
+    """A pool's `parallel`: its case's, with `ep_communication` (or the recipes') where its attention-DP ranks
+    spread the experts."""
+    out = dict(sc.get("parallel", {"tp": shape.tp, "pp": shape.pp, "ep": shape.moe_ep}))
+    if ep_communication == "recipes":
+        ep_communication = RECIPE_EP_COMMUNICATION.get((precision, pool), "all_reduce")
+    if out.get("attention_dp", 1) > 1 and out.get("ep", 1) > 1 and ep_communication != "all_reduce":
+        out["ep_communication"] = ep_communication
+    return out

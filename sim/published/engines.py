@@ -208,6 +208,17 @@ class EngineDefaults:
     the first token does not wait for it (TensorRT-LLM's and vLLM's paths take the prefill response before the
     decode request is sent)."""
 
+    disagg_ep_communication: str = "all_reduce"
+    """Disaggregated rows: how the experts' inputs and outputs meet in a pool of attention data parallelism with the
+    experts spread over its GPUs (parallel.ep_communication): `all_reduce`, every rank's tokens gathered to the expert
+    GPUs and scattered back, `all_to_all`, each rank dispatching its tokens to their experts' GPUs and combining them
+    back (DeepEP), or `recipes`, as the recipes the rows ran set it (sim.published.disagg.RECIPE_EP_COMMUNICATION).
+    SGLang `recipes`: its 92 srt-slurm recipes of GB200 and GB300 set `moe-a2a-backend: deepep` on every FP8
+    attention-DP worker with ep > 1 (normal mode on the prefill, low-latency on the decode) and on every FP4 decode
+    worker of wide EP, and leave it out on the FP4 prefill workers (FlashInfer's MoE runners over gathered tokens)
+    (e.g. recipes/gb200-fp8/1k1k/max-tpt.yaml, gb200-fp4/1k1k/max-tpt.yaml; docs/disaggregation.md "DeepEP in
+    SGLang's wide-EP pools"). Read in the recipes, not fitted."""
+
     disagg_handshake: str = "none"
     """Disaggregated rows: whether the prefill waits for the decode server to take the request first, and how often
     the engines take new requests (sim.published.handshake.HANDSHAKES): `none` for TensorRT-LLM and vLLM, whose
@@ -277,6 +288,7 @@ class EngineDefaults:
                 f"rows); disaggregated rows' first token: {self.disagg_first_token}"
                 + (", after the prefill server's answer" if self.disagg_prefill_response == "wait" else "") +
                 f"; disaggregated workers' batch: {self.disagg_pool_batch}; decode handshake: {self.disagg_handshake}" +
+                f"; disaggregated attention-DP pools' experts meet by {self.disagg_ep_communication}" +
                 f"; attention-DP ranks' requests: {self.attention_dp_routing} ({self.disagg_attention_dp_routing} on "
                 f"disaggregated rows); KV cache in FP8: "
                 f"{KV_CACHE_ROWS[self.kv_cache]}")
@@ -341,7 +353,7 @@ ENGINES: dict[str, EngineDefaults] = {
         later_waves="cohort", moe=("sglang", "balanced"), mla_kernels="sglang", all_reduce="sglang",
         shared_experts_overlap="off", dp_prefill_gather="all_reduce",
         frontend_ms=(100.0, 0.0), disagg_first_token="decode_admission", disagg_prefill_response="wait",
-        disagg_handshake="recipes",
+        disagg_handshake="recipes", disagg_ep_communication="recipes",
         kv_cache="quantized",
         prefill_batches="separate"),
     "trtllm": EngineDefaults(

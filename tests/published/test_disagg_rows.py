@@ -110,6 +110,30 @@ def test_each_pool_schedules_with_its_own_attention_dp_limits():
     assert "skipped" not in out, out.get("skipped")
 
 
+def test_sglangs_attention_dp_pools_dispatch_their_experts_as_its_recipes_do():
+    """SGLang's wide-EP recipes set moe-a2a-backend deepep on their FP8 attention-DP workers and FP4 decode workers,
+    not on FP4 prefill workers (sim.published.disagg.RECIPE_EP_COMMUNICATION): those pools' experts meet all-to-all;
+    a pool without attention DP, and TensorRT-LLM's and vLLM's pools, keep the all-reduce of gathered tokens."""
+    from sim.published.disagg import PoolShape
+    ds, _ = read_published(FIXTURE)
+    assert ds.precision == "fp8"
+    wide = PoolShape(1, 1, 1, 8, 1, 8)
+    row = dataclasses.replace(ds, concurrency=2, prefill=wide)
+    assert ENGINES["sglang"].disagg_ep_communication == "recipes"
+    for backend, precision, want in (("sglang", "fp8", ("all_to_all", None)), ("sglang", "fp4", (None, None)),
+                                     ("trtllm", "fp8", (None, None)), ("vllm", "fp8", (None, None))):
+        d = build_case(dataclasses.replace(row, backend=backend, precision=precision),
+                       per_user=2).scenario["disaggregation"]
+        got = tuple(d[p]["parallel"].get("ep_communication") for p in ("prefill", "decode"))
+        assert got == want, (backend, precision)   # the decode pool here is tp 8 without attention DP
+    both = dataclasses.replace(row, precision="fp4", decode=wide)
+    d = build_case(both, per_user=2).scenario["disaggregation"]
+    assert d["decode"]["parallel"]["ep_communication"] == "all_to_all"
+    assert "ep_communication" not in d["prefill"]["parallel"]
+    out = simulate_case(None, build_case(row, per_user=2))
+    assert "skipped" not in out, out.get("skipped")
+
+
 def test_pool_batch_stated_limits_each_worker_to_the_rows_batch_sizes():
     """`--pool-batch stated`: the row's prefill_batch_size / decode_batch_size cap each worker's running requests
     (per attention-DP rank); `defaults` keeps the engine's launch limit; `decode` states the decode pool's alone;
