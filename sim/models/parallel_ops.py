@@ -52,6 +52,7 @@ from sim.io.notices import say_once
 from sim.io.ops_schema import DEFAULT_HOST_OVERHEAD_S, OpsStepTime
 from sim.models.ops import OpsModel, SMALL_OPS, REFERENCE_BANDWIDTH_GBS, ops_dtype, qk_norm_ops
 from sim.models.collectives import Collectives, Fabric, fabric_of, table_collectives
+from sim.models.deepep import DeepEP
 from sim.models.linear_ops import LinearAttentionOps
 from sim.models.moe_tables import MoeTable
 from sim.models.ops_tables import MCurve, NcclTable, TableSet, _cached, find_table, load_table_set
@@ -135,6 +136,7 @@ class ParallelOpsModel(OpsModel):
             self.linear = LinearAttentionOps(spec, tables, tables.gemm(self.attention_dtype),
                                              cfg.linear_attention_kernels, tp, self._look)
         self.moe_kernel = self._moe_kernel(tables, self.expert_dtype) if p.moe else None
+        self.deepep = DeepEP.build(tables, spec, layout, cfg, self._moe_candidates(self.expert_dtype), self.stream)
         self.dp = layout.attention_dp
         sum_len = self.dp > 1 and cfg.dp_prefill_gather == "all_reduce"  # all-reduces over the expert GPUs (_combine_s)
         self.ar = self.nccl = None
@@ -346,7 +348,10 @@ class ParallelOpsModel(OpsModel):
         e, lay = self.moe, self.layout
         g = self.moe_gemms
         rank = tokens / self.dp if rank is None else rank
-        if self.moe_kernel is not None:  # measured: the activation is inside the fused kernel; the busiest GPU's
+        wide = self.deepep.routed_s(tokens * lay.expert_imbalance, decode_only, self._look) if self.deepep else None
+        if wide is not None:  # SGLang's DeepEP path (sim.models.deepep)
+            routed, routed_width = wide, 0.0
+        elif self.moe_kernel is not None:  # measured: the activation is inside the fused kernel; the busiest GPU's
             routed = self._look(self.moe_kernel.at, tokens * lay.expert_imbalance)  # experts get imbalance x the work
             routed_width = 0.0
         else:
@@ -391,6 +396,8 @@ class ParallelOpsModel(OpsModel):
             return 2 * self._look(self.nccl.at, "all_gather", lay.expert_gpus, tokens * h * 2)
         if lay.ep == 1 or lay.ep_communication == "all_reduce":
             return self._all_reduce(lay.tp, tokens)
+        if self.deepep is not None:  # DeepEP's dispatch and combine of a rank's tokens (sim.models.deepep)
+            return self.deepep.exchange_s(tokens / self.dp, decode_only, self._look) + self._all_reduce(lay.moe_tp, tokens)
         routed = tokens * e.experts_per_token * h * 2 / lay.ep
         return 2 * self._look(self.net.at, "alltoall", lay.ep, routed) + self._all_reduce(lay.moe_tp, tokens)
 
