@@ -135,20 +135,27 @@ def parse_row(row: dict, where: str, line: int) -> PublishedRow:
 
 
 def _node_layout(system: str, ints: dict) -> str:
-    """Read an HGX agg row whose tp_size is its experts' moe_tp x moe_ep, more GPUs than its one node holds, as the
-    node it ran on: tp_size / moe_tp GPUs of tensor parallelism, the experts split moe_ep ways (moe_tp 1). The sample
-    states 193 agg rows so, on B200 and B300 under SGLang and TensorRT-LLM (165 DeepSeek-R1 / V3, 28 Qwen3.5): 106 at
-    tp 64 (moe_tp 8 x moe_ep 8) and 87 at tp 16 (4 x 4). The 63 of them whose numbers another row of the file repeats
-    exactly are stated there as tp 8, moe_tp 1, moe_ep 8 and tp 4, moe_tp 1, moe_ep 4. Changes `ints` in place;
+    """Read an HGX agg row whose tp_size, or attention_dp_size at tp 1, is its experts' moe_tp x moe_ep, more GPUs
+    than its one node holds, as the node it ran on: tp_size (attention_dp_size) / moe_tp GPUs, the experts split
+    moe_ep ways (moe_tp 1). The sample states 193 agg rows so at tp, on B200 and B300 under SGLang and TensorRT-LLM
+    (165 DeepSeek-R1 / V3, 28 Qwen3.5): 106 at tp 64 (moe_tp 8 x moe_ep 8) and 87 at tp 16 (4 x 4). The 63 of them
+    whose numbers another row of the file repeats exactly are stated there as tp 8, moe_tp 1, moe_ep 8 and tp 4,
+    moe_tp 1, moe_ep 4. And 31 TensorRT-LLM B200 rows at attention dp (20 at dp 64 = 8 x 8, 11 at dp 16 = 4 x 4):
+    InferenceX's B200 runs are single-node, so they read as dp 8 (4), moe_ep 8 (4). Changes `ints` in place;
     returns the row's note ("" when it reads as stated)."""
     node = NODE_GPUS.get(system)
-    tp, moe_tp, moe_ep = ints["tp_size"], ints["moe_tp_size"], ints["moe_ep_size"]
-    if node is None or tp <= node or ints["attention_dp_size"] > 1 or min(moe_tp, moe_ep) < 2 or moe_tp * moe_ep != tp \
-            or tp // moe_tp > node:
+    tp, dp, moe_tp, moe_ep = ints["tp_size"], ints["attention_dp_size"], ints["moe_tp_size"], ints["moe_ep_size"]
+    field = "tp_size" if dp <= 1 else "attention_dp_size"
+    gpus = tp if dp <= 1 else dp
+    if node is None or gpus <= node or (dp > 1 and tp != 1) or min(moe_tp, moe_ep) < 2 or moe_tp * moe_ep != gpus \
+            or gpus // moe_tp > node:
         return ""
-    ints["tp_size"], ints["moe_tp_size"] = tp // moe_tp, 1
-    return (f"tp_size {tp} = moe_tp {moe_tp} x moe_ep {moe_ep} exceeds one {node}-GPU node; read as tp "
-            f"{ints['tp_size']}, moe_tp 1, moe_ep {moe_ep}, as the same runs' rows elsewhere in the file state it")
+    ints[field], ints["moe_tp_size"] = gpus // moe_tp, 1
+    read = f"tp {ints['tp_size']}" if dp <= 1 else f"attention dp {ints['attention_dp_size']}, tp 1"
+    how = ("as the same runs' rows elsewhere in the file state it" if dp <= 1 else
+           "the single node InferenceX's B200 runs use, as its tp_size rows of the same form read")
+    return f"{field} {gpus} = moe_tp {moe_tp} x moe_ep {moe_ep} exceeds one {node}-GPU node; read as {read}, " \
+           f"moe_tp 1, moe_ep {moe_ep}, {how}"
 
 
 def read_published(path: str | Path) -> list[PublishedRow]:

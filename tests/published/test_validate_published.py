@@ -931,6 +931,15 @@ def test_an_hgx_row_whose_tp_size_is_its_experts_product_reads_as_its_node():
     assert row(system="gb200")[:3] == (64, 8, 8)                                        # a rack, not one node
     assert row(tp_size="8", moe_tp_size="1", moe_ep_size="8") == (8, 1, 8, "")           # fits its node
     assert row(attention_dp_size="8")[:3] == (64, 8, 8)                                   # not the pattern
+    # the attention-DP form (TensorRT-LLM's B200 rows at dp 64 = 8 x 8 and dp 16 = 4 x 4, tp 1): read as the node
+    dp = parse_row({
+        "id": "x", "backend": "trtllm", "model_path": "deepseek-ai/DeepSeek-R1", "system": "b200_sxm", "mode": "agg",
+        "isl": "1024", "osl": "1024", "batch_size": "16", "tp_size": "1", "attention_dp_size": "64",
+        "moe_tp_size": "8", "moe_ep_size": "8", "silicon_ttft_ms": "200", "silicon_tpot_ms": "10"}, "f.csv, line 2", 2)
+    assert (dp.tp, dp.attention_dp, dp.moe_tp, dp.moe_ep) == (1, 8, 1, 8)
+    assert dp.note == ("attention_dp_size 64 = moe_tp 8 x moe_ep 8 exceeds one 8-GPU node; read as attention dp 8, "
+                       "tp 1, moe_tp 1, moe_ep 8, the single node InferenceX's B200 runs use, as its tp_size rows of "
+                       "the same form read")
     assert row(tp_size="64", moe_tp_size="64", moe_ep_size="1")[:3] == (64, 64, 1)        # experts not split both ways
     both = row(batch_size="4")[3]                                                        # two notes, both kept
     assert both.startswith("client concurrency 16 from silicon_concurrency") and "exceeds one 8-GPU node" in both
