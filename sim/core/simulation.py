@@ -127,6 +127,7 @@ class Simulation:
         self._check_adapters()
         self._warn_beyond_context(stream or sys.stderr)
         self._counting: bool | None = None  # whether replicas get a count-only KV pool (decided at the first one)
+        self._note_linear_prefix_reuse(stream or sys.stderr)
 
     def _warn_beyond_context(self, stream) -> None:
         """Say when requests need more positions (prompt + output) than the model has: the simulator serves
@@ -139,6 +140,19 @@ class Simulation:
                      f"warning: workload: {over:,} of {len(need):,} requests need more than {self.scenario.model}'s "
                      f"{limit:,} positions (prompt + output, up to {int(need.max()):,}); simulated as asked, a real "
                      "engine would refuse them", stream)
+
+    def _note_linear_prefix_reuse(self, stream) -> None:
+        """Say when a linear-attention model's prompts share prefixes and every match is reused whole: the KV cache
+        does not hold the layers' recurrent state at the match, which engines restore only where they snapshot it
+        (kv.snapshot_tokens), so the hits are an upper bound."""
+        sc = self.scenario
+        if self.model.linear_attention is None or not sc.kv.prefix_caching or sc.kv.snapshot_tokens:
+            return
+        if self.workload.shared_streams or sc.kv.warm_prefixes:  # prompts that can match another's blocks
+            say_once((sc.name, sc.model, "linear prefix"),
+                     f"note: kv: {sc.model} has linear-attention layers, whose state at a matched prefix the KV cache "
+                     "does not hold; every prefix hit is reused whole, an upper bound (engines restore the state only "
+                     "where they snapshot it: set kv.snapshot_tokens)", stream)
 
     def _add_step_overheads(self) -> None:
         """Drafts, swaps, KV conversion, weight streaming and LoRA on top of the step-time model."""

@@ -299,3 +299,25 @@ def test_a_speculative_verification_runs_one_recurrent_step_per_position():
     mixed = RankLoad(8192 + 256, 1, 8192 * 8193 // 2, 64, 64 * 2000, 257, 256)
     assert m._linear_block_s(mixed) == pytest.approx(lin.gemms_s(8192 + 256) + lin.prefill_s(1, 8192)
                                                      + 4 * lin.decode_s(64))
+
+
+def test_shared_prefixes_on_a_linear_attention_model_say_their_hits_are_an_upper_bound():
+    """Prompts that share a prefix on Qwen3.5: the KV cache reuses every match whole, but not the linear layers' state
+    at it, so the run notes the hits are an upper bound unless kv.snapshot_tokens says where the engine snapshots it;
+    a workload with nothing to share says nothing."""
+    import io
+    from sim.core.simulation import Simulation
+    from sim.io.config import SharedPrefixes, load_scenario
+    sc, base = load_scenario(REPO / "scenarios" / "parallel" / "qwen3.5-397b-a17b-tp4-b200.yaml")
+    shared = sc.model_copy(update={"name": "q35-shared", "workload": sc.workload.model_copy(
+        update={"num_requests": 8, "shared_prefix": SharedPrefixes(tokens=4096, groups=1)})})
+    out = io.StringIO()
+    Simulation(shared, base, stream=out)
+    assert "every prefix hit is reused whole, an upper bound" in out.getvalue()
+    for quiet in (shared.model_copy(update={"name": "q35-snap", "kv": shared.kv.model_copy(
+                      update={"snapshot_tokens": 1024})}),
+                  sc.model_copy(update={"name": "q35-none", "workload": sc.workload.model_copy(
+                      update={"num_requests": 8})})):
+        out = io.StringIO()
+        Simulation(quiet, base, stream=out)
+        assert "upper bound" not in out.getvalue()
