@@ -116,7 +116,8 @@ def card_rows(data: Path, card: str, shapes) -> tuple[pd.DataFrame, list[str]]:
 NOTES = (" Fused-MoE kernels (moe.csv.gz):", " Engine all-reduce (all_reduce_<engine>.csv):",
          " MLA attention kernels (mla_<phase>_<engine>_<kv>.csv.gz):",
          " Gated DeltaNet kernels (gdn_<phase>_<engine>.csv.gz):", " Attention at head_dim 256:",
-         " SGLang's DeepEP path (moe_deepep_<phase>.csv.gz, deepep_<mode>.csv.gz):")
+         " SGLang's DeepEP path (moe_deepep_<phase>.csv.gz, deepep_<mode>.csv.gz):",
+         " TensorRT-LLM's NVLink all-to-all (alltoall_trtllm.csv.gz):")
 """The notes these scripts append to a card's source.txt, each starting with its marker."""
 
 

@@ -95,6 +95,15 @@ class OpsStepTime(StrictModel):
                                   "takes its slice (two all-reduces of the gathered bytes: SGLang's SUM_LEN padding, "
                                   "which it uses for every batch with a prefill)")
 
+    all_to_all: Literal["auto", "nccl", "nvlink_one_sided", "nvlink_two_sided"] = Field(
+        "auto", description="Expert parallelism with parallel.ep_communication all_to_all: whose kernels dispatch each "
+                            "rank's tokens to their experts' GPUs and combine them back. `auto`: DeepEP's measured "
+                            "dispatch / combine with moe_kernels sglang (the card's deepep_<mode> tables; SGLang's "
+                            "--moe-a2a-backend deepep), NCCL's all-to-all otherwise; `nccl`: NCCL's all-to-all "
+                            "(nccl_parallel.csv); `nvlink_one_sided` / `nvlink_two_sided`: TensorRT-LLM's NVLink "
+                            "kernels as measured in the card's alltoall_trtllm table (sim.models.nvlink_alltoall; "
+                            "NCCL's where it lacks the shape or moe_ep)")
+
     @field_validator("shared_experts_overlap", mode="before")
     @classmethod
     def _off(cls, v):

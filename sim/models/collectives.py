@@ -24,8 +24,9 @@ bytes move at the bus bandwidth.
   engines fall back to NCCL, and so does the model (the NCCL table, extended as above).
 
 A ring's latency is the upper end of what NCCL does: for small all-reduces over many nodes it may pick a tree, and on
-NVSwitch systems NVLink SHARP. Point-to-point send/recv (pipeline stages) stays the measured 2-GPU time: a stage
-boundary that crosses nodes is not told apart (docs/parallel.md). Nothing here is fitted to serving measurements;
+NVSwitch systems NVLink SHARP. Point-to-point send/recv (pipeline stages) is the measured 2-GPU time within a
+scale-up domain; a stage boundary whose sends cross domains (`stage_crossings`) costs the measured smallest-message
+time plus one network hop, and its bytes over the sending GPU's NIC (`send_recv_s`). Nothing here is fitted to serving measurements;
 docs/parallel.md "Collectives beyond the measured GPU counts" states it and what it gave on the silicon sample.
 """
 
@@ -120,6 +121,26 @@ class Collectives:
             net = self._bandwidth_part(op, up, nbytes) + _passes(op) * _bus_factor(domains) * nbytes / up / bw
         return self._latency(op, gpus, domains) + net
 
+    def send_recv_s(self, nbytes: float, crosses: bool = False) -> float:
+        """A pipeline boundary's send of `nbytes` from each GPU of one stage to its peer in the next: as measured
+        on two GPUs, or across scale-up domains the measured smallest-message time, a network hop, and the bytes
+        over the GPU's NIC."""
+        if not crosses:
+            return self.at("send_recv", 2, nbytes)
+        if self.fabric.scale_out_bytes_per_s is None:
+            raise ConfigError(self.cross_domain_why())
+        return self.table.at("send_recv", 2, 0.0) + NET_STEP_LATENCY_S + nbytes / self.fabric.scale_out_bytes_per_s
+
+    def boundaries_s(self, nbytes: float, boundaries: int, crossing: int) -> float:
+        """`boundaries` pipeline boundaries' sends of `nbytes`, `crossing` of them between scale-up domains."""
+        inter = self.send_recv_s(nbytes, True) if crossing else 0.0
+        return (boundaries - crossing) * self.send_recv_s(nbytes) + crossing * inter
+
+    def cross_domain_why(self) -> str:
+        """Why a send between scale-up domains cannot be timed."""
+        return (f"pipeline stages cross {self.fabric.card}'s scale-up domain of {self.fabric.scale_up_gpus} GPUs, and "
+                "its hardware profile states no scale_out_link between domains")
+
     def _latency(self, op: str, gpus: int, domains: int) -> float:
         """The ring's latency over `gpus` GPUs in `domains` scale-up domains (module docstring)."""
         base, hop = self._hops(op)
@@ -160,3 +181,12 @@ def table_collectives(tables, fabric: Fabric | None, all_reduce: str = "nccl") -
     if all_reduce == "nccl":
         return nccl, nccl
     return Collectives(tables.all_reduce(all_reduce), fabric, fallback=nccl), nccl
+
+
+def stage_crossings(stage_gpus: int, pp: int, scale_up_gpus: int | None) -> int:
+    """Pipeline boundaries (of pp - 1) whose sends leave a scale-up domain: stage s on GPUs s x stage_gpus onward,
+    each GPU sending to the one stage_gpus further on; none where the fabric states no domain size."""
+    if not scale_up_gpus or pp < 2:
+        return 0
+    return sum(any(((s - 1) * stage_gpus + j) // scale_up_gpus != (s * stage_gpus + j) // scale_up_gpus
+                   for j in range(stage_gpus)) for s in range(1, pp))

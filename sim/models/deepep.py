@@ -71,7 +71,8 @@ class DeepEP:
         """The path for a layout of all-to-all expert parallelism under SGLang's kernels, or None (another layout or
         engine, or the card has no DeepEP table of the model's shape)."""
         moe = spec.profile.moe
-        if moe is None or layout.ep <= 1 or layout.ep_communication != "all_to_all" or cfg.moe_kernels != "sglang":
+        if (moe is None or layout.ep <= 1 or layout.ep_communication != "all_to_all" or cfg.moe_kernels != "sglang"
+                or cfg.all_to_all != "auto"):
             return None
         shape = (spec.profile.hidden_size, moe.experts_per_token, moe.num_experts)
         exchange = {}

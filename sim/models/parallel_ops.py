@@ -24,8 +24,8 @@ Per layer on one GPU (tp GPUs per stage, see sim.models.parallel for what each h
   (ep = 1, or ep > 1 with `ep_communication: all_reduce`, the default: attention is tensor-parallel, so
   every GPU already holds every token and only the combine costs, as in vLLM's and TensorRT-LLM's MoE
   without attention data parallelism), or with `all_to_all` dispatch and combine of each GPU's T k / ep
-  routed token vectors (nccl_parallel.csv) plus an all-reduce over the tp / ep GPUs that split each
-  expert when that exceeds one;
+  routed token vectors (nccl_parallel.csv; SGLang's DeepEP, sim.models.deepep; TensorRT-LLM's NVLink kernels,
+  sim.models.nvlink_alltoall) plus an all-reduce over the tp / ep GPUs that split each expert when that exceeds one;
 - attention kernels from the tables: GQA / MHA as sim.models.ops; MLA (no measured kernel): context
   attention as MHA of the GPU's heads at head_dim 128 scaled by (qk 192 + v 128) / 256 = 1.25 (FLOPs),
   generation attention as MQA (1 KV head) of the GPU's heads over the latent's bytes per token in cached tokens,
@@ -36,9 +36,10 @@ Per layer on one GPU (tp GPUs per stage, see sim.models.parallel for what each h
   q_lora_rank values a token and kv_a_layernorm over kv_lora_rank, which every engine runs as kernels of their own).
 
 Pipeline (pp > 1): stage s runs its layers (the last adds lm_head); an iteration split into m
-micro-batches takes sum_s t_s(T/m) + (m - 1) max_s t_s(T/m) + (pp - 1) send/recv(T/m x hidden x 2 B),
-so with m = 1 every stage waits for the others: the bubble, (pp - 1) / (m + pp - 1) of each GPU's time,
-shows in the iteration times. One host overhead per iteration.
+micro-batches takes sum_s t_s(T/m) + (m - 1) max_s t_s(T/m) + (pp - 1) send/recv(T/m x hidden x 2 B) (over the
+NICs where a boundary leaves a node: sim.models.collectives.stage_crossings), so with m = 1 every stage waits for the
+others: the bubble, (pp - 1) / (m + pp - 1) of each GPU's time, shows in the iteration times. One host overhead per
+iteration.
 """
 
 from __future__ import annotations
@@ -51,8 +52,9 @@ from sim.io.errors import ConfigError
 from sim.io.notices import say_once
 from sim.io.ops_schema import DEFAULT_HOST_OVERHEAD_S, OpsStepTime
 from sim.models.ops import OpsModel, SMALL_OPS, REFERENCE_BANDWIDTH_GBS, ops_dtype, qk_norm_ops
-from sim.models.collectives import Collectives, Fabric, fabric_of, table_collectives
+from sim.models.collectives import Collectives, Fabric, fabric_of, stage_crossings, table_collectives
 from sim.models.deepep import DeepEP
+from sim.models.nvlink_alltoall import nvlink_exchange
 from sim.models.linear_ops import LinearAttentionOps
 from sim.models.moe_tables import MoeTable
 from sim.models.ops_tables import MCurve, NcclTable, TableSet, _cached, find_table, load_table_set
@@ -137,6 +139,7 @@ class ParallelOpsModel(OpsModel):
                                              cfg.linear_attention_kernels, tp, self._look)
         self.moe_kernel = self._moe_kernel(tables, self.expert_dtype) if p.moe else None
         self.deepep = DeepEP.build(tables, spec, layout, cfg, self._moe_candidates(self.expert_dtype), self.stream)
+        self.nvlink = nvlink_exchange(tables, spec, layout, cfg, self.expert_dtype, self.stream)
         self.dp = layout.attention_dp
         sum_len = self.dp > 1 and cfg.dp_prefill_gather == "all_reduce"  # all-reduces over the expert GPUs (_combine_s)
         self.ar = self.nccl = None
@@ -153,6 +156,7 @@ class ParallelOpsModel(OpsModel):
                 raise ConfigError(f"{tables.folder}: no nccl_parallel.csv (all-to-all and send/recv for expert and "
                                   "pipeline parallelism; benchmarks/parallel_collectives.py writes it)")
             self.net = Collectives(_cached(NcclTable, path), fabric)
+        self.pp_crossings = stage_crossings(layout.expert_gpus, layout.pp, fabric and fabric.scale_up_gpus)
         self._check_collectives()
         self._scale = REFERENCE_BANDWIDTH_GBS / memory_bandwidth_gbs
         self.stages = stage_layers(p.num_layers, layout.pp)
@@ -303,6 +307,8 @@ class ParallelOpsModel(OpsModel):
                 need.append((self.ar, "all_reduce", lay.moe_tp, "parallel.tp / parallel.ep"))
         if lay.pp > 1:
             need.append((self.net, "send_recv", 2, "parallel.pp"))
+            if self.pp_crossings and self.net.fabric.scale_out_bytes_per_s is None:
+                raise ConfigError(f"parallel.pp: {self.net.cross_domain_why()}")
         for table, op, gpus, field in need:
             if why := table.why_not(op, gpus):
                 raise ConfigError(f"{field}: {why}; allowed: those GPU counts (sim.models.collectives)")
@@ -398,6 +404,8 @@ class ParallelOpsModel(OpsModel):
             return self._all_reduce(lay.tp, tokens)
         if self.deepep is not None:  # DeepEP's dispatch and combine of a rank's tokens (sim.models.deepep)
             return self.deepep.exchange_s(tokens / self.dp, decode_only, self._look) + self._all_reduce(lay.moe_tp, tokens)
+        if self.nvlink is not None:  # TensorRT-LLM's NVLink dispatch and combine of a rank's tokens
+            return self._look(self.nvlink.at, max(tokens / self.dp, 1.0)) + self._all_reduce(lay.moe_tp, tokens)
         routed = tokens * e.experts_per_token * h * 2 / lay.ep
         return 2 * self._look(self.net.at, "alltoall", lay.ep, routed) + self._all_reduce(lay.moe_tp, tokens)
 
@@ -501,9 +509,10 @@ class ParallelOpsModel(OpsModel):
             rank = self.busiest_rank(tokens * f, pre_seqs * f, pre_pairs * f, dec_seqs * f, dec_kv * f, logits * f,
                                      dec_f)
         ts = [self.stage_s(s, tokens * f, rank) for s in range(pp)]
-        hop = self._look(self.net.at, "send_recv", 2, tokens * f * self.spec.profile.hidden_size * 2)
+        hops = self._look(self.net.boundaries_s, tokens * f * self.spec.profile.hidden_size * 2, pp - 1,
+                          self.pp_crossings)
         host = self.host_s + self.host_seq_s * (rank.pre_seqs + rank.dec_seqs) * m  # the busiest rank's sequences
-        return host + sum(ts) + (m - 1) * max(ts) + (pp - 1) * hop
+        return host + sum(ts) + (m - 1) * max(ts) + hops
 
     # ---- ranks bound to their requests (StepPlan.rank_loads) ------------------------------------
     @staticmethod

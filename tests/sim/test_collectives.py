@@ -139,3 +139,40 @@ def test_a_profiles_fabric_is_validated_naming_the_field(tmp_path):
     bad.write_text(text.replace("scale_up_gpus:\n  value: 8", "scale_up_gpus:\n  value: 1.5"))
     with pytest.raises(ConfigError, match=r"scale_up_gpus.value must be a whole number of GPUs >= 2"):
         load_hardware(bad)
+
+
+def test_pipeline_boundaries_that_leave_a_node_are_counted():
+    """Stage s on GPUs s x stage_gpus onward, each sending to the GPU stage_gpus further on: on an 8-GPU board,
+    TP 8 x PP 2 crosses once, TP 4 x PP 2 never, TP 4 x PP 4 once (between GPUs 4-7 and 8-11), TP 3 x PP 4 twice;
+    a card whose fabric states no domain size counts none."""
+    from sim.models.collectives import stage_crossings
+    assert [stage_crossings(g, pp, 8) for g, pp in ((8, 2), (4, 2), (4, 4), (3, 4), (16, 3))] == [1, 0, 1, 2, 2]
+    assert stage_crossings(8, 4, None) == 0
+
+
+def test_a_boundary_between_nodes_sends_over_the_nic():
+    """H100 TP 8 x PP 2 (Llama-3.1-405B's two-node layout): the boundary costs the measured small-message time, a
+    network hop and the bytes over one GPU's 50 GB/s NIC, well above NVLink's send of 64 MiB."""
+    from sim.models.parallel_ops import build_replica_ops_model
+    from sim.io.ops_schema import OpsStepTime
+    from sim.io.profiles import load_model
+    from sim.models.parallel import Layout
+    from sim.models.spec import ModelSpec
+    hw = load_hardware("h100-sxm")
+    spec = ModelSpec(load_model("llama-3.1-70b"))
+    two_nodes = build_replica_ops_model(OpsStepTime(tables="h100-sxm"), spec, hw, Layout(tp=8, pp=2), "bf16", "bf16",
+                                        True)
+    one_node = build_replica_ops_model(OpsStepTime(tables="h100-sxm"), spec, hw, Layout(tp=4, pp=2), "bf16", "bf16",
+                                       True)
+    assert (two_nodes.pp_crossings, one_node.pp_crossings) == (1, 0)
+    net = two_nodes.net
+    small = net.table.at("send_recv", 2, 0.0)
+    assert net.send_recv_s(64 * MB, True) == pytest.approx(small + NET_STEP_LATENCY_S + 64 * MB / 50e9)
+    assert net.send_recv_s(64 * MB, True) > 2 * net.send_recv_s(64 * MB)
+    assert net.boundaries_s(MB, 3, 1) == pytest.approx(2 * net.send_recv_s(MB) + net.send_recv_s(MB, True))
+
+
+def test_a_boundary_between_nodes_without_a_stated_nic_is_refused():
+    c = Collectives(load_table_set("h100-sxm").nccl(), Fabric("h100-sxm", 8, None))
+    with pytest.raises(ConfigError, match="pipeline stages cross h100-sxm's scale-up domain of 8 GPUs.*scale_out_link"):
+        c.send_recv_s(MB, True)
