@@ -78,10 +78,11 @@ decode_batch_size on the decode pool and the engine's launch default on the pref
 
 def build_disagg_case(row, per_user, start, build_case, case_cls, pool_batch: str = "defaults",
                       first_token: str = "prefill", wait_for_prefill_response: bool = False,
-                      ep_communication: str = "all_reduce"):
+                      ep_communication: str = "all_reduce", all_to_all: str = "auto"):
     """A disaggregated row as a closed loop of its concurrency against two pools, or why not (`pool_batch`: one of
     POOL_BATCH; `first_token`: disaggregation.first_token; `wait_for_prefill_response`: its namesake there;
-    `ep_communication`: parallel.ep_communication of a pool with attention data parallelism and expert parallelism)."""
+    `ep_communication`: parallel.ep_communication of a pool with attention data parallelism and expert parallelism;
+    `all_to_all`: step_time.model.all_to_all, or `recipes`, RECIPE_ALL_TO_ALL by the row's precision)."""
     if row.concurrency < 1:
         return case_cls(row, skipped="disaggregated row without a client concurrency (silicon_concurrency)")
     pools = {}
@@ -101,6 +102,10 @@ def build_disagg_case(row, per_user, start, build_case, case_cls, pool_batch: st
     scenario = dict(pools["decode"][1], name=row.id)
     st = scenario["step_time"]  # the layout is each pool's `parallel`, not the ops model's tp
     scenario["step_time"] = {**st, "model": {k: v for k, v in st["model"].items() if k != "tp"}}
+    if all_to_all == "recipes":
+        all_to_all = RECIPE_ALL_TO_ALL.get(row.precision, "auto")
+    if all_to_all != "auto":
+        scenario["step_time"]["model"]["all_to_all"] = all_to_all
     if any(sc["step_time"].get("allow_extrapolation") for _, sc in pools.values()):
         scenario["step_time"]["allow_extrapolation"] = True  # one step-time model serves both pools
     hw = load_hardware(scenario["hardware"])
@@ -122,6 +127,14 @@ RECIPE_EP_COMMUNICATION = {("fp8", "prefill"): "all_to_all", ("fp8", "decode"): 
 pool): every FP8 such worker of the GB200 / GB300 recipes sets `moe-a2a-backend: deepep`, as does every FP4 decode
 worker; the FP4 prefill workers leave it out (SGLang's default, none: FlashInfer's MoE runners over gathered tokens).
 Read in ishandhanani/srt-slurm and NVIDIA/srt-slurm (92 recipes; EngineDefaults.disagg_ep_communication)."""
+
+
+RECIPE_ALL_TO_ALL = {"fp4": "nvlink_one_sided", "fp8": "nvlink_two_sided"}
+"""step_time.model.all_to_all of a TensorRT-LLM disaggregated row by precision, as its recipes run the attention-DP
+workers' experts (EngineDefaults.disagg_all_to_all): NVLinkOneSided, the default of the CUTLASS, CuteDSL and TRTLLM MoE
+backends of the FP4 recipes; NVLinkTwoSided, which the FP8 recipes force on their DeepGEMM decode workers
+(TRTLLM_FORCE_COMM_METHOD=NVLINK_TWO_SIDED in SemiAnalysisAI/InferenceX benchmarks/multi_node/srt-slurm-recipes/dsr1/
+trtllm/gb200-fp8/...)."""
 
 
 def _pool_parallel(sc: dict, shape: PoolShape, pool: str, precision: str, ep_communication: str) -> dict:

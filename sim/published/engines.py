@@ -217,7 +217,17 @@ class EngineDefaults:
     attention-DP worker with ep > 1 (normal mode on the prefill, low-latency on the decode) and on every FP4 decode
     worker of wide EP, and leave it out on the FP4 prefill workers (FlashInfer's MoE runners over gathered tokens)
     (e.g. recipes/gb200-fp8/1k1k/max-tpt.yaml, gb200-fp4/1k1k/max-tpt.yaml; docs/disaggregation.md "DeepEP in
-    SGLang's wide-EP pools"). Read in the recipes, not fitted."""
+    SGLang's wide-EP pools"). TensorRT-LLM `all_to_all`: with attention DP and moe_tp 1 its MoE modules pick an NVLink
+    all-to-all (NVLinkOneSided first, tensorrt_llm/_torch/modules/fused_moe/communication; disagg_all_to_all says
+    whose kernels), and its GB200 / GB300 / B200 disaggregated recipes run every attention-DP worker with ep > 1 that
+    way (docs/disaggregation.md "TensorRT-LLM's NVLink all-to-all"). Read in the code and recipes, not fitted."""
+
+    disagg_all_to_all: str = "auto"
+    """Disaggregated rows whose pools exchange tokens all-to-all: whose kernels (step_time.model.all_to_all), `auto`
+    or `recipes`, by the row's precision as the recipes run them (sim.published.disagg.RECIPE_ALL_TO_ALL): TensorRT-LLM's
+    NVLinkOneSided for FP4 (the CUTLASS, CuteDSL and TRTLLM MoE backends' default), NVLinkTwoSided for FP8 (its
+    GB200 / GB300 FP8 recipes set TRTLLM_FORCE_COMM_METHOD=NVLINK_TWO_SIDED on the DeepGEMM decode workers; one
+    step-time model serves both pools, so the prefill pool's exchange is costed the same way)."""
 
     disagg_handshake: str = "none"
     """Disaggregated rows: whether the prefill waits for the decode server to take the request first, and how often
@@ -289,6 +299,7 @@ class EngineDefaults:
                 + (", after the prefill server's answer" if self.disagg_prefill_response == "wait" else "") +
                 f"; disaggregated workers' batch: {self.disagg_pool_batch}; decode handshake: {self.disagg_handshake}" +
                 f"; disaggregated attention-DP pools' experts meet by {self.disagg_ep_communication}" +
+                (f" ({self.disagg_all_to_all} kernels)" if self.disagg_all_to_all != "auto" else "") +
                 f"; attention-DP ranks' requests: {self.attention_dp_routing} ({self.disagg_attention_dp_routing} on "
                 f"disaggregated rows); KV cache in FP8: "
                 f"{KV_CACHE_ROWS[self.kv_cache]}")
@@ -364,7 +375,8 @@ ENGINES: dict[str, EngineDefaults] = {
          "prompt + all outputs at admission)", "kv_cache free_gpu_memory_fraction 0.9 of the memory left after weights"),
         config="aic_benchmark", all_reduce="trtllm", host_overhead_s=0.4654e-3, shared_experts_overlap="decode",
         qk_norm_kernels="fused_with_rope", frontend_ms=(90.0, 1.5), disagg_steady_phases="random",
-        disagg_first_token="decode_step", kv_cache="quantized"),
+        disagg_first_token="decode_step", disagg_ep_communication="all_to_all", disagg_all_to_all="recipes",
+        kv_cache="quantized"),
 }
 
 

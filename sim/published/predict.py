@@ -440,7 +440,7 @@ def _disagg_case(row: PublishedRow, per_user, start: str, rounds, frontend, pool
                              engine.disagg_pool_batch if pool_batch == "engine" else pool_batch,
                              engine.disagg_first_token if first_token == "engine" else first_token,
                              (engine.disagg_prefill_response if response == "engine" else response) == "wait",
-                             engine.disagg_ep_communication)
+                             engine.disagg_ep_communication, engine.disagg_all_to_all)
     hops = engine.disagg_frontend_hops
     return replace(case, rounds=benchmark_rounds(rounds, "disagg", row.concurrency), frontend_hops=hops,
                    frontend_s=0.0 if case.scenario is None else hops * frontend_latency_s(

@@ -113,7 +113,8 @@ def test_each_pool_schedules_with_its_own_attention_dp_limits():
 def test_sglangs_attention_dp_pools_dispatch_their_experts_as_its_recipes_do():
     """SGLang's wide-EP recipes set moe-a2a-backend deepep on their FP8 attention-DP workers and FP4 decode workers,
     not on FP4 prefill workers (sim.published.disagg.RECIPE_EP_COMMUNICATION): those pools' experts meet all-to-all;
-    a pool without attention DP, and TensorRT-LLM's and vLLM's pools, keep the all-reduce of gathered tokens."""
+    TensorRT-LLM's attention-DP pools always do (its NVLink kernels, below); a pool without attention DP, and vLLM's
+    pools, keep the all-reduce of gathered tokens."""
     from sim.published.disagg import PoolShape
     ds, _ = read_published(FIXTURE)
     assert ds.precision == "fp8"
@@ -121,7 +122,8 @@ def test_sglangs_attention_dp_pools_dispatch_their_experts_as_its_recipes_do():
     row = dataclasses.replace(ds, concurrency=2, prefill=wide)
     assert ENGINES["sglang"].disagg_ep_communication == "recipes"
     for backend, precision, want in (("sglang", "fp8", ("all_to_all", None)), ("sglang", "fp4", (None, None)),
-                                     ("trtllm", "fp8", (None, None)), ("vllm", "fp8", (None, None))):
+                                     ("trtllm", "fp8", ("all_to_all", None)), ("trtllm", "fp4", ("all_to_all", None)),
+                                     ("vllm", "fp8", (None, None))):
         d = build_case(dataclasses.replace(row, backend=backend, precision=precision),
                        per_user=2).scenario["disaggregation"]
         got = tuple(d[p]["parallel"].get("ep_communication") for p in ("prefill", "decode"))
@@ -132,6 +134,19 @@ def test_sglangs_attention_dp_pools_dispatch_their_experts_as_its_recipes_do():
     assert "ep_communication" not in d["prefill"]["parallel"]
     out = simulate_case(None, build_case(row, per_user=2))
     assert "skipped" not in out, out.get("skipped")
+
+
+def test_tensorrt_llms_attention_dp_pools_take_its_nvlink_all_to_all_by_precision():
+    """TensorRT-LLM's rows: NVLinkOneSided on FP4 rows, NVLinkTwoSided on FP8 rows, as its recipes run them
+    (sim.published.disagg.RECIPE_ALL_TO_ALL); the other engines keep `auto`."""
+    from sim.published.disagg import PoolShape
+    ds, _ = read_published(FIXTURE)
+    row = dataclasses.replace(ds, concurrency=2, prefill=PoolShape(1, 1, 1, 8, 1, 8))
+    assert ENGINES["trtllm"].disagg_all_to_all == "recipes"
+    for backend, precision, want in (("trtllm", "fp4", "nvlink_one_sided"), ("trtllm", "fp8", "nvlink_two_sided"),
+                                     ("sglang", "fp8", None), ("vllm", "fp8", None)):
+        sc = build_case(dataclasses.replace(row, backend=backend, precision=precision), per_user=2).scenario
+        assert sc["step_time"]["model"].get("all_to_all") == want, (backend, precision)
 
 
 def test_pool_batch_stated_limits_each_worker_to_the_rows_batch_sizes():
