@@ -149,6 +149,8 @@ class Replica:
         self.gated_inbox = True
         """Whether the inbox waits for a pass that takes arrivals (False where what lands there was announced before:
         a pre-allocating decode replica takes transferred requests at every pass)."""
+        self.balance_ranks = 1
+        """Attention-DP ranks whose balance gates arrivals (scheduler.attention_dp_balance_iters; engine.BalanceGate)."""
         self.reserved = 0
         """Requests announced here (pre-allocated) and not yet in its inbox (counted as outstanding)."""
 

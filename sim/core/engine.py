@@ -182,9 +182,9 @@ class RecvGate:
         self.every = every
         self.count = 0
 
-    def passed(self, decode_only: bool) -> bool:
-        """A pass after an iteration: True when it takes the arrivals."""
-        self.count += 1 if decode_only else self.every
+    def passed(self, plan) -> bool:
+        """A pass after an iteration (`plan`'s): True when it takes the arrivals."""
+        self.count += 1 if plan.prefill_tokens == 0 else self.every
         if self.count >= self.every:
             self.count = 0
             return True
@@ -194,8 +194,11 @@ class RecvGate:
     def of(replica) -> tuple[RecvGate | None, bool, bool]:
         """(the gate of `replica`'s scheduler, None at an interval of 1; whether every pass takes arrivals and nothing
         is announced to it; whether its inbox waits for the gate)."""
-        every = replica.scheduler.config.recv_interval
+        cfg = replica.scheduler.config
+        every, balance = cfg.recv_interval, getattr(cfg, "attention_dp_balance_iters", 0)
         gate = RecvGate(every) if every > 1 else None
+        if balance and replica.balance_ranks > 1:
+            gate = BalanceGate(replica.balance_ranks, balance, replica.inbox.items)
         return gate, gate is None and replica.waiters is None, replica.gated_inbox
 
     def opened(self) -> bool:
@@ -204,7 +207,33 @@ class RecvGate:
         return True
 
 
-def _take_arrivals(replica, gate: RecvGate | None, stepped: bool, plan, now: float) -> bool:
+class BalanceGate:
+    """TensorRT-LLM's attention-DP balance (scheduler.attention_dp_balance_iters; attention_dp_config enable_balance,
+    timeout_iters): new prompts wait until every rank has one, so the ranks prefill together instead of one rank's
+    prefill stalling the others' decodes. A pass takes the arrivals when they are at least one a rank, or when fewer
+    sequences than ranks decode (some rank idles), or after `timeout` passes of holding them; the engine takes them at
+    once coming out of idle (RecvGate's interface)."""
+
+    __slots__ = ("ranks", "timeout", "held", "waited")
+
+    def __init__(self, ranks: int, timeout: int, held: list):
+        self.ranks, self.timeout, self.held, self.waited = ranks, timeout, held, 0
+
+    def passed(self, plan) -> bool:
+        """A pass after `plan`'s iteration: True when it takes the arrivals."""
+        if len(self.held) >= self.ranks or plan.decode_seqs < self.ranks or self.waited + 1 >= self.timeout:
+            self.waited = 0
+            return True
+        self.waited += 1 if self.held else 0
+        return False
+
+    def opened(self) -> bool:
+        """A pass out of idle (or the first): it takes the arrivals."""
+        self.waited = 0
+        return True
+
+
+def _take_arrivals(replica, gate: RecvGate | BalanceGate | None, stepped: bool, plan, now: float) -> bool:
     """Whether this pass takes the requests that arrived (its gate's rule), serving the replica's waiters then
     (callbacks of requests a disaggregated front end has announced: Replica.waiters)."""
     if gate is None:
@@ -212,7 +241,7 @@ def _take_arrivals(replica, gate: RecvGate | None, stepped: bool, plan, now: flo
     elif not stepped or (not replica.gated_inbox and replica.inbox.items):  # out of idle, or transfers: at once
         take = gate.opened()
     else:
-        take = gate.passed(plan.prefill_tokens == 0)
+        take = gate.passed(plan)
     if take and replica.waiters:
         waiters = replica.waiters[:]
         replica.waiters.clear()

@@ -257,7 +257,9 @@ class Simulation:
             self._speculators.append(scheduler.speculator)
         timeline = Timeline(rec, index)
         scheduler.timeline = timeline
-        return Replica(index, pool, scheduler, simpy.Store(env), timeline)
+        replica = Replica(index, pool, scheduler, simpy.Store(env), timeline)
+        replica.balance_ranks = getattr(getattr(sc, "parallel", None), "attention_dp", 1)
+        return replica
 
     def _scheduler(self, pool, deadline, index: int, incarnation: int):
         """The replica's scheduler: the scenario's policy, or one per attention-DP rank when the ranks are bound to

@@ -5,10 +5,9 @@ State model (read once here, not in each policy):
   A policy only decides how many of `tokens_to_compute` each request gets this iteration.
 - `plan(now_s)` picks the work of one iteration and reserves KV for it (asking the block pool
   with can_* before mutating); it returns a StepPlan or None when there is nothing to run.
-- `commit(plan, now_s)` applies the outcome once the iteration's time has passed: counters move,
-  a request whose tokens are all computed emits one output token, finished and cancelled
-  requests free their blocks. Freeing at commit is the deferred free of reference section 3:
-  blocks read by the in-flight iteration are released only when it ends.
+- `commit(plan, now_s)` applies the outcome once the iteration's time has passed: counters move, a request whose
+  tokens are all computed emits one output token, finished and cancelled requests free their blocks. Freeing at
+  commit is the deferred free of reference section 3: blocks read by the in-flight iteration are released only then.
 - `running` is in admission order; on_demand preemption takes the most recently admitted
   request not yet scheduled in this iteration (recompute), as vLLM does.
 
@@ -27,7 +26,7 @@ import heapq
 from collections import deque
 from typing import Callable, ClassVar, Literal
 
-from pydantic import Field, PositiveInt
+from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
 
 from sim.core.kv import BlockManager
 from sim.core.step import Outcome, StepPlan, join_hits, leave_hits
@@ -52,6 +51,15 @@ class SchedulerConfig(StrictModel):
     recv_interval: PositiveInt = Field(1, description="Take newly arrived requests only every Nth pass while decoding "
                                        "(SGLang's --scheduler-recv-interval): a pass after a decode-only iteration "
                                        "counts 1, after any other iteration N; idle, at once")
+    attention_dp_balance_iters: NonNegativeInt = Field(0, description="parallel.attention_dp > 1: hold new requests "
+        "until there is one a rank, at most N passes while each rank decodes (TensorRT-LLM's attention_dp_config "
+        "enable_balance, timeout_iters N; sim.core.engine.BalanceGate). 0: off; not with recv_interval")
+
+    @model_validator(mode="after")
+    def _one_gate(self):  # recv_interval and attention_dp_balance_iters both decide which pass takes arrivals
+        if self.attention_dp_balance_iters and self.recv_interval > 1:
+            raise ValueError("scheduler: recv_interval and attention_dp_balance_iters both gate arrivals; set one")
+        return self
 
 
 class Scheduler:
