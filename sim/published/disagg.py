@@ -94,7 +94,8 @@ def build_disagg_case(row, per_user, start, build_case, case_cls, pool_batch: st
         case = build_case(one, per_user, start)
         if case.scenario is None:
             return case_cls(row, skipped=f"{name} pool: {case.skipped}")
-        sc = case.scenario
+        sc = case.scenario  # the agg replay's attention-DP balance was read in single-node launch scripts only
+        sc = dict(sc, scheduler={k: v for k, v in sc["scheduler"].items() if k != "attention_dp_balance_iters"})
         if shape.batch and (pool_batch == "stated" or pool_batch == name == "decode"):
             sc = dict(sc, scheduler=dict(sc["scheduler"], max_num_seqs=shape.batch * shape.attention_dp))
         pools[name] = (shape, sc)

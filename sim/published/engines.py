@@ -229,6 +229,15 @@ class EngineDefaults:
     GB200 / GB300 FP8 recipes set TRTLLM_FORCE_COMM_METHOD=NVLINK_TWO_SIDED on the DeepGEMM decode workers; one
     step-time model serves both pools, so the prefill pool's exchange is costed the same way)."""
 
+    attention_dp_balance_iters: int = 0
+    """Agg rows with attention data parallelism: scheduler.attention_dp_balance_iters, new prompts held until every rank
+    has one, for at most this many passes while every rank decodes (0: off). TensorRT-LLM 60: InferenceX's B200
+    DeepSeek-R1 launch scripts (SemiAnalysisAI/InferenceX benchmarks/single_node/dsr1_fp4_b200_trt.sh,
+    dsr1_fp8_b200_trt.sh) set `attention_dp_config: {batching_wait_iters: 0, enable_balance: true, timeout_iters: 60}`
+    whenever DP attention is on (its gpt-oss script sets enable_balance alone: TensorRT-LLM's defaults, 50 passes and
+    a batching wait of 10, replayed as 60 and none). Read in the scripts and in TensorRT-LLM's
+    PyExecutor._balance_adp_requests, not fitted (docs/fidelity.md "TensorRT-LLM's attention-DP balance")."""
+
     disagg_handshake: str = "none"
     """Disaggregated rows: whether the prefill waits for the decode server to take the request first, and how often
     the engines take new requests (sim.published.handshake.HANDSHAKES): `none` for TensorRT-LLM and vLLM, whose
@@ -300,6 +309,8 @@ class EngineDefaults:
                 f"; disaggregated workers' batch: {self.disagg_pool_batch}; decode handshake: {self.disagg_handshake}" +
                 f"; disaggregated attention-DP pools' experts meet by {self.disagg_ep_communication}" +
                 (f" ({self.disagg_all_to_all} kernels)" if self.disagg_all_to_all != "auto" else "") +
+                (f"; attention-DP prompts held for balance up to {self.attention_dp_balance_iters} passes (agg rows)"
+                 if self.attention_dp_balance_iters else "") +
                 f"; attention-DP ranks' requests: {self.attention_dp_routing} ({self.disagg_attention_dp_routing} on "
                 f"disaggregated rows); KV cache in FP8: "
                 f"{KV_CACHE_ROWS[self.kv_cache]}")
@@ -376,7 +387,7 @@ ENGINES: dict[str, EngineDefaults] = {
         config="aic_benchmark", all_reduce="trtllm", host_overhead_s=0.4654e-3, shared_experts_overlap="decode",
         qk_norm_kernels="fused_with_rope", frontend_ms=(90.0, 1.5), disagg_steady_phases="random",
         disagg_first_token="decode_step", disagg_ep_communication="all_to_all", disagg_all_to_all="recipes",
-        kv_cache="quantized"),
+        attention_dp_balance_iters=60, kv_cache="quantized"),
 }
 
 

@@ -190,6 +190,8 @@ def _scheduler(engine, dp: int, per_rank: dict | None = None, async_scheduling: 
     default = "mixed" if per_rank is not None else engine.prefill_batches
     if out.get("kind") == "chunked" and (default if prefill_batches == "engine" else prefill_batches) == "separate":
         out["prefill_batches"] = "separate"
+    if dp > 1 and engine.attention_dp_balance_iters:
+        out["attention_dp_balance_iters"] = engine.attention_dp_balance_iters
     return out
 
 

@@ -47,3 +47,24 @@ def test_a_stated_concurrency_that_does_not_divide_the_ranks_rounds_each_ranks_b
     assert parsed.concurrency == 3 and parsed.attention_dp == 2
     sc = build_case(parsed, engine_config="aic_benchmark").scenario
     assert sc["workload"]["users"] == 3 and sc["scheduler"]["max_num_seqs"] == 2 * 2
+
+
+def test_tensorrt_llms_attention_dp_agg_rows_hold_prompts_for_balance_and_its_pools_do_not():
+    """TensorRT-LLM's agg rows with attention DP take InferenceX's attention_dp_config (enable_balance, timeout_iters
+    60: EngineDefaults.attention_dp_balance_iters); vLLM's rows, rows without attention DP, and disaggregated pools
+    (whose recipes were not read for it) do not."""
+    import dataclasses
+    from sim.published.disagg import PoolShape
+    from sim.published.engines import ENGINES
+    (row,) = read_published(FIXTURE)
+    assert ENGINES["trtllm"].attention_dp_balance_iters == 60
+    trt = dataclasses.replace(row, backend="trtllm", backend_version="1.2.0")
+    assert build_case(trt).scenario["scheduler"]["attention_dp_balance_iters"] == 60
+    assert "attention_dp_balance_iters" not in build_case(row).scenario["scheduler"]
+    no_dp = dataclasses.replace(trt, tp=4, attention_dp=1, moe_tp=1, moe_ep=4)
+    assert "attention_dp_balance_iters" not in build_case(no_dp).scenario["scheduler"]
+    wide = PoolShape(1, 2, 1, 2, 1, 4)
+    dis = dataclasses.replace(trt, mode="disagg", concurrency=8, prefill=wide, decode=wide)
+    d = build_case(dis, per_user=2).scenario
+    assert "attention_dp_balance_iters" not in d["scheduler"]
+    assert all("attention_dp_balance_iters" not in d["disaggregation"][p]["scheduler"] for p in ("prefill", "decode"))
