@@ -199,6 +199,9 @@ class RecvGate:
         gate = RecvGate(every) if every > 1 else None
         if balance and replica.balance_ranks > 1:
             gate = BalanceGate(replica.balance_ranks, balance, replica.inbox.items)
+        if getattr(cfg, "batch_wait_iters", 0):
+            gate = BatchWaitGate(cfg.batch_wait_iters, cfg.batch_wait_tokens, replica.inbox.items,
+                                 replica.scheduler.running)
         return gate, gate is None and replica.waiters is None, replica.gated_inbox
 
     def opened(self) -> bool:
@@ -233,7 +236,38 @@ class BalanceGate:
         return True
 
 
-def _take_arrivals(replica, gate: RecvGate | BalanceGate | None, stepped: bool, plan, now: float) -> bool:
+class BatchWaitGate:
+    """TensorRT-LLM's batch waiting (scheduler.batch_wait_iters, batch_wait_tokens; its batch_wait_timeout_iters and
+    batch_wait_max_tokens_ratio x max_num_tokens, PyExecutor._waiting_requests): while sequences decode, new prompts
+    are held so that several prefill in one pass instead of each stalling the decodes. A pass holding prompts takes
+    them once the held prompts' tokens and the running sequences' decode tokens reach `tokens`, or after `iters`
+    passes of holding (the count carries over until a pass takes them); a pass with nothing running takes them at
+    once, and so does an engine coming out of idle (RecvGate's interface). Held prompts count all their tokens
+    (prefix-cache hits included, as the engines that set it run without block reuse)."""
+
+    __slots__ = ("iters", "tokens", "held", "running", "waited")
+
+    def __init__(self, iters: int, tokens: int, held: list, running):
+        self.iters, self.tokens, self.held, self.running, self.waited = iters, tokens, held, running, 0
+
+    def passed(self, plan) -> bool:
+        """A pass after `plan`'s iteration: True when it takes the arrivals."""
+        if not self.held or not self.running:  # nothing to hold, or nothing decoding: no hold, the count unchanged
+            return True
+        per_seq = plan.decode_positions / plan.decode_seqs if plan.decode_seqs else 1.0  # 1 + drafts
+        tokens = sum(r.prompt_tokens for r in self.held) + len(self.running) * per_seq
+        if self.waited >= self.iters or tokens >= self.tokens:
+            self.waited = 0
+            return True
+        self.waited += 1
+        return False
+
+    def opened(self) -> bool:
+        """A pass out of idle (or the first): it takes the arrivals."""
+        return True
+
+
+def _take_arrivals(replica, gate: RecvGate | BalanceGate | BatchWaitGate | None, stepped: bool, plan, now: float) -> bool:
     """Whether this pass takes the requests that arrived (its gate's rule), serving the replica's waiters then
     (callbacks of requests a disaggregated front end has announced: Replica.waiters)."""
     if gate is None:
@@ -250,7 +284,7 @@ def _take_arrivals(replica, gate: RecvGate | BalanceGate | None, stepped: bool, 
     return take
 
 
-def _take_held(replica, gate: RecvGate | None, admit, now: float) -> bool:
+def _take_held(replica, gate: RecvGate | BalanceGate | BatchWaitGate | None, admit, now: float) -> bool:
     """An engine about to go idle takes at once the arrivals its gate held and the requests announced to it: True
     when there were any."""
     arrived = replica.inbox.items

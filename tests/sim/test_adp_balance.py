@@ -84,5 +84,5 @@ def test_one_rank_or_no_balance_leaves_the_run_as_it_was(tmp_path):
 
 
 def test_it_cannot_be_set_with_a_receive_interval(tmp_path):
-    with pytest.raises(ConfigError, match="recv_interval and attention_dp_balance_iters both gate arrivals"):
+    with pytest.raises(ConfigError, match="recv_interval and attention_dp_balance_iters each gate arrivals"):
         load_scenario(_scenario(tmp_path, 60, extra=", recv_interval: 10"))

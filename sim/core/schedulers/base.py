@@ -26,40 +26,11 @@ import heapq
 from collections import deque
 from typing import Callable, ClassVar, Literal
 
-from pydantic import Field, NonNegativeInt, PositiveInt, model_validator
-
 from sim.core.kv import BlockManager
 from sim.core.step import Outcome, StepPlan, join_hits, leave_hits
 from sim.core.request import CANCELLED, FINISHED, RUNNING, Request, Status
+from sim.core.schedulers.config import SchedulerConfig, check_budget_holds_decodes  # noqa: F401 (re-exported)
 from sim.core.schedulers.steady import linear_terms, steady_linear
-from sim.io.schema import StrictModel
-
-
-def check_budget_holds_decodes(cfg) -> None:
-    """A token budget smaller than max_num_seqs could not give every running decode its token."""
-    if cfg.max_num_batched_tokens < cfg.max_num_seqs:
-        raise ValueError(f"scheduler.max_num_batched_tokens ({cfg.max_num_batched_tokens}) must be >= "
-                         f"scheduler.max_num_seqs ({cfg.max_num_seqs}) so every running decode fits")
-
-
-class SchedulerConfig(StrictModel):
-    """Settings every policy has."""
-
-    max_num_seqs: PositiveInt = Field(256, description="Most requests running at once")
-    async_scheduling: bool = Field(False, description="Plan the next iteration while this one runs (async / overlap "
-                                   "scheduling): a request arriving mid-iteration joins one later; idle, at once")
-    recv_interval: PositiveInt = Field(1, description="Take newly arrived requests only every Nth pass while decoding "
-                                       "(SGLang's --scheduler-recv-interval): a pass after a decode-only iteration "
-                                       "counts 1, after any other iteration N; idle, at once")
-    attention_dp_balance_iters: NonNegativeInt = Field(0, description="parallel.attention_dp > 1: hold new requests "
-        "until there is one a rank, at most N passes while each rank decodes (TensorRT-LLM's attention_dp_config "
-        "enable_balance, timeout_iters N; sim.core.engine.BalanceGate). 0: off; not with recv_interval")
-
-    @model_validator(mode="after")
-    def _one_gate(self):  # recv_interval and attention_dp_balance_iters both decide which pass takes arrivals
-        if self.attention_dp_balance_iters and self.recv_interval > 1:
-            raise ValueError("scheduler: recv_interval and attention_dp_balance_iters both gate arrivals; set one")
-        return self
 
 
 class Scheduler:
