@@ -306,12 +306,15 @@ def frontend_fit(report: str) -> list[dict]:
     per engine, the (base, per-user) pair among FRONTEND_BASE_MS x FRONTEND_PER_USER_MS whose base + per_user x
     concurrency, added to every predicted TTFT, gives the lowest median |TTFT error| on the agg rows with an even
     line number of REPORT (any run: the front end it added, each row's frontend_ms, is taken off first); reported on
-    the odd rows, per card, without and with it.
-    What sim.published.engines' `frontend_ms` holds."""
+    the odd rows, per card, without and with it. An engine's rows whose launch has postprocess workers (a report
+    row's launch.postprocess_workers, sim.published.launches) get a pair of their own (`launch`: postprocess_workers;
+    the others `server`).
+    What sim.published.engines' `frontend_ms` and `frontend_postprocess_ms` hold."""
     rows = [r for r in json.loads(Path(report).read_text())["rows"] if "predicted" in r and r["mode"] == "agg"]
+    kind = lambda r: "postprocess_workers" if r.get("launch", {}).get("postprocess_workers") else "server"  # noqa: E731
     out = []
-    for backend in sorted({r["backend"] for r in rows}):
-        mine = [r for r in rows if r["backend"] == backend]
+    for backend, launch in sorted({(r["backend"], kind(r)) for r in rows}):
+        mine = [r for r in rows if r["backend"] == backend and kind(r) == launch]
         fit = [r for r in mine if r["line"] % 2 == 0]
         test = [r for r in mine if r["line"] % 2 == 1]
         if not fit or not test:
@@ -319,7 +322,8 @@ def frontend_fit(report: str) -> list[dict]:
         best = _best_frontend(fit)
         for system in [None, *sorted({r["system"] for r in test})]:
             part = [r for r in test if system in (None, r["system"])]
-            out.append({"backend": backend, "system": system or "all", "base_ms": best[0], "per_user_ms": best[1],
+            out.append({"backend": backend, "launch": launch, "system": system or "all", "base_ms": best[0],
+                        "per_user_ms": best[1],
                         "n_fit": len(fit), "n_test": len(part),
                         "before": _median_err(part, (0, 0)), "after": _median_err(part, best)})
     return out
@@ -338,7 +342,8 @@ def frontend_by_version(report: str, sample: str) -> list[dict]:
     rows = [r for r in json.loads(Path(report).read_text())["rows"] if "predicted" in r and r["mode"] == "agg"]
     with open(sample, newline="") as fh:
         src = {r["id"]: r for r in csv.DictReader(fh)}
-    engine_pair = {r["backend"]: (r["base_ms"], r["per_user_ms"]) for r in frontend_fit(report) if r["system"] == "all"}
+    engine_pair = {r["backend"]: (r["base_ms"], r["per_user_ms"]) for r in frontend_fit(report)
+                   if r["system"] == "all" and r["launch"] == "server"}
     for r in rows:
         m = re.match(r"\d+\.\d+", src[r["id"]].get("backend_version") or "")
         r["_version"], r["_collection"] = m and m.group(0), collection(src[r["id"]]["silicon_data_source"])
@@ -425,10 +430,10 @@ def _print_frontend_by_version(report: str, sample: str) -> None:
 
 
 def _print_frontend(report: str) -> None:
-    print("\n| engine | card | base (ms) | per user (ms) | fit rows (even) | held-out rows (odd) | capsim TTFT | "
-          "with the front end |\n|---|---|---:|---:|---:|---:|---:|---:|")
+    print("\n| engine | launch | card | base (ms) | per user (ms) | fit rows (even) | held-out rows (odd) | capsim TTFT | "
+          "with the front end |\n|---|---|---|---:|---:|---:|---:|---:|---:|")
     for r in frontend_fit(report):
-        print(f"| {r['backend']} | {r['system']} | {r['base_ms']} | {r['per_user_ms']} | {r['n_fit']} | "
+        print(f"| {r['backend']} | {r['launch']} | {r['system']} | {r['base_ms']} | {r['per_user_ms']} | {r['n_fit']} | "
               f"{r['n_test']} | {r['before']:.1%} | {r['after']:.1%} |")
 
 

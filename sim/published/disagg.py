@@ -89,7 +89,8 @@ def build_disagg_case(row, per_user, start, build_case, case_cls, pool_batch: st
     for name, shape in (("prefill", row.prefill), ("decode", row.decode)):
         if shape is None or shape.workers is None or shape.tp is None:
             return case_cls(row, skipped=f"{name} pool: worker count or tp not stated")
-        one = dataclasses.replace(row, mode="agg", tp=shape.tp, pp=shape.pp, attention_dp=shape.attention_dp,
+        # (source: the agg launches read in sim.published.launches are single-node scripts, not these pools')
+        one = dataclasses.replace(row, mode="agg", source="", tp=shape.tp, pp=shape.pp, attention_dp=shape.attention_dp,
                                   moe_tp=shape.moe_tp, moe_ep=shape.moe_ep)
         case = build_case(one, per_user, start)
         if case.scenario is None:

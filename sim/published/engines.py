@@ -126,9 +126,14 @@ class EngineDefaults:
     TTFT (sim.published.predict.frontend_latency_s). Fitted per engine on the even lines of the silicon sample's agg rows by
     median |TTFT error| (`python benchmarks/published_peer.py REPORT --frontend-fit`, REPORT any agg run;
     docs/fidelity.md "The engines' front end"), reported on the odd lines: vLLM 25 + 0.4, SGLang 100 + 0,
-    TensorRT-LLM 90 + 1.5. Disaggregated rows too: on their even lines that beat none (42.9% against 63.1%); there
-    the users are those of one decode worker, concurrency / decode_num_workers (2026-12-06, docs/disaggregation.md
-    "The front end's users")."""
+    TensorRT-LLM 120 + 1 (its launches without postprocess workers; 90 + 1.5 over all its rows before 2026-12-07).
+    Disaggregated rows too: on their even lines that beat none (42.9% against 63.1%); there the users are those of one
+    decode worker, concurrency / decode_num_workers (2026-12-06, docs/disaggregation.md "The front end's users")."""
+    frontend_postprocess_ms: tuple[float, float] | None = None
+    """The front end of agg rows whose launch detokenizes and streams in worker processes (TensorRT-LLM's
+    num_postprocess_workers; sim.published.launches.postprocess_workers), fitted as frontend_ms is on those rows'
+    even lines (TensorRT-LLM 30 + 0: InferenceX's Llama-70B and gpt-oss-120b launches; docs/fidelity.md
+    "TensorRT-LLM's postprocess workers"); None: frontend_ms for every row."""
 
     steady_phases: str = "even"
     """The steady state's users (`--start cold`'s later waves; Case.phases): first requests spread `even`ly over one
@@ -299,6 +304,8 @@ class EngineDefaults:
                 + (f"prefill batches {self.prefill_batches} (agg rows); " if self.scheduler.get("kind") == "chunked"
                    else "") +
                 f"front end {self.frontend_ms[0]:g} ms + {self.frontend_ms[1]:g} ms per user (fitted)"
+                + (f", {self.frontend_postprocess_ms[0]:g} ms + {self.frontend_postprocess_ms[1]:g} ms per user "
+                   "where the launch has postprocess workers" if self.frontend_postprocess_ms else "")
                 + (f", {self.disagg_frontend_hops} in series on disaggregated rows" if self.disagg_frontend_hops > 1
                    else "")
                 + (", no per-user term on disaggregated rows" if self.disagg_frontend_users == "none" and
@@ -385,7 +392,8 @@ ENGINES: dict[str, EngineDefaults] = {
         ("max_batch_size 2048, max_num_tokens 8192, chunked prefill off, GUARANTEED_NO_EVICT (reserve KV for "
          "prompt + all outputs at admission)", "kv_cache free_gpu_memory_fraction 0.9 of the memory left after weights"),
         config="aic_benchmark", all_reduce="trtllm", host_overhead_s=0.4654e-3, shared_experts_overlap="decode",
-        qk_norm_kernels="fused_with_rope", frontend_ms=(90.0, 1.5), disagg_steady_phases="random",
+        qk_norm_kernels="fused_with_rope", frontend_ms=(120.0, 1.0), frontend_postprocess_ms=(30.0, 0.0),
+        disagg_steady_phases="random",
         disagg_first_token="decode_step", disagg_ep_communication="all_to_all", disagg_all_to_all="recipes",
         attention_dp_balance_iters=60, kv_cache="quantized"),
 }

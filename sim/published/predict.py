@@ -33,6 +33,7 @@ from sim.published.disagg import FRONTEND_USERS, POOL_BATCH, PREFILL_RESPONSE, b
 from sim.published.handshake import handshake_scenario
 from sim.published.engines import (ENGINE_CONFIGS, ENGINES, KV_CACHE, aic_benchmark_limits, kv_budget_bytes,  # noqa: F401
                                    kv_format_for)  # (KV_CACHE re-exported)
+from sim.published.launches import launch_scheduler, postprocess_workers
 from sim.published.rows import PublishedRow
 
 SYSTEMS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "b200_sxm": "b200", "a100_sxm": "a100-80g-sxm",
@@ -258,15 +259,18 @@ def _own_mla(backend: str) -> str:
     return backend if backend in ("sglang", "trtllm") else "composed"
 
 
-def frontend_latency_s(frontend, backend: str, users: float) -> float:
+def frontend_latency_s(frontend, backend: str, users: float, postprocess_workers: int = 0) -> float:
     """The time added to a replay's simulated TTFT: `frontend` is `engine` (the engine's fitted (base, per user)
-    ms, sim.published.engines), `off`, or a (base_ms, per_user_ms) pair; the time is base + per_user x users.
+    ms, sim.published.engines: frontend_postprocess_ms where the launch has `postprocess_workers` and the engine
+    states one, else frontend_ms), `off`, or a (base_ms, per_user_ms) pair; the time is base + per_user x users.
     Added after the simulation, not simulated as cluster.frontend_latency_s (time the users spend outside the
     engine): fitted so, it leaves TPOT as it was; simulated, it lowered TensorRT-LLM's predicted TPOT where it
     was already low (docs/fidelity.md, "The engines' front end")."""
     if frontend == "off":
         return 0.0
-    base, per_user = ENGINES[backend].frontend_ms if frontend == "engine" else frontend
+    engine = ENGINES[backend]
+    own = engine.frontend_postprocess_ms if postprocess_workers and engine.frontend_postprocess_ms else engine.frontend_ms
+    base, per_user = own if frontend == "engine" else frontend
     return (base + per_user * users) / 1e3
 
 
@@ -382,6 +386,7 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds, moe
     config = engine.config if engine_config == "engine" else engine_config
     # each rank's batch: the users over the ranks, rounded up (a stated concurrency need not divide evenly)
     limits = aic_benchmark_limits(engine, -(-row.concurrency // dp), row.isl) if config == "aic_benchmark" else None
+    launch = launch_scheduler(row)  # what the row's launch script adds (sim.published.launches)
     hw = load_hardware(hardware)
     weights = weights_per_gpu(spec, layout, fmt).total
     budget = kv_budget_bytes(engine, hw.reported_memory_bytes, weights, layout.gpus)
@@ -397,7 +402,7 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds, moe
         **({"expert_weight_format": spec.expert_format} if spec.expert_format else {}),
         **({"attention_weight_format": spec.attention_format} if spec.attention_format else {}),
         "kv": {"block_tokens": block_tokens, "format": kv_format, "budget": budget, "admission": engine.kv_admission},
-        "scheduler": _scheduler(engine, dp, limits[0] if limits else None, async_scheduling, prefill_batches),
+        "scheduler": _scheduler(engine, dp, limits[0] if limits else None, async_scheduling, prefill_batches) | launch,
         "step_time": _engine_step_time(engine, row.backend, mixed, moe_kernels, moe_routing, all_reduce,
                                        host_overhead_s, shared_experts_overlap,
                                        engine.host_per_sequence_s(row.backend_version) if host_per_sequence_s is None
@@ -410,15 +415,14 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds, moe
                      "output_tokens": {"kind": "fixed", "value": row.osl}},
     }
     if dp > 1:
-        # the routed experts see every rank's tokens, up to dp x the engine's token budget: beyond the fused-MoE
-        # tables' largest measured count (16,384 tokens), where every expert is busy and the kernel's time grows
-        # in proportion to the tokens; the model extrapolates so (and warns) instead of refusing the row
+        # the routed experts see every rank's tokens, up to dp x the token budget: past the fused-MoE tables' 16,384
+        # tokens every expert is busy and time grows with the tokens; the model extrapolates so (and warns)
         scenario["step_time"]["allow_extrapolation"] = True
     graphs = limits[1] if limits else engine.graph_sizes
     if graphs:  # per rank: dp evenly loaded ranks pad together to dp x each size
         scenario["step_time"]["graph_sizes"] = [g * dp for g in graphs]
     return Case(row, scenario=scenario, start=start, rounds=benchmark_rounds(rounds, "agg", users),
-                frontend_s=frontend_latency_s(frontend, row.backend, users))
+                frontend_s=frontend_latency_s(frontend, row.backend, users, postprocess_workers(row)))
 
 
 def _disagg_case(row: PublishedRow, per_user, start: str, rounds, frontend, pool_batch: str,

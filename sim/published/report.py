@@ -22,6 +22,7 @@ from pathlib import Path
 from sim.io.errors import ConfigError
 from sim.published.client import client_for
 from sim.published.engines import ENGINES
+from sim.published.launches import launch_of
 from sim.published.predict import DISAGG_ROUNDS, ROUNDS, build_case, error_summary, simulate_case
 from sim.published.rows import BACKENDS, read_published
 
@@ -46,6 +47,8 @@ def _record(row, result: dict) -> dict:
            "measured": {"ttft_ms": row.ttft_ms, "tpot_ms": row.tpot_ms}}
     if row.note:
         rec["note"] = row.note
+    if launch := launch_of(row):  # what its launch script sets that the replay follows (sim.published.launches)
+        rec["launch"] = launch
     if "skipped" in result:
         rec["skipped"] = result["skipped"]
     else:

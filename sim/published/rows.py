@@ -57,6 +57,8 @@ class PublishedRow:
     prefill: PoolShape | None = None
     """Disaggregated rows: the prefill pool (prefill_* columns); None for aggregated rows."""
     decode: PoolShape | None = None
+    source: str = ""
+    """Its silicon_data_source text: where the measurement comes from (sim.published.launches.inferencex)."""
     note: str = ""
     """Where the row's own columns disagree about what was run (its batch_size against its silicon_concurrency; a
     tp_size beyond its node, _node_layout), and what was read."""
@@ -131,7 +133,8 @@ def parse_row(row: dict, where: str, line: int) -> PublishedRow:
         mode=mode, isl=ints["isl"], osl=ints["osl"], concurrency=ints["batch_size"], tp=ints["tp_size"],
         pp=ints["pp_size"], attention_dp=ints["attention_dp_size"], moe_tp=ints["moe_tp_size"],
         moe_ep=ints["moe_ep_size"], ttft_ms=positive_field(where, "silicon_ttft_ms", _text(row, "silicon_ttft_ms")),
-        tpot_ms=positive_field(where, "silicon_tpot_ms", _text(row, "silicon_tpot_ms")), note=note, **pools)
+        tpot_ms=positive_field(where, "silicon_tpot_ms", _text(row, "silicon_tpot_ms")),
+        source=_text(row, "silicon_data_source"), note=note, **pools)
 
 
 def _node_layout(system: str, ints: dict) -> str:
