@@ -37,7 +37,8 @@ class EngineDefaults:
     later_waves: str = "spread"
     """After a benchmark's cold first wave (every user at once), `spread`: the engine breaks the cohort up and
     the later waves see the closed loop's steady state; `cohort`: the users keep coming back together and
-    are served together, so every wave repeats the first (sim.published.predict.combine_cold)."""
+    are served together, so every wave repeats the first (sim.published.predict.combine_cold). A row whose launch's
+    receive interval is replayed spreads them whatever this says (sim.published.launches.later_waves)."""
     moe: tuple[str, str] = ("composed", "balanced")
     """MoE layers' routed experts: (step_time.model.moe_kernels, moe_routing). Chosen per engine on the even
     lines of the silicon sample among its own measured fused-MoE kernels under balanced or power-law routing

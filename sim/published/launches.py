@@ -13,15 +13,23 @@ Read in SemiAnalysisAI/InferenceX, not fitted:
 - Both scripts launch `--num_postprocess_workers 2`, and the gpt-oss-120b ones set `num_postprocess_workers: 4`
   (benchmarks/gptoss_fp4_b200_trt*.sh): responses are detokenized and streamed by worker processes beside the
   server's own. The DeepSeek-R1 scripts (benchmarks/dsr1_*_b200_trt*.sh) set none. POSTPROCESS_WORKERS.
+- SGLang's single-node scripts for DeepSeek-R1 and Qwen3.5-397B-A17B on B200 and B300
+  (benchmarks/single_node/dsr1_fp4_b200.sh, dsr1_fp8_b200.sh, qwen3.5_{bf16,fp8,fp4}_{b200,b300}.sh) launch
+  `--scheduler-recv-interval` 30 at 16 users or more, else 10; qwen3.5_fp4_b200.sh 30 always, qwen3.5_fp8_b300.sh
+  10 always, dsr1_fp8_b200.sh's TP 4 branch 10: scheduler.recv_interval (sim.core.engine.RecvGate). The server then
+  takes new requests only every N decode passes, so requests that reach it apart enter together: the crowding the
+  replay's SGLang cohort (EngineDefaults.later_waves) had stood in for, so these rows' later waves are spread.
 """
 
 from __future__ import annotations
 
 from sim.published.rows import PublishedRow
 
-INFERENCEX_SOURCES = ("source_file=2026-03-25.csv", "source_file=2026-04-06.csv", "db-dump")
-"""How the silicon sample's silicon_data_source starts for InferenceX's runs: two exports of its results database and
-rows read from the database itself (docs/fidelity.md, "The agg rows' provenance, read again")."""
+INFERENCEX_SOURCES = ("source_file=2026-03-25.csv", "source_file=2026-04-06.csv", "db-dump",
+                      "source_file=qwen3.5-397b-gap-analysis.csv", "source_file=kimi-k2.5-gap-analysis.csv")
+"""How the silicon sample's silicon_data_source starts for InferenceX's runs: two exports of its results database,
+rows read from the database itself (docs/fidelity.md, "The agg rows' provenance, read again"), and two files whose
+every row (61 Qwen3.5-397B-A17B, 32 Kimi-K2.5) repeats an InferenceX row's TTFT to 1e-4."""
 
 LLAMA_70B = ("meta-llama/llama-3.1-70b", "meta-llama/llama-3.3-70b")
 
@@ -44,9 +52,36 @@ def _llama_70b(row: PublishedRow) -> bool:
     return row.model_path.lower().startswith(LLAMA_70B)
 
 
+SGLANG_RECV_MODELS = ("deepseek-ai/deepseek-r1", "deepseek-ai/deepseek-v3", "qwen/qwen3.5-397b-a17b")
+SGLANG_RECV_CARDS = ("b200_sxm", "b300_sxm")
+SGLANG_RECV_FIXED = {("qwen/qwen3.5-397b-a17b", "fp4", "b200_sxm"): 30, ("qwen/qwen3.5-397b-a17b", "fp8", "b300_sxm"): 10}
+"""SGLang launches whose receive interval does not depend on the users: (model, precision, card) -> interval."""
+
+
+def sglang_recv_interval(row: PublishedRow) -> int:
+    """`--scheduler-recv-interval` of InferenceX's single-node SGLang launch of `row` (0 where none is known)."""
+    model = row.model_path.lower()
+    if not (row.backend == "sglang" and row.mode == "agg" and inferencex(row) and model in SGLANG_RECV_MODELS
+            and row.system in SGLANG_RECV_CARDS):
+        return 0
+    if (model, row.precision, row.system) in SGLANG_RECV_FIXED:
+        return SGLANG_RECV_FIXED[model, row.precision, row.system]
+    if model.startswith("deepseek") and row.precision == "fp8" and row.tp == 4:
+        return 10
+    return 30 if row.concurrency >= 16 else 10
+
+
+def later_waves(row: PublishedRow, default: str) -> str:
+    """How `row`'s later waves follow its cold first wave (EngineDefaults.later_waves): `spread` where its launch's
+    receive interval is replayed (it makes the crowding a cohort stood in for), else `default`."""
+    return "spread" if sglang_recv_interval(row) else default
+
+
 def launch_scheduler(row: PublishedRow) -> dict:
     """Scheduler settings `row`'s launch adds to its engine's (empty where it adds none): TensorRT-LLM's batch
-    waiting for InferenceX's Llama-70B runs at ISL = OSL = 1024 and TP < 8."""
+    waiting for InferenceX's Llama-70B runs at ISL = OSL = 1024 and TP < 8, SGLang's receive interval."""
+    if every := sglang_recv_interval(row):
+        return {"recv_interval": every}
     if not (row.backend == "trtllm" and row.mode == "agg" and inferencex(row) and _llama_70b(row)
             and row.isl == row.osl == 1024 and row.tp < 8 and row.attention_dp <= 1
             and row.precision in LLAMA_MAX_NUM_TOKENS):
@@ -67,4 +102,6 @@ def launch_of(row: PublishedRow) -> dict:
     out = dict(launch_scheduler(row))
     if workers := postprocess_workers(row):
         out["postprocess_workers"] = workers
+    if "recv_interval" in out:
+        out["later_waves"] = later_waves(row, "")
     return out

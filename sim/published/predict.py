@@ -33,7 +33,7 @@ from sim.published.disagg import FRONTEND_USERS, POOL_BATCH, PREFILL_RESPONSE, b
 from sim.published.handshake import handshake_scenario
 from sim.published.engines import (ENGINE_CONFIGS, ENGINES, KV_CACHE, aic_benchmark_limits, kv_budget_bytes,  # noqa: F401
                                    kv_format_for)  # (KV_CACHE re-exported)
-from sim.published.launches import launch_scheduler, postprocess_workers
+from sim.published.launches import later_waves as launch_waves, launch_scheduler, postprocess_workers
 from sim.published.rows import PublishedRow
 
 SYSTEMS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "b200_sxm": "b200", "a100_sxm": "a100-80g-sxm",
@@ -556,7 +556,7 @@ def simulate_case(_shared, case: Case) -> dict:
         else:
             first, steady = first_wave(case, source), steady_state(case, source)
             engine = ENGINES[case.row.backend]
-            later = engine.disagg_later_waves if case.row.mode == "disagg" else engine.later_waves
+            later = engine.disagg_later_waves if case.row.mode == "disagg" else launch_waves(case.row, engine.later_waves)
             res = dict(steady, **combine_cold(first, steady, case.rounds, later))
             out["components"] = {"first_wave": {m: first[m] for m in ("ttft_ms", "tpot_ms")},
                                  "steady": {m: steady[m] for m in ("ttft_ms", "tpot_ms")}}

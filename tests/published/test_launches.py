@@ -84,3 +84,28 @@ def test_the_front_end_fit_gives_launches_with_postprocess_workers_a_pair_of_the
     fits = {r["launch"]: (r["base_ms"], r["per_user_ms"]) for r in peer.frontend_fit(str(tmp_path / "report.json"))
             if r["system"] == "all"}
     assert fits == {"postprocess_workers": (30, 0), "server": (120, 1)}
+
+
+SGLANG = Path(__file__).parent / "silicon_sample_launches_sglang_5rows.csv"
+"""Five real SGLang agg rows: DeepSeek-R1 FP4 TP4 at 4 users and FP8 TP8 at 64 (InferenceX, B200), Qwen3.5-397B-A17B
+FP4 at 4 users (InferenceX's database), Qwen3.5 BF16 at 32 from the gap-analysis file that copies InferenceX's rows,
+and Qwen3-32B on H100 (NVIDIA's gap-analysis runs, not InferenceX's launch)."""
+
+
+def test_sglangs_launches_take_new_requests_every_10_or_30_passes_and_spread_their_later_waves():
+    from sim.published.launches import later_waves, sglang_recv_interval
+    from sim.published.predict import simulate_case
+    rows = read_published(SGLANG)
+    assert [inferencex(r) for r in rows] == [True, True, True, True, False]
+    # 10 below 16 users, 30 from 16; Qwen3.5 FP4 on B200 30 always; a launch not known: none
+    assert [sglang_recv_interval(r) for r in rows] == [10, 30, 30, 30, 0]
+    assert [later_waves(r, "cohort") for r in rows] == ["spread"] * 4 + ["cohort"]
+    assert build_case(rows[1]).scenario["scheduler"]["recv_interval"] == 30
+    assert "recv_interval" not in build_case(rows[4]).scenario["scheduler"]
+    assert _record(rows[0], {"skipped": "x"})["launch"] == {"recv_interval": 10, "later_waves": "spread"}
+    # the later waves: the cohort repeats the first wave's TTFT, spread ones take the steady state's
+    case = build_case(rows[4], per_user=3)
+    out = simulate_case(None, case)
+    first, steady = out["components"]["first_wave"]["ttft_ms"], out["components"]["steady"]["ttft_ms"]
+    assert out["ttft_ms"] == pytest.approx(first + case.frontend_s * 1e3)   # cohort: every wave as the first
+    assert first != pytest.approx(steady)
