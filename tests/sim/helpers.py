@@ -40,3 +40,22 @@ def run(sc: Scenario):
 from pathlib import Path  # noqa: E402
 
 REPO_SCENARIOS = Path(__file__).resolve().parents[2] / "scenarios"
+
+
+def closed_loop_yaml(users: int, ramp_up_s: float, num_requests: int, prompt: int, output: int) -> str:
+    """A scenario file's `workload` block: a closed loop of `users` ramped up over `ramp_up_s`, fixed lengths."""
+    return f"""workload:
+  kind: closed_loop
+  users: {users}
+  ramp_up_s: {ramp_up_s}
+  num_requests: {num_requests}
+  prompt_tokens: {{kind: fixed, value: {prompt}}}
+  output_tokens: {{kind: fixed, value: {output}}}
+"""
+
+
+def run_file(path):
+    """Load the scenario file at `path` and run it."""
+    from sim.io.config import load_scenario
+    sc, base = load_scenario(path)
+    return Simulation(sc, base).run()

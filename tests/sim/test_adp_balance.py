@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 
 from sim.core.engine import BalanceGate
-from sim.core.simulation import Simulation
 from sim.core.step import StepPlan
 from sim.io.config import load_scenario
 from sim.io.errors import ConfigError
+from tests.sim.helpers import closed_loop_yaml, run_file as _run
 
 
 def _scenario(tmp_path: Path, balance: int, name: str = "s", extra: str = "") -> Path:
@@ -26,20 +26,8 @@ kv: {{budget: {{gpu_memory_utilization: 0.9}}}}
 scheduler: {{kind: chunked, max_num_seqs: 256, max_num_batched_tokens: 32768, chunk_tokens: 8192,
              attention_dp_balance_iters: {balance}{extra}}}
 step_time: {{model: {{kind: ops}}, allow_extrapolation: true}}
-workload:
-  kind: closed_loop
-  users: 32
-  ramp_up_s: 20
-  num_requests: 128
-  prompt_tokens: {{kind: fixed, value: 4096}}
-  output_tokens: {{kind: fixed, value: 256}}
-""")
+{closed_loop_yaml(32, 20, 128, 4096, 256)}""")
     return p
-
-
-def _run(path: Path):
-    sc, base = load_scenario(path)
-    return Simulation(sc, base).run()
 
 
 def _plan(decodes: int) -> StepPlan:

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 
 from sim.core.engine import BatchWaitGate
-from sim.core.simulation import Simulation
 from sim.core.step import StepPlan
 from sim.io.config import load_scenario
 from sim.io.errors import ConfigError
+from tests.sim.helpers import closed_loop_yaml, run_file as _run
 
 
 def _scenario(tmp_path: Path, wait: str, name: str = "s", users: int = 8) -> Path:
@@ -26,20 +26,8 @@ parallel: {{tp: 4}}
 kv: {{budget: {{gpu_memory_utilization: 0.9}}}}
 scheduler: {{kind: continuous, max_num_seqs: 64, max_num_batched_tokens: 16384{wait}}}
 step_time: {{model: {{kind: ops}}, allow_extrapolation: true}}
-workload:
-  kind: closed_loop
-  users: {users}
-  ramp_up_s: 2
-  num_requests: 64
-  prompt_tokens: {{kind: fixed, value: 1024}}
-  output_tokens: {{kind: fixed, value: 128}}
-""")
+{closed_loop_yaml(users, 2, 64, 1024, 128)}""")
     return p
-
-
-def _run(path: Path):
-    sc, base = load_scenario(path)
-    return Simulation(sc, base).run()
 
 
 def _plan(decodes: int, positions: int | None = None) -> StepPlan:
