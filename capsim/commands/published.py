@@ -38,7 +38,8 @@ def add_parsers(sub) -> None:
     _step_time_options(p)
     _per_engine(p, "--engine-config", ["defaults", "aic-benchmark"],
                 help="how each row's engine was configured: each engine's choice (default; vLLM and TensorRT-LLM "
-                     "the benchmark rules, SGLang its defaults, docs/fidelity.md), every engine's launch defaults, "
+                     "the benchmark rules, SGLang its defaults, InferenceX's vLLM launches vLLM's defaults; "
+                     "docs/fidelity.md), every engine's launch defaults, "
                      "or the limits AIConfigurator's generator writes for a benchmark deployment (max batch = the "
                      "row's batch size, token budget = batch + ISL + 1,500, CUDA graphs for every batch size)")
     p.add_argument("--frontend", default="engine", type=_frontend,

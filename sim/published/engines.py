@@ -104,7 +104,8 @@ class EngineDefaults:
     """Which limits a published row's engine ran with (ENGINE_CONFIGS below): its launch defaults (`scheduler`,
     `graph_sizes` above) or AIConfigurator's benchmark rules. Chosen per engine on the even lines of the
     silicon sample's agg rows by median |TTFT error| (the token budget acts on TTFT first; docs/fidelity.md
-    "Engine limits"): vLLM and TensorRT-LLM the benchmark rules, SGLang its defaults."""
+    "Engine limits"): vLLM and TensorRT-LLM the benchmark rules, SGLang its defaults. A row whose launch is known
+    may say otherwise (sim.published.launches.launch_config: InferenceX's vLLM rows keep vLLM's defaults)."""
 
     prefill_batches: str = "mixed"
     """Whether a chunked scheduler's iteration mixes decodes with prefill chunks (scheduler.prefill_batches): `mixed`
@@ -297,6 +298,9 @@ class EngineDefaults:
         shared = {"off": "in series with the routed ones", "decode": "beside the routed ones in decode-only passes",
                   "fused": "fused into the routed kernel (in series under expert parallelism)"}.get(
             over, f"beside the routed ones in passes of <= {over} tokens")
+        if config is None and self.backend == "vllm":  # sim.published.launches.launch_config
+            sched += (f" (InferenceX's launches: its launch defaults, max_num_seqs {s['max_num_seqs']}, "
+                      f"max_num_batched_tokens {s['max_num_batched_tokens']})")
         return (f"{self.backend} ({self.versions}): {sched}; KV admission {self.kv_admission}; {mem}; {graphs}; "
                 f"after a cold first wave: {self.later_waves} ({self.disagg_later_waves} on disaggregated rows); MoE experts: {moe}; shared experts {shared}; "
                 f"MLA attention: {mla}; attention-DP passes with a prefill gather by {self.dp_prefill_gather}; "

@@ -90,6 +90,14 @@ def launch_scheduler(row: PublishedRow) -> dict:
             "batch_wait_tokens": int(BATCH_WAIT_RATIO * LLAMA_MAX_NUM_TOKENS[row.precision])}
 
 
+def launch_config(row: PublishedRow, default: str) -> str:
+    """How `row`'s engine was configured (sim.published.engines.ENGINE_CONFIGS) where its launch is known, else
+    `default`: InferenceX's vLLM scripts launch `vllm serve` with their own flags, not AIConfigurator's generated
+    benchmark limits, and leave the scheduler's token budget and sequence limit at vLLM's defaults or at 8,192 tokens
+    (`defaults`)."""
+    return "defaults" if row.backend == "vllm" and row.mode == "agg" and inferencex(row) else default
+
+
 def postprocess_workers(row: PublishedRow) -> int:
     """TensorRT-LLM's num_postprocess_workers in `row`'s launch (0 where none is set or the launch is not known)."""
     if row.backend != "trtllm" or not inferencex(row):
@@ -100,6 +108,8 @@ def postprocess_workers(row: PublishedRow) -> int:
 def launch_of(row: PublishedRow) -> dict:
     """What `row`'s launch sets that its replay follows (a report row's `launch`; empty where nothing is known)."""
     out = dict(launch_scheduler(row))
+    if (config := launch_config(row, "")):
+        out["engine_config"] = config
     if workers := postprocess_workers(row):
         out["postprocess_workers"] = workers
     if "recv_interval" in out:

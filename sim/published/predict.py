@@ -33,7 +33,7 @@ from sim.published.disagg import FRONTEND_USERS, POOL_BATCH, PREFILL_RESPONSE, b
 from sim.published.handshake import handshake_scenario
 from sim.published.engines import (ENGINE_CONFIGS, ENGINES, KV_CACHE, aic_benchmark_limits, kv_budget_bytes,  # noqa: F401
                                    kv_format_for)  # (KV_CACHE re-exported)
-from sim.published.launches import later_waves as launch_waves, launch_scheduler, postprocess_workers
+from sim.published.launches import later_waves as launch_waves, launch_config, launch_scheduler, postprocess_workers
 from sim.published.rows import PublishedRow
 
 SYSTEMS = {"h100_sxm": "h100-sxm", "h200_sxm": "h200-sxm", "b200_sxm": "b200", "a100_sxm": "a100-80g-sxm",
@@ -383,7 +383,7 @@ def _build_case(row: PublishedRow, per_user, start: str, mixed: str, rounds, moe
     blackwell = find_table(load_table_set(hardware).folder, "gemm_nvfp4") is not None
     if "nvfp4" in (fmt, spec.expert_format) and not blackwell:
         return Case(row, skipped=f"precision 'fp4': the {hardware} tables have no NVFP4 GEMMs (Blackwell cards only)")
-    config = engine.config if engine_config == "engine" else engine_config
+    config = launch_config(row, engine.config) if engine_config == "engine" else engine_config
     # each rank's batch: the users over the ranks, rounded up (a stated concurrency need not divide evenly)
     limits = aic_benchmark_limits(engine, -(-row.concurrency // dp), row.isl) if config == "aic_benchmark" else None
     launch = launch_scheduler(row)  # what the row's launch script adds (sim.published.launches)

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from sim.published.engines import ENGINES
-from sim.published.launches import inferencex, launch_of, launch_scheduler, postprocess_workers
+from sim.published.launches import inferencex, launch_config, launch_of, launch_scheduler, postprocess_workers
 from sim.published.predict import build_case
 from sim.published.report import _record
 from sim.published.rows import read_published
@@ -63,6 +64,26 @@ def test_a_report_row_says_what_its_launch_set(rows):
                                                             "postprocess_workers": 2}
     assert launch_of(gpt_oss) == {"postprocess_workers": 4}
     assert "launch" not in _record(deepseek, {"skipped": "x"})
+
+
+def test_inferencex_vllm_launches_keep_vllms_scheduler_defaults(rows):
+    """InferenceX's vLLM scripts run `vllm serve` with their own flags, not AIConfigurator's generated benchmark limits
+    (max_num_seqs = the users, a budget of users + ISL + 1,500, a CUDA graph per batch size): its rows replay vLLM's
+    defaults; rows of other launches keep the engine's choice."""
+    vllm = rows[7]
+    assert (vllm.backend, inferencex(vllm), vllm.concurrency, vllm.isl) == ("vllm", True, 64, 1024)
+    assert launch_config(vllm, "aic_benchmark") == "defaults"
+    assert launch_of(vllm) == {"engine_config": "defaults"}
+    case = build_case(vllm).scenario
+    assert case == build_case(vllm, engine_config="defaults").scenario
+    assert case["scheduler"] == ENGINES["vllm"].scheduler
+    assert case["step_time"]["graph_sizes"] == ENGINES["vllm"].graph_sizes
+    other = replace(vllm, source="")                                          # a launch not known
+    assert launch_config(other, "aic_benchmark") == "aic_benchmark"
+    sched = build_case(other).scenario["scheduler"]
+    assert (sched["max_num_seqs"], sched["max_num_batched_tokens"]) == (64, 64 + 1024 + 1500)
+    for trt in rows[:7]:                                                      # TensorRT-LLM keeps its engine's choice
+        assert launch_config(trt, "aic_benchmark") == "aic_benchmark"
 
 
 def test_the_front_end_fit_gives_launches_with_postprocess_workers_a_pair_of_their_own(tmp_path):

@@ -272,6 +272,7 @@ def test_aic_benchmark_engine_config_sets_the_generators_limits():
     """AIConfigurator's benchmark rules (generator/rule_plugin/benchmark/<engine>.rule): max batch = the row's
     batch size, token budget = batch + ISL + 1,500 (TensorRT-LLM: rounded up to 32), graphs for every size."""
     from sim.io.errors import ConfigError
+    from sim.published.launches import launch_config
     from sim.published.predict import build_case
     from sim.published.rows import read_published
     seen = set()
@@ -290,9 +291,10 @@ def test_aic_benchmark_engine_config_sets_the_generators_limits():
         assert case.scenario["step_time"].get("graph_sizes", list(range(1, b + 1))) == list(range(1, b + 1))
         default = build_case(row, engine_config="defaults").scenario["scheduler"]
         assert default["max_num_batched_tokens"] == 8192 and default["kind"] == s["kind"]
-        # each engine's choice (docs/fidelity.md): vLLM and TensorRT-LLM the benchmark rules, SGLang its defaults
+        # each engine's choice (docs/fidelity.md): vLLM and TensorRT-LLM the benchmark rules, SGLang its defaults;
+        # InferenceX's vLLM launches vLLM's defaults (sim.published.launches.launch_config)
         chosen = build_case(row).scenario["scheduler"]
-        assert chosen == (default if row.backend == "sglang" else s)
+        assert chosen == (default if row.backend == "sglang" or launch_config(row, "") else s)
     assert seen == {"vllm", "sglang", "trtllm"}
     (dp_row,) = read_published(FIXTURE.with_name("silicon_sample_attention_dp_1row.csv"))
     s = build_case(dp_row, engine_config="aic_benchmark").scenario
@@ -440,7 +442,7 @@ def test_frontend_time_is_added_to_ttft_and_reported_per_row(report):
     predicted = [r for r in report["rows"] if "predicted" in r and r["mode"] == "agg"]
     assert predicted and all(r["frontend_ms"] == pytest.approx(
         {"vllm": 25 + 0.4 * r["concurrency"], "sglang": 100, "trtllm": 120 + 1.0 * r["concurrency"]}[r["backend"]]
-        if "launch" not in r else 30) for r in predicted)
+        if "postprocess_workers" not in r.get("launch", {}) else 30) for r in predicted)
 
 
 def test_kv_budget_comes_from_the_memory_the_card_reports():
